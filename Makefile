@@ -1,0 +1,70 @@
+# gpuplatform: `make run` starts the platform, `make test` runs every check. See README.md.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+export HOST PORT
+
+.PHONY: run setup test lint bench clean stop-db help
+
+help:
+	@echo "make run    set up everything and start web, scheduler and node agent (Ctrl-C stops)"
+	@echo "make test   set up everything and run lint, Django checks and the test suite"
+	@echo "make bench  print the benchmark figures"
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "gpuplatform needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+# The secret key of a local installation, made once and kept out of git (var/ is ignored).
+var/secret_key:
+	@mkdir -p var && umask 077 && $(BIN)/python -c \
+		'import secrets; print(secrets.token_urlsafe(50))' > var/secret_key
+
+setup: $(STAMP) var/secret_key
+	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py migrate --noinput
+	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py createcachetable
+	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py collectstatic --noinput -v 0
+	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py bootstrap
+
+run: setup
+	@echo
+	@echo "gpuplatform on http://$(HOST):$(PORT)/"
+	@echo "  admin    http://$(HOST):$(PORT)/admin/"
+	@echo "  API      http://$(HOST):$(PORT)/api/v1/   (docs: /api/v1/docs/)"
+	@echo "  Ctrl-C stops web, scheduler and node agent together."
+	@echo
+	SECRET_KEY_FILE=var/secret_key SECURE_COOKIES=$${SECURE_COOKIES:-0} \
+		exec $(BIN)/honcho start -f Procfile
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	@url="$$($(BIN)/python scripts/database_url.py gpuplatform)"; \
+	if [ -n "$$url" ]; then export DATABASE_URL="$$url"; echo "tests use $$url"; \
+	else unset DATABASE_URL; echo "tests use the embedded PostgreSQL under var/"; fi; \
+	export GPUPLATFORM_TESTING=1; \
+	$(BIN)/python manage.py check --fail-level WARNING && \
+	$(BIN)/python manage.py makemigrations --check --dry-run && \
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	@url="$$($(BIN)/python scripts/database_url.py gpuplatform_bench)"; \
+	if [ -n "$$url" ]; then export DATABASE_URL="$$url"; else unset DATABASE_URL; fi; \
+	GPUPLATFORM_TESTING=1 $(BIN)/python bench/run.py
+
+stop-db: $(STAMP)
+	$(BIN)/python -c 'from pathlib import Path; from gpuplatform.embedded_db import \
+		stop_embedded_database as s; print("stopped" if s(Path("var")) else "not running")'
+
+clean:
+	rm -rf $(VENV)

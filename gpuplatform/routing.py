@@ -1,0 +1,3 @@
+"""Websocket routes. Live GPU charts and task updates register their consumers here."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,216 @@
+"""Settings for gpuplatform, read from the environment (see README: "Configuration")."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from gpuplatform import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env.string("GPUPLATFORM_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+TESTING = "pytest" in sys.modules or env.boolean("GPUPLATFORM_TESTING", False)
+
+DEBUG = env.boolean("DEBUG", False)
+SECRET_KEY = env.string("SECRET_KEY")
+if not SECRET_KEY:
+    if not (DEBUG or TESTING):
+        raise ImproperlyConfigured(
+            "SECRET_KEY: required when DEBUG is off (set SECRET_KEY or SECRET_KEY_FILE)"
+        )
+    # Development only: never reaches production because DEBUG must be on to get here.
+    SECRET_KEY = "dev-insecure-gpuplatform-key-do-not-use-in-production"  # noqa: S105
+
+ALLOWED_HOSTS = env.string_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.string_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_q",
+    "channels",
+    "channels_postgres",
+    "tenants",
+    "scheduling",
+    "monitoring",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    # Serves /static/ from the web process itself (daphne does not serve static files).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gpuplatform.urls"
+WSGI_APPLICATION = "gpuplatform.wsgi.application"
+ASGI_APPLICATION = "gpuplatform.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database --------------------------------------------------------------------------------
+# PostgreSQL only: correctness rests on its row locks and advisory locks.
+DATABASE_URL = env.string("DATABASE_URL")
+if not DATABASE_URL:
+    from gpuplatform.embedded_db import embedded_database_url
+
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (root shells, CI); pgserver copes.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    DATABASE_URL = embedded_database_url(VAR_DIR)
+try:
+    _default_db = dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from exc
+if _default_db["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured(
+        f"DATABASE_URL: only PostgreSQL is supported, got engine {_default_db['ENGINE']}"
+    )
+DATABASES = {
+    "default": _default_db,
+    # channels_postgres keeps its message table in the same database.
+    "channels_postgres": {**_default_db, "TEST": {"MIRROR": "default"}},
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {
+    # Shared by every process (throttles, coalescing flags): LocMem would be per process.
+    "default": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "gpuplatform_cache",
+    }
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+if TESTING:
+    # The default hasher costs ~300 ms per hash; tests hash thousands of passwords.
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env.string("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if TESTING
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+LOGIN_URL = "admin:login"
+
+# --- Security ----------------------------------------------------------------------------------
+SESSION_COOKIE_SECURE = env.boolean("SECURE_COOKIES", not DEBUG and not TESTING)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# --- REST API --------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "gpuplatform API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Background work (django-q2, ORM broker in PostgreSQL) ----------------------------------
+Q_TIMEOUT = env.integer("Q_TIMEOUT", 60, minimum=1)
+Q_CLUSTER = {
+    "name": "gpuplatform",
+    "orm": "default",
+    "workers": env.integer("Q_WORKERS", 2, minimum=1),
+    "timeout": Q_TIMEOUT,
+    # django-q2 hands a task out again after `retry` seconds even while it still runs: keep
+    # retry well above timeout plus queueing time (NOTES.md), and tasks idempotent anyway.
+    "retry": Q_TIMEOUT * 3,
+    "max_attempts": 3,
+    "ack_failures": True,
+    "catch_up": False,
+    "save_limit": 1000,
+    "poll": 0.2,
+    "ALT_CLUSTERS": {},
+}
+if TESTING:
+    Q_CLUSTER = {**Q_CLUSTER, "sync": True}
+
+# --- Channels ----------------------------------------------------------------------------------
+if TESTING:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            # TIME_ZONE must be present or the constructor raises KeyError (NOTES.md).
+            "CONFIG": {**_default_db, "TIME_ZONE": None, "capacity": 1000},
+        }
+    }
+
+# --- The GPU estate ---------------------------------------------------------------------------
+GPUPLATFORM_CONFIG = Path(
+    env.string("GPUPLATFORM_CONFIG", str(BASE_DIR / "configs" / "scheduler.yaml"))
+)
+# auto: NVML when an NVIDIA driver answers, else the configuration's simulated GPUs.
+GPU_BACKEND = env.choice("GPU_BACKEND", "auto", ("auto", "nvml", "simulated"))
+NODE_NAME = env.string("NODE_NAME")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.string("LOG_LEVEL", "INFO")},
+    "loggers": {"django_q": {"level": env.string("Q_LOG_LEVEL", "WARNING")}},
+}

@@ -1,0 +1,23 @@
+from django.contrib import admin
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from gpuplatform import views
+
+admin.site.site_header = "gpuplatform operations"
+admin.site.site_title = "gpuplatform"
+
+api_patterns = [
+    path("", include("tenants.api_urls")),
+    path("", include("scheduling.api_urls")),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+]
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include((api_patterns, "api"))),
+    path("healthz", views.healthz, name="healthz"),
+]

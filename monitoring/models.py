@@ -1,0 +1,1 @@
+"""GPU samples, rollups and alerts arrive with the monitoring work; see DESIGN.md."""

@@ -1,0 +1,116 @@
+"""The node agent: registers its node and GPUs, heartbeats, and notices GPUs that vanish.
+
+Split into one-step methods (``register``, ``tick``) that tests call directly; ``run`` is the
+loop around them, stopped by SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+
+from django.db import DatabaseError, close_old_connections
+
+from scheduling import services
+from scheduling.config import EstateConfig, NodeConfig
+from scheduling.inventory import GpuBackend, GpuInfo, open_backend
+
+logger = logging.getLogger(__name__)
+
+
+class AgentError(Exception):
+    pass
+
+
+def resolve_node_name(config: EstateConfig, requested: str | None) -> str:
+    """The node this agent speaks for: the one asked for, the only one configured, or this host."""
+    if requested:
+        return requested
+    if len(config.nodes) == 1:
+        return config.nodes[0].name
+    hostname = socket.gethostname().split(".")[0].lower()
+    if config.node(hostname) is None:
+        names = ", ".join(node.name for node in config.nodes)
+        raise AgentError(
+            f"this host ({hostname}) is not among the configured nodes ({names}); "
+            "start the agent with --node NAME or set NODE_NAME"
+        )
+    return hostname
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        *,
+        config: EstateConfig,
+        node_name: str,
+        backend: GpuBackend | None = None,
+        backend_kind: str = "auto",
+    ) -> None:
+        node = config.node(node_name)
+        # A node absent from the configuration may still join with real GPUs, in the default pool.
+        self.node_config = node or NodeConfig(name=node_name)
+        self.config = config
+        self.backend = backend or open_backend(
+            backend_kind, node_name=node_name, simulate=self.node_config.simulate
+        )
+        self.stopping = threading.Event()
+        self._last_seen: tuple[GpuInfo, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.node_config.name
+
+    def register(self) -> list[GpuInfo]:
+        gpus = self.backend.discover()
+        pool = next((p for p in self.config.pools if p.name == self.node_config.pool), None)
+        services.node_register(
+            name=self.name,
+            pool_name=self.node_config.pool,
+            pool_description=pool.description if pool else "",
+            hostname=socket.gethostname(),
+            backend=self.backend.name,
+            gpus=gpus,
+        )
+        self._last_seen = tuple(gpus)
+        return gpus
+
+    def tick(self) -> None:
+        """One heartbeat. Re-registers when discovery changed or the node row went missing."""
+        gpus = tuple(self.backend.discover())
+        if gpus != self._last_seen:
+            logger.info("node %s: GPU set changed, registering %d GPU(s)", self.name, len(gpus))
+            self.register()
+        elif not services.node_heartbeat(name=self.name):
+            logger.warning("node %s: unknown to the database, registering again", self.name)
+            self.register()
+
+    def run(self) -> None:
+        self._install_signal_handlers()
+        interval = self.config.heartbeat.interval_s
+        logger.info(
+            "node agent %s starting: GPUs via %s, heartbeat every %ss",
+            self.name,
+            self.backend.name,
+            interval,
+        )
+        while not self.stopping.is_set():
+            try:
+                close_old_connections()
+                self.tick()  # the first tick registers
+            except DatabaseError as exc:
+                # The database may be restarting: keep the agent alive and try again next tick.
+                logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
+                close_old_connections()
+            self.stopping.wait(interval)
+        self.backend.close()
+        logger.info("node agent %s stopped", self.name)
+
+    def _install_signal_handlers(self) -> None:
+        def stop(signum: int, frame: object) -> None:
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)

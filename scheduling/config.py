@@ -1,0 +1,281 @@
+"""The GPU estate (pools, nodes, simulated GPUs) as the operator describes it in YAML.
+
+Loading either returns a fully typed EstateConfig or raises ConfigError listing every problem,
+one line each, as "<file>: <key path>: <problem>", so the operator can fix them all in one pass.
+"""
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from gpuplatform.units import format_duration_s, parse_duration_s, parse_memory_mb
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_SLUG = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _dns_label(value: str) -> str:
+    if not _DNS_LABEL.fullmatch(value):
+        raise ValueError(
+            f"must be lowercase letters, digits and '-', at most 63 characters, starting and "
+            f"ending with a letter or digit, got {value!r}"
+        )
+    return value
+
+
+def _slug(value: str) -> str:
+    if not _SLUG.fullmatch(value):
+        raise ValueError(f"must be lowercase letters and digits joined by '-', got {value!r}")
+    return value
+
+
+def _duration(value: object) -> object:
+    # Ints pass through to the strict int check (and its > 0 bound); anything else is parsed so
+    # that a bad value is explained in terms of durations, not Python types.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return parse_duration_s(value, field="")
+
+
+def _memory(value: object) -> object:
+    # Same split as _duration: an int is already MiB.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return parse_memory_mb(value, field="")
+
+
+DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+DurationS = Annotated[int, BeforeValidator(_duration), Field(gt=0)]
+MemoryMb = Annotated[int, BeforeValidator(_memory), Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class HeartbeatConfig(_Strict):
+    interval_s: DurationS = Field(default=5, alias="interval")
+    offline_after_s: DurationS = Field(default=30, alias="offline_after")
+
+    @field_validator("offline_after_s")
+    @classmethod
+    def _outlasts_interval(cls, value: int, info: ValidationInfo) -> int:
+        interval = info.data.get("interval_s")
+        # Without slack, one late heartbeat would flap the node offline.
+        if interval is not None and value <= interval:
+            raise ValueError(
+                f"must be longer than heartbeat.interval ({format_duration_s(interval)}), "
+                f"got {format_duration_s(value)}"
+            )
+        return value
+
+
+class PoolConfig(_Strict):
+    name: DnsLabel
+    description: str = ""
+
+
+class SimulatedGpus(_Strict):
+    model: str = Field(min_length=1)
+    memory_mb: MemoryMb = Field(alias="memory")
+    count: int = Field(ge=1, le=64)
+    gpu_type: Annotated[str, AfterValidator(_slug)] | None = None
+
+
+class NodeConfig(_Strict):
+    name: DnsLabel
+    pool: DnsLabel = "default"
+    simulate: SimulatedGpus | None = None
+
+
+def _default_pools() -> list[PoolConfig]:
+    return [PoolConfig(name="default")]
+
+
+class EstateConfig(_Strict):
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    pools: list[PoolConfig] = Field(default_factory=_default_pools, min_length=1)
+    nodes: list[NodeConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Self:
+        problems = _reference_problems(self)
+        if problems:
+            # One pydantic error cannot carry several locations; _messages() unpacks these.
+            raise PydanticCustomError("estate_references", "{problems}", {"problems": problems})
+        return self
+
+    def node(self, name: str) -> NodeConfig | None:
+        return next((node for node in self.nodes if node.name == name), None)
+
+
+def _reference_problems(config: EstateConfig) -> list[tuple[tuple[str | int, ...], str]]:
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    pool_names: list[str] = []
+    for i, pool in enumerate(config.pools):
+        if pool.name in pool_names:
+            problems.append((("pools", i, "name"), f"duplicate pool name {pool.name!r}"))
+        pool_names.append(pool.name)
+    node_names: list[str] = []
+    for i, node in enumerate(config.nodes):
+        if node.name in node_names:
+            first = node_names.index(node.name)
+            problems.append(
+                (("nodes", i, "name"), f"duplicate node name {node.name!r} (also nodes[{first}])")
+            )
+        node_names.append(node.name)
+        if node.pool not in pool_names:
+            defined = ", ".join(dict.fromkeys(pool_names))
+            problems.append(
+                (("nodes", i, "pool"), f"unknown pool {node.pool!r} (defined: {defined})")
+            )
+    return problems
+
+
+def load_config(path: str | Path) -> EstateConfig:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{source}: file not found"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{source}: cannot read the file: {exc}"]) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{source}: {_yaml_problem(exc)}"]) from None
+    return parse_config(data, source)
+
+
+def parse_config(data: object, source: str) -> EstateConfig:
+    if data is None:
+        raise ConfigError([f"{source}: the file is empty; it needs at least a nodes: list"])
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                f"{source}: the top level must be a mapping of keys (nodes:, pools:, ...), "
+                f"got {_describe(data)}"
+            ]
+        )
+    try:
+        return EstateConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            [f"{source}: {line}" for error in exc.errors() for line in _messages(error)]
+        ) from None
+
+
+def _messages(error: ErrorDetails) -> list[str]:
+    if error["type"] == "estate_references":
+        problems = error.get("ctx", {})["problems"]
+        return [f"{_path(loc)}: {message}" for loc, message in problems]
+    return [f"{_path(error['loc'])}: {_reason(error)}"]
+
+
+def _path(loc: tuple[str | int, ...]) -> str:
+    """("nodes", 0, "simulate", "count") -> "nodes[0].simulate.count"."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path or "(top level)"
+
+
+def _reason(error: ErrorDetails) -> str:
+    kind = error["type"]
+    ctx: dict[str, Any] = error.get("ctx", {})
+    got = _describe(error["input"])
+    simple = {
+        "missing": "required",
+        "extra_forbidden": "unknown key",
+        "int_type": f"must be an integer, got {got}",
+        "string_type": f"must be a string, got {got}",
+        "list_type": f"must be a list, got {got}",
+        "model_type": f"must be a mapping of keys, got {got}",
+        "model_attributes_type": f"must be a mapping of keys, got {got}",
+        "dict_type": f"must be a mapping of keys, got {got}",
+    }
+    if kind in simple:
+        return simple[kind]
+    if kind == "value_error":
+        return str(ctx["error"])
+    if kind in {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}:
+        return _bound_reason(kind, ctx, got)
+    if kind == "too_short":
+        return f"must have at least {ctx['min_length']} item(s)"
+    if kind == "string_too_short":
+        return "must not be empty"
+    # Pydantic's own sentence is readable; only its repr of the whole input is not.
+    return error["msg"]
+
+
+def _bound_reason(kind: str, ctx: dict[str, Any], got: str) -> str:
+    words = {
+        "greater_than_equal": ("at least", "ge"),
+        "greater_than": ("more than", "gt"),
+        "less_than_equal": ("at most", "le"),
+        "less_than": ("less than", "lt"),
+    }
+    phrase, key = words[kind]
+    return f"must be {phrase} {ctx[key]}, got {got}"
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return f"YAML syntax error: {problem}"
+    return f"line {mark.line + 1}, column {mark.column + 1}: YAML syntax error: {problem}"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key written twice in one mapping.
+
+    Plain YAML keeps the last value silently, so a node pasted twice would lose its first half.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # unhashable key: the base class reports it properly
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

@@ -1,0 +1,67 @@
+"""What a node agent knows about its GPUs, independent of where it learned it."""
+
+import abc
+import re
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    # Stable identity: indices can change across reboots and driver upgrades, UUIDs do not, and
+    # CUDA_VISIBLE_DEVICES accepts them.
+    uuid: str
+    model: str
+    memory_mb: int
+    pci_bus_id: str
+    gpu_type: str
+
+
+class BackendUnavailable(Exception):
+    """The GPU backend cannot be used on this machine; the message says why."""
+
+
+class GpuBackend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def discover(self) -> list[GpuInfo]:
+        """Return the GPUs currently visible, sorted by index."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the backend; calling it twice is harmless."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# Tokens that say nothing about what a GPU can compute: the vendor and brand names, and the form
+# factor and memory technology (an "A100-SXM4-40GB" and an "A100-PCIE-40GB" run the same jobs).
+_NOISE_WORDS = frozenset({"nvidia", "geforce", "tesla", "quadro", "pcie", "nvl", "nvlink"})
+_NOISE_PATTERN = re.compile(r"\d+(?:\.\d+)?(?:gb|gib|g)|hbm\d*e?|gddr\d*x?|sxm\d*")
+
+
+def gpu_type_for(model: str, memory_mb: int) -> str:
+    """Derive a schedulable label such as "rtx4090-24g" from the model name and memory.
+
+    Memory comes from the measured size, not the marketing name, rounded to the nearest GiB with
+    halves rounded up (an L40S's 46068 MiB = 44.99 GiB -> "45g", an H100's 81559 MiB -> "80g").
+    Cards under half a GiB get "<n>m" so the label never says "0g".
+    """
+    tokens = re.split(r"[^a-z0-9]+", model.lower())
+    kept = [t for t in tokens if t and t not in _NOISE_WORDS and not _NOISE_PATTERN.fullmatch(t)]
+    stem = "".join(kept) or "gpu"
+    gib = (memory_mb + 512) // 1024
+    size = f"{gib}g" if gib >= 1 else f"{memory_mb}m"
+    return f"{stem}-{size}"

@@ -1,0 +1,266 @@
+"""The GPU estate (pools, nodes, GPUs) and the work placed on it (tasks, allocations, events).
+
+Invariants the database can hold are declared here as constraints; the ones that span rows
+(a GPU's reserved memory never exceeds its capacity, an exclusive allocation never shares its
+GPU) are enforced by a trigger installed in migration 0002.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from scheduling.states import TaskState
+from tenants.models import SLUG_VALIDATOR
+
+
+class Pool(models.Model):
+    """A named group of nodes (for example "training" and "inference")."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeState(models.TextChoices):
+    AVAILABLE = "available", "Available"
+    DRAINING = "draining", "Draining"  # running work finishes, nothing new starts
+    OFFLINE = "offline", "Offline"  # no heartbeat, or taken out by an operator
+
+
+class Node(models.Model):
+    """A GPU host running a node agent."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
+    hostname = models.CharField(max_length=255, blank=True)
+    backend = models.CharField(max_length=16, blank=True, help_text="nvml or simulated")
+    state = models.CharField(
+        max_length=16, choices=NodeState.choices, default=NodeState.AVAILABLE, db_index=True
+    )
+    state_reason = models.CharField(max_length=500, blank=True)
+    registered_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in NodeState]), name="node_state_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GpuState(models.TextChoices):
+    AVAILABLE = "available", "Available"
+    DRAINING = "draining", "Draining"
+    OFFLINE = "offline", "Offline"  # vanished from discovery, or its node is offline
+    FAILED = "failed", "Failed"  # NVML reported it lost or in error; an operator decides
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField(help_text="NVML index on its node.")
+    uuid = models.CharField(max_length=96, unique=True, verbose_name="UUID")
+    model = models.CharField(max_length=128)
+    gpu_type = models.CharField(max_length=64, db_index=True, verbose_name="GPU type")
+    memory_mb = models.PositiveIntegerField(verbose_name="memory (MiB)")
+    pci_bus_id = models.CharField(max_length=32, blank=True, verbose_name="PCI bus id")
+    state = models.CharField(
+        max_length=16, choices=GpuState.choices, default=GpuState.AVAILABLE, db_index=True
+    )
+    state_reason = models.CharField(max_length=500, blank=True)
+    foreign_memory_mb = models.PositiveIntegerField(
+        default=0,
+        verbose_name="foreign memory (MiB)",
+        help_text="Memory held by processes the platform did not start; never offered to tasks.",
+    )
+    first_seen_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        verbose_name = "GPU"
+        verbose_name_plural = "GPUs"
+        constraints = [
+            models.CheckConstraint(condition=Q(memory_mb__gt=0), name="gpu_memory_positive"),
+            models.CheckConstraint(
+                condition=Q(foreign_memory_mb__lte=F("memory_mb")), name="gpu_foreign_le_memory"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in GpuState]), name="gpu_state_valid"
+            ),
+            # A vanished GPU keeps its row (history, allocations) but gives up its index.
+            models.UniqueConstraint(
+                fields=["node", "index"],
+                condition=~Q(state=GpuState.OFFLINE),
+                name="gpu_unique_index_per_node",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class TaskClass(models.TextChoices):
+    BATCH = "batch", "Batch"  # preemptible by default
+    ONLINE = "online", "Online"  # services: never preempted
+
+
+class Task(models.Model):
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="tasks")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="tasks",
+    )
+    name = models.CharField(max_length=200)
+    queue = models.CharField(
+        max_length=100, blank=True, help_text="Tasks in one queue of a tenant run one at a time."
+    )
+    priority = models.PositiveSmallIntegerField(default=50)
+    task_class = models.CharField(
+        max_length=16, choices=TaskClass.choices, default=TaskClass.BATCH, verbose_name="class"
+    )
+    preemptible = models.BooleanField(default=True)
+    command = models.TextField()
+    workdir = models.CharField(max_length=1024, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    spec = models.JSONField(default=dict, blank=True, help_text="The spec as submitted.")
+
+    gpus_min = models.PositiveSmallIntegerField(default=1)
+    gpus_max = models.PositiveSmallIntegerField(default=1)
+    gpu_memory_mb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Per GPU, shares cards; empty = whole GPUs, exclusive."
+    )
+    gpu_type = models.CharField(max_length=64, blank=True)
+    pool = models.ForeignKey(
+        Pool, on_delete=models.PROTECT, null=True, blank=True, related_name="tasks"
+    )
+    required_node = models.CharField(max_length=63, blank=True)
+
+    timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    retries = models.PositiveSmallIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0, help_text="Starts so far.")
+    infra_requeues = models.PositiveIntegerField(default=0)
+    not_before = models.DateTimeField(null=True, blank=True, help_text="Retry backoff.")
+    depends_on = models.ManyToManyField(
+        "self", symmetrical=False, blank=True, related_name="dependents"
+    )
+
+    state = models.CharField(
+        max_length=16,
+        choices=[(s.value, s.value.replace("_", " ")) for s in TaskState],
+        default=TaskState.PENDING.value,
+    )
+    reason = models.TextField(blank=True, help_text="Why it waits, or how it ended.")
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks"
+    )
+    exit_code = models.IntegerField(null=True, blank=True)
+
+    submitted_at = models.DateTimeField(default=timezone.now, editable=False)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["state", "priority"], name="task_state_priority"),
+            models.Index(fields=["tenant", "state"], name="task_tenant_state"),
+            models.Index(fields=["tenant", "queue", "id"], name="task_tenant_queue"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(priority__lte=100), name="task_priority_range"),
+            models.CheckConstraint(
+                condition=Q(gpus_max__gte=F("gpus_min")), name="task_gpus_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_memory_mb__isnull=True) | Q(gpu_memory_mb__gt=0),
+                name="task_gpu_memory_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(timeout_s__isnull=True) | Q(timeout_s__gt=0),
+                name="task_timeout_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in TaskState]), name="task_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(task_class__in=[c.value for c in TaskClass]),
+                name="task_class_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+
+class Allocation(models.Model):
+    """GPUs (or a share of one) held by one attempt of a task."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="allocations")
+    attempt = models.PositiveIntegerField()
+    gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="allocations")
+    memory_mb = models.PositiveIntegerField(help_text="Reserved on this GPU.")
+    exclusive = models.BooleanField(default=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [
+            models.Index(
+                fields=["gpu"], condition=Q(released_at__isnull=True), name="alloc_active_gpu"
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "gpu"],
+                condition=Q(released_at__isnull=True),
+                name="alloc_one_active_per_task_gpu",
+            ),
+            models.CheckConstraint(condition=Q(memory_mb__gt=0), name="alloc_memory_positive"),
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=True) | Q(released_at__gte=F("started_at")),
+                name="alloc_released_after_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} on {self.gpu} ({self.memory_mb} MiB)"
+
+
+class TaskEvent(models.Model):
+    """One transition of a task's state: the audit trail."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    reason = models.TextField(blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+
+    class Meta:
+        ordering = ["task", "at", "id"]
+        indexes = [models.Index(fields=["task", "at"], name="taskevent_task_at")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}: {self.from_state or '-'} -> {self.to_state}"

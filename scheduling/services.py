@@ -1,0 +1,220 @@
+"""Writes to the GPU estate and to tasks. Every task state change goes through task_transition."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling import states
+from scheduling.inventory import GpuInfo
+from scheduling.models import GPU, Allocation, GpuState, Node, NodeState, Pool, Task, TaskEvent
+from scheduling.states import TaskState
+
+logger = logging.getLogger(__name__)
+
+# Reasons the platform writes itself. A state set with one of these is undone automatically
+# when the cause goes away; a state an operator set is left for an operator to undo.
+VANISHED = "not found by the node agent's last GPU discovery"
+NODE_SILENT = "node agent stopped heartbeating"
+
+
+class StaleTask(Exception):
+    """The task changed state under us: another process got there first."""
+
+
+# --- Tasks -----------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def task_transition(
+    *,
+    task: Task,
+    to_state: TaskState | str,
+    reason: str = "",
+    actor: AbstractBaseUser | None = None,
+    **fields: Any,
+) -> Task:
+    """Move ``task`` to ``to_state`` if legal, record a TaskEvent, and return the task.
+
+    The UPDATE is conditional on the state the caller read, so two processes racing to move
+    the same task cannot both succeed: the loser gets StaleTask and must re-read. Leaving the
+    states that hold GPUs releases the task's allocations in the same transaction.
+    """
+    from_state = TaskState(task.state)
+    to_state = TaskState(to_state)
+    states.check(from_state, to_state)
+    now = timezone.now()
+    updates: dict[str, Any] = {"state": to_state, "reason": reason, "updated_at": now, **fields}
+    if to_state == TaskState.SCHEDULED:
+        updates["scheduled_at"] = now
+    elif to_state == TaskState.RUNNING and from_state == TaskState.SCHEDULED:
+        updates["started_at"] = now
+    elif to_state in states.TERMINAL:
+        updates["finished_at"] = now
+    elif to_state == TaskState.PENDING:
+        updates.update(node=None, scheduled_at=None, started_at=None, finished_at=None)
+
+    changed = Task.objects.filter(pk=task.pk, state=from_state).update(**updates)
+    if not changed:
+        raise StaleTask(f"task {task.pk} is no longer {from_state}")
+    if from_state in states.HOLDS_GPUS and to_state not in states.HOLDS_GPUS:
+        Allocation.objects.filter(task_id=task.pk, released_at__isnull=True).update(released_at=now)
+    for name, value in updates.items():
+        setattr(task, name, value)
+    TaskEvent.objects.create(
+        task=task,
+        at=now,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+        attempt=task.attempt,
+        actor=actor,
+    )
+    return task
+
+
+# --- Pools and nodes ---------------------------------------------------------------------------
+
+
+def pool_ensure(*, name: str, description: str = "") -> Pool:
+    pool, created = Pool.objects.get_or_create(name=name, defaults={"description": description})
+    if not created and description and pool.description != description:
+        pool.description = description
+        pool.save(update_fields=["description"])
+    return pool
+
+
+@transaction.atomic
+def node_register(
+    *,
+    name: str,
+    pool_name: str,
+    hostname: str,
+    backend: str,
+    gpus: Iterable[GpuInfo],
+    pool_description: str = "",
+) -> Node:
+    """Record a node and the GPUs its agent discovered. Idempotent: safe on every restart.
+
+    GPUs are matched by UUID, never by index, so a restart never duplicates one. GPUs of this
+    node that discovery no longer finds become offline (they keep their history).
+    """
+    now = timezone.now()
+    pool = pool_ensure(name=pool_name, description=pool_description)
+    node, created = Node.objects.select_for_update().get_or_create(
+        name=name,
+        defaults={"pool": pool, "hostname": hostname, "backend": backend, "last_heartbeat": now},
+    )
+    if not created:
+        node.pool, node.hostname, node.backend, node.last_heartbeat = pool, hostname, backend, now
+        if node.state == NodeState.OFFLINE and node.state_reason == NODE_SILENT:
+            node.state, node.state_reason = NodeState.AVAILABLE, ""
+        node.save()
+
+    found = {info.uuid: info for info in gpus}
+    GPU.objects.filter(node=node).exclude(uuid__in=found).exclude(state=GpuState.OFFLINE).update(
+        state=GpuState.OFFLINE, state_reason=VANISHED
+    )
+    known = {gpu.uuid: gpu for gpu in GPU.objects.select_for_update().filter(uuid__in=found)}
+    # Park GPUs whose index changes as offline first: the per-node unique index ignores offline
+    # rows, so two GPUs can swap indices without colliding halfway.
+    moving = [g for g in known.values() if g.node_id != node.pk or g.index != found[g.uuid].index]
+    GPU.objects.filter(pk__in=[g.pk for g in moving]).update(state=GpuState.OFFLINE)
+    for uuid, info in found.items():
+        gpu = known.get(uuid) or GPU(uuid=uuid, first_seen_at=now)
+        gpu.node = node
+        gpu.index = info.index
+        gpu.model = info.model
+        gpu.gpu_type = info.gpu_type
+        gpu.memory_mb = info.memory_mb
+        gpu.pci_bus_id = info.pci_bus_id
+        gpu.last_seen_at = now
+        if gpu.state == GpuState.OFFLINE and gpu.state_reason in (VANISHED, NODE_SILENT, ""):
+            gpu.state, gpu.state_reason = GpuState.AVAILABLE, ""
+        gpu.save()
+    return node
+
+
+def node_heartbeat(*, name: str) -> bool:
+    """Record that the node's agent is alive. False if the node is unknown (re-register)."""
+    now = timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=name).first()
+        if node is None:
+            return False
+        node.last_heartbeat = now
+        if node.state == NodeState.OFFLINE and node.state_reason == NODE_SILENT:
+            node.state, node.state_reason = NodeState.AVAILABLE, ""
+            GPU.objects.filter(node=node, state=GpuState.OFFLINE, state_reason=NODE_SILENT).update(
+                state=GpuState.AVAILABLE, state_reason=""
+            )
+            logger.info("node %s is back: heartbeat resumed", name)
+        node.save(update_fields=["last_heartbeat", "state", "state_reason"])
+    return True
+
+
+@transaction.atomic
+def nodes_mark_silent(*, offline_after: timedelta, now: datetime | None = None) -> list[str]:
+    """Mark nodes whose agent has not heartbeated for ``offline_after`` as offline.
+
+    Returns the names of the nodes it marked. Their GPUs go offline with them, so nothing new
+    is placed there; what happens to tasks running there is the launcher's reconciliation.
+    """
+    now = now or timezone.now()
+    silent = list(
+        Node.objects.select_for_update(skip_locked=True)
+        .filter(last_heartbeat__lt=now - offline_after)
+        .exclude(state=NodeState.OFFLINE)
+    )
+    for node in silent:
+        node.state, node.state_reason = NodeState.OFFLINE, NODE_SILENT
+        node.save(update_fields=["state", "state_reason"])
+        GPU.objects.filter(node=node, state__in=[GpuState.AVAILABLE, GpuState.DRAINING]).update(
+            state=GpuState.OFFLINE, state_reason=NODE_SILENT
+        )
+        logger.warning("node %s marked offline: no heartbeat since %s", node, node.last_heartbeat)
+    return [node.name for node in silent]
+
+
+# --- Operator actions ---------------------------------------------------------------------------
+
+
+def _drained_reason(actor: AbstractBaseUser | None) -> str:
+    by = f" by {actor.get_username()}" if actor is not None else ""
+    return f"drained{by} at {timezone.now():%Y-%m-%d %H:%M %Z}"
+
+
+def gpus_drain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) -> int:
+    """Let running work finish on these GPUs but place nothing new. Returns how many changed."""
+    ids = [gpu.pk for gpu in gpus]
+    return GPU.objects.filter(pk__in=ids, state=GpuState.AVAILABLE).update(
+        state=GpuState.DRAINING, state_reason=_drained_reason(actor)
+    )
+
+
+def gpus_undrain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) -> int:
+    """Return drained or failed GPUs to service (a failed GPU comes back only this way)."""
+    ids = [gpu.pk for gpu in gpus]
+    return GPU.objects.filter(pk__in=ids, state__in=[GpuState.DRAINING, GpuState.FAILED]).update(
+        state=GpuState.AVAILABLE, state_reason=""
+    )
+
+
+def nodes_drain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None) -> int:
+    ids = [node.pk for node in nodes]
+    return Node.objects.filter(pk__in=ids, state=NodeState.AVAILABLE).update(
+        state=NodeState.DRAINING, state_reason=_drained_reason(actor)
+    )
+
+
+def nodes_undrain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None) -> int:
+    ids = [node.pk for node in nodes]
+    return Node.objects.filter(pk__in=ids, state=NodeState.DRAINING).update(
+        state=NodeState.AVAILABLE, state_reason=""
+    )

@@ -1,0 +1,87 @@
+"""The task state machine: which transitions are legal. Pure Python, no Django.
+
+    pending -> scheduled -> running -> succeeded | failed | cancelled | timed_out
+    side roads: paused (and back), preempted (back to pending), lost (requeued or failed)
+
+Every change of a task's state goes through ``scheduling.services.task_transition``, which
+checks ``is_legal`` and writes a TaskEvent.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    PAUSED = "paused"
+    PREEMPTED = "preempted"
+    LOST = "lost"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+S = TaskState
+
+TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT})
+# States in which a task holds GPUs (an active Allocation).
+HOLDS_GPUS = frozenset({S.SCHEDULED, S.RUNNING, S.PAUSED})
+
+TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    # Waiting: placed by the scheduler, cancelled by a person, or failed before it ever ran
+    # (a dependency failed, the request became unsatisfiable).
+    S.PENDING: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED}),
+    # Placed, launch in flight: the launcher starts it, or the launch fails and it goes back.
+    S.SCHEDULED: frozenset(
+        {S.RUNNING, S.PENDING, S.CANCELLED, S.FAILED, S.PREEMPTED, S.LOST, S.TIMED_OUT}
+    ),
+    # Running -> pending is a retry after a user failure or an infrastructure requeue.
+    S.RUNNING: frozenset(
+        {
+            S.SUCCEEDED,
+            S.FAILED,
+            S.CANCELLED,
+            S.TIMED_OUT,
+            S.PAUSED,
+            S.PREEMPTED,
+            S.LOST,
+            S.PENDING,
+        }
+    ),
+    S.PAUSED: frozenset({S.RUNNING, S.CANCELLED, S.TIMED_OUT, S.PREEMPTED, S.LOST, S.FAILED}),
+    # Side roads end back in the queue, or for good.
+    S.PREEMPTED: frozenset({S.PENDING, S.CANCELLED}),
+    S.LOST: frozenset({S.PENDING, S.FAILED, S.CANCELLED}),
+    # A person may retry a task that did not succeed; success is final.
+    S.FAILED: frozenset({S.PENDING}),
+    S.CANCELLED: frozenset({S.PENDING}),
+    S.TIMED_OUT: frozenset({S.PENDING}),
+    S.SUCCEEDED: frozenset(),
+}
+
+
+class IllegalTransition(Exception):
+    def __init__(self, from_state: str, to_state: str) -> None:
+        self.from_state = from_state
+        self.to_state = to_state
+        allowed = ", ".join(sorted(TRANSITIONS.get(TaskState(from_state), ()))) or "none"
+        super().__init__(
+            f"a task cannot go from {from_state} to {to_state} (allowed from {from_state}: "
+            f"{allowed})"
+        )
+
+
+def is_legal(from_state: str, to_state: str) -> bool:
+    try:
+        return TaskState(to_state) in TRANSITIONS[TaskState(from_state)]
+    except ValueError:
+        return False
+
+
+def check(from_state: str, to_state: str) -> None:
+    if not is_legal(from_state, to_state):
+        raise IllegalTransition(from_state, to_state)

@@ -1,0 +1,66 @@
+"""First-run setup for ``make run``: operator, demo tenant and token, background schedules.
+
+Idempotent: a second run changes nothing and prints no secret. Secrets are printed once, on
+the run that creates them, and stored only hashed.
+"""
+
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+from django_q.models import Schedule
+
+from tenants import services
+from tenants.models import Quota, Role, Tenant
+
+SCHEDULES = [
+    # (name, function, minutes)
+    ("mark-silent-nodes", "scheduling.tasks.mark_silent_nodes", 1),
+]
+
+
+class Command(BaseCommand):
+    help = "Create the operator account, a demo tenant with a member and API token, and schedules."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-demo", action="store_true", help="skip the demo tenant")
+
+    @transaction.atomic
+    def handle(self, *args, no_demo: bool, **options):
+        self.ensure_schedules()
+        lines = []
+        User = get_user_model()
+        if not User.objects.filter(is_superuser=True).exists():
+            password = secrets.token_urlsafe(12)
+            User.objects.create_superuser("admin", "", password)
+            lines.append(f"  operator  admin / {password}   (Django admin: /admin/)")
+        if not no_demo and not Tenant.objects.filter(name="demo").exists():
+            tenant = services.tenant_create(name="demo", display_name="Demo lab")
+            Quota.objects.create(tenant=tenant, max_gpus=4, max_priority=90)
+            password = secrets.token_urlsafe(12)
+            user = User.objects.create_user("alice", "", password)
+            services.membership_set(user=user, tenant=tenant, role=Role.MEMBER)
+            _, token = services.apitoken_create(user=user, tenant=tenant, name="demo")
+            lines.append(f"  member    alice / {password}   (tenant demo, role member)")
+            lines.append(f"  API token {token}")
+        if lines:
+            self.stdout.write(
+                self.style.WARNING(
+                    "First run: these credentials are shown once and stored only hashed. Keep them."
+                )
+            )
+            for line in lines:
+                self.stdout.write(line)
+
+    def ensure_schedules(self) -> None:
+        for name, func, minutes in SCHEDULES:
+            Schedule.objects.update_or_create(
+                name=name,
+                defaults={
+                    "func": func,
+                    "schedule_type": Schedule.MINUTES,
+                    "minutes": minutes,
+                    "repeats": -1,
+                },
+            )

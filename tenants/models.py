@@ -1,0 +1,149 @@
+"""Tenants, who belongs to them, what they may use, and how their scripts authenticate."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+SLUG_VALIDATOR = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    "Use lowercase letters, digits and inner dashes (at most 63 characters).",
+)
+
+
+class Tenant(models.Model):
+    """A team, lab or customer: the unit of isolation, quota and accounting."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    display_name = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    is_active = models.BooleanField(
+        default=True, help_text="Inactive tenants cannot submit tasks or authenticate."
+    )
+    unix_user = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="Run this tenant's tasks as this Unix user when the platform runs as root.",
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin", "Admin"  # manages members, tokens and every task of the tenant
+    MEMBER = "member", "Member"  # submits and controls tasks
+    VIEWER = "viewer", "Viewer"  # reads only
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["tenant__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user"),
+            models.CheckConstraint(
+                condition=Q(role__in=[r.value for r in Role]), name="membership_role_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class Quota(models.Model):
+    """Limits of one tenant, either cluster-wide (pool empty) or inside one pool.
+
+    An empty limit means "no limit". Both a cluster-wide and a per-pool quota may apply to the
+    same task; the scheduler enforces every one that applies.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey(
+        "scheduling.Pool",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="quotas",
+        help_text="Empty: applies across the whole cluster.",
+    )
+    max_gpus = models.PositiveIntegerField(null=True, blank=True)
+    max_gpu_memory_mb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Reserved GPU memory in MiB, summed over running tasks."
+    )
+    max_running_tasks = models.PositiveIntegerField(null=True, blank=True)
+    max_queued_tasks = models.PositiveIntegerField(null=True, blank=True)
+    max_priority = models.PositiveSmallIntegerField(
+        default=100, help_text="Highest task priority (0-100) this tenant may ask for."
+    )
+    fair_share_weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Relative share of the GPUs when tenants compete (2.0 = twice the share).",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant__name", "pool__name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"], condition=Q(pool__isnull=True), name="quota_one_cluster_wide"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "pool"],
+                condition=Q(pool__isnull=False),
+                name="quota_one_per_pool",
+            ),
+            models.CheckConstraint(condition=Q(max_priority__lte=100), name="quota_priority_range"),
+            models.CheckConstraint(
+                condition=Q(fair_share_weight__gt=0), name="quota_weight_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} quota ({self.pool or 'cluster'})"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API and CLI. Only a hash of the secret is stored.
+
+    The visible ``prefix`` identifies the token in lists, logs and leak scans; the secret is
+    shown once at creation and cannot be recovered.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}...)"
+
+    def is_usable(self, now=None) -> bool:
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > now
