@@ -35,14 +35,8 @@ setup: $(STAMP) var/secret_key
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py bootstrap
 
 run: setup
-	@echo
-	@echo "gpuplatform on http://$(HOST):$(PORT)/"
-	@echo "  admin    http://$(HOST):$(PORT)/admin/"
-	@echo "  API      http://$(HOST):$(PORT)/api/v1/   (docs: /api/v1/docs/)"
-	@echo "  Ctrl-C stops web, scheduler and node agent together."
-	@echo
 	SECRET_KEY_FILE=var/secret_key SECURE_COOKIES=$${SECURE_COOKIES:-0} \
-		exec $(BIN)/honcho start -f Procfile
+		exec $(BIN)/python scripts/run.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -8,6 +8,7 @@ reuses the same server through its Unix socket. Production sets DATABASE_URL ins
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 DATABASE_NAME = "gpuplatform"
@@ -17,6 +18,8 @@ def embedded_database_url(var_dir: Path) -> str:
     import pgserver  # imported lazily: only needed without DATABASE_URL
     import psycopg
 
+    # pgserver narrates every start at INFO, before Django's logging is configured.
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
     pgdata = var_dir / "pgdata"
     pgdata.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(pgdata, cleanup_mode=None)

@@ -212,5 +212,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.string("LOG_LEVEL", "INFO")},
-    "loggers": {"django_q": {"level": env.string("Q_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "django-q": {"level": env.string("Q_LOG_LEVEL", "WARNING")},
+        "pgserver": {"level": "WARNING"},
+    },
 }

@@ -1,0 +1,114 @@
+"""Start the platform's processes together for `make run`, and stop them together.
+
+Written here rather than using honcho: honcho gives processes 5 s after SIGTERM before it
+SIGKILLs them, too little for a qcluster finishing its work, and lets a terminal's Ctrl-C
+reach every child at once. Here each child runs in its own session (a Ctrl-C reaches only this
+runner), gets SIGTERM, and has STOP_GRACE seconds to finish before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+STOP_GRACE = float(os.environ.get("STOP_GRACE", "30"))
+TTY = sys.stdout.isatty()
+COLOURS = ["\033[36m", "\033[33m", "\033[35m", "\033[32m"] if TTY else [""]
+RESET = "\033[0m" if TTY else ""
+
+
+def commands(python: str, host: str, port: str) -> dict[str, list[str]]:
+    return {
+        "web": [python, "-m", "daphne", "-b", host, "-p", port, "--proxy-headers",
+                "gpuplatform.asgi:application"],
+        "scheduler": [python, "manage.py", "qcluster"],
+        "agent": [python, "manage.py", "node_agent"],
+    }  # fmt: skip
+
+
+def wait_until_up(url: str, procs: dict[str, subprocess.Popen], seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if any(proc.poll() is not None for proc in procs.values()):
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - our own loopback URL
+                return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def stop(procs: dict[str, subprocess.Popen]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"{name} did not stop within {STOP_GRACE:.0f} s: killing it", flush=True)
+            proc.kill()
+            proc.wait()
+
+
+def main() -> int:
+    host = os.environ.get("HOST", "127.0.0.1")
+    port = os.environ.get("PORT", "8000")
+    procs: dict[str, subprocess.Popen] = {}
+    sel = selectors.DefaultSelector()
+    width = max(len(name) for name in commands("", host, port))
+    for i, (name, argv) in enumerate(commands(sys.executable, host, port).items()):
+        proc = subprocess.Popen(  # noqa: S603 - fixed argv
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        procs[name] = proc
+        label = f"{COLOURS[i % len(COLOURS)]}{name:<{width}} |{RESET} "
+        sel.register(proc.stdout, selectors.EVENT_READ, label)
+
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    base = f"http://{host}:{port}"
+    if wait_until_up(f"{base}/healthz", procs):
+        print(
+            f"\ngpuplatform is up on {base}/\n  admin  {base}/admin/\n"
+            f"  API    {base}/api/v1/   (docs {base}/api/v1/docs/)\n  Ctrl-C stops everything.\n",
+            flush=True,
+        )
+    exit_code = 0
+    while not stopping:
+        for key, _ in sel.select(timeout=0.5):
+            line = key.fileobj.readline()
+            if line:
+                sys.stdout.write(key.data + line.decode(errors="replace"))
+                sys.stdout.flush()
+            else:
+                sel.unregister(key.fileobj)
+        for name, proc in procs.items():
+            if proc.poll() is not None and not stopping:
+                print(f"{name} exited with status {proc.returncode}: stopping the rest", flush=True)
+                stopping, exit_code = True, 1
+    print("stopping web, scheduler and node agent...", flush=True)
+    stop(procs)
+    for key in list(sel.get_map().values()):
+        sys.stdout.write("".join(key.data + line.decode(errors="replace")
+                                 for line in key.fileobj.readlines()))  # fmt: skip
+    print("stopped.", flush=True)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Helpers for tests that start real platform processes against the test database."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import connection
+
+PYTHON = sys.executable
+ROOT = settings.BASE_DIR
+
+
+def database_url() -> str:
+    """The URL of the database this test runs against (the test database), for subprocesses."""
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"])
+    host = db.get("HOST") or ""
+    if host.startswith("/"):  # Unix socket (the embedded server)
+        return f"postgres://{auth}@/{db['NAME']}?host={quote(host)}"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{auth}@{host}{port}/{db['NAME']}"
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    environ = dict(os.environ)
+    environ.update(DATABASE_URL=database_url(), GPUPLATFORM_TESTING="1", PYTHONUNBUFFERED="1")
+    environ.update(extra)
+    return environ
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def manage(*args: str, timeout: float = 60, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "manage.py", *args],
+        cwd=ROOT,
+        env=process_env(**extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@contextmanager
+def web_server(startup_timeout: float = 30) -> Iterator[str]:
+    """Run daphne, as `make run` does, on a free loopback port; yield its base URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "gpuplatform.asgi:application"],
+        cwd=ROOT,
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"daphne exited: {proc.stdout.read().decode()}")
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,140 @@
+"""Bearer tokens: stored hashed, shown once, refused with 401 the moment they stop being valid."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from tenants import services, tokens
+from tenants.models import ApiToken, Membership
+from tests.factories import TenantFactory, UserFactory
+
+ME = "/api/v1/me/"
+
+
+def bearer(secret: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return client
+
+
+def test_it_stores_only_a_hash_and_a_visible_prefix(owner):
+    token = ApiToken.objects.get(user=owner.user)
+    assert owner.token.startswith(token.prefix + "_")
+    assert token.prefix.startswith("gpup_")
+    assert owner.token not in (token.key_hash, token.prefix, token.name)
+    assert token.key_hash == tokens.hash_token(owner.token)
+
+
+def test_a_valid_token_authenticates_with_its_tenant(owner):
+    response = bearer(owner.token).get(ME)
+    assert response.status_code == 200
+    assert response.json()["tenant"] == "vision-lab"
+    assert response.json()["username"] == "alice"
+    assert response.json()["memberships"] == [{"tenant": "vision-lab", "role": "admin"}]
+
+
+def test_it_answers_401_with_a_bearer_challenge_without_credentials(db):
+    response = APIClient().get(ME)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Bearer", "Bearer a b", "Bearer gpup_x", "Bearer gpup_AAAAAAAA_" + "x" * 40, "Bearer \u00e9"],
+)
+def test_it_answers_401_to_malformed_or_unknown_tokens(owner, header):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=header)
+    assert client.get(ME).status_code == 401
+
+
+def test_it_refuses_a_known_prefix_with_the_wrong_secret(owner):
+    prefix = ApiToken.objects.get(user=owner.user).prefix
+    forged = f"{prefix}_{'A' * 40}"
+    assert bearer(forged).get(ME).status_code == 401
+
+
+def test_a_revoked_token_is_refused_at_once(owner):
+    client = bearer(owner.token)
+    assert client.get(ME).status_code == 200
+    revoked = services.apitokens_revoke(tokens=ApiToken.objects.filter(user=owner.user))
+    assert revoked == 1
+    response = client.get(ME)
+    assert response.status_code == 401
+    assert "revoked" in response.json()["detail"]
+
+
+def test_revoking_twice_keeps_the_first_time(owner):
+    qs = ApiToken.objects.filter(user=owner.user)
+    services.apitokens_revoke(tokens=qs)
+    first = qs.get().revoked_at
+    assert services.apitokens_revoke(tokens=qs) == 0
+    assert qs.get().revoked_at == first
+
+
+def test_an_expired_token_is_refused(owner):
+    ApiToken.objects.filter(user=owner.user).update(expires_at=timezone.now() - timedelta(1))
+    response = bearer(owner.token).get(ME)
+    assert response.status_code == 401
+    assert "expired" in response.json()["detail"]
+
+
+def test_a_token_of_a_removed_member_or_inactive_tenant_is_refused(owner, teammate):
+    Membership.objects.filter(user=owner.user).delete()
+    assert bearer(owner.token).get(ME).status_code == 401
+    teammate.tenant.is_active = False
+    teammate.tenant.save()
+    assert bearer(teammate.token).get(ME).status_code == 401
+
+
+def test_it_records_when_a_token_was_last_used(owner):
+    assert ApiToken.objects.get(user=owner.user).last_used_at is None
+    bearer(owner.token).get(ME)
+    assert ApiToken.objects.get(user=owner.user).last_used_at is not None
+
+
+def test_only_members_get_tokens_and_expiry_must_be_in_the_future(db):
+    user, tenant = UserFactory(), TenantFactory()
+    with pytest.raises(ValueError, match="not a member"):
+        services.apitoken_create(user=user, tenant=tenant, name="x")
+    services.membership_set(user=user, tenant=tenant, role="member")
+    with pytest.raises(ValueError, match="expires_at"):
+        services.apitoken_create(
+            user=user, tenant=tenant, name="x", expires_at=timezone.now() - timedelta(1)
+        )
+
+
+def test_the_session_of_a_logged_in_user_also_works(owner):
+    client = APIClient()
+    client.force_login(owner.user)
+    response = client.get(ME)
+    assert response.status_code == 200
+    assert response.json()["tenant"] is None
+
+
+def test_inventory_endpoints_need_authentication(owner, workstation):
+    assert APIClient().get("/api/v1/gpus/").status_code == 401
+    response = bearer(owner.token).get("/api/v1/gpus/")
+    assert response.status_code == 200
+    assert response.json()["count"] == 4
+    nodes = bearer(owner.token).get("/api/v1/nodes/").json()["results"]
+    assert [(n["name"], n["gpu_count"]) for n in nodes] == [("workstation-1", 4)]
+
+
+def test_gpu_list_queries_do_not_grow_with_the_page(owner, workstation, django_assert_num_queries):
+    client = bearer(owner.token)
+    client.get("/api/v1/gpus/")  # warm: last_used_at write
+    with django_assert_num_queries(4):
+        client.get("/api/v1/gpus/?limit=1")
+    with django_assert_num_queries(4):
+        client.get("/api/v1/gpus/?limit=4")
+
+
+def test_prefix_of_rejects_anything_but_the_token_shape():
+    token, prefix = tokens.generate()
+    assert tokens.prefix_of(token) == prefix
+    for bad in ["", "gpup", "gpup__", "ghp_abc", token + "x", token.replace("gpup", "gpuq")]:
+        assert tokens.prefix_of(bad) is None
