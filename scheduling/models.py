@@ -46,6 +46,9 @@ class Node(models.Model):
         max_length=16, choices=NodeState.choices, default=NodeState.AVAILABLE, db_index=True
     )
     state_reason = models.CharField(max_length=500, blank=True)
+    resume_state = models.CharField(
+        max_length=16, blank=True, help_text="State to return to when an automatic offline ends."
+    )
     registered_at = models.DateTimeField(default=timezone.now, editable=False)
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
 
@@ -80,6 +83,9 @@ class GPU(models.Model):
         max_length=16, choices=GpuState.choices, default=GpuState.AVAILABLE, db_index=True
     )
     state_reason = models.CharField(max_length=500, blank=True)
+    resume_state = models.CharField(
+        max_length=16, blank=True, help_text="State to return to when an automatic offline ends."
+    )
     foreign_memory_mb = models.PositiveIntegerField(
         default=0,
         verbose_name="foreign memory (MiB)",

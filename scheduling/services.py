@@ -9,6 +9,8 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from scheduling import states
@@ -19,7 +21,8 @@ from scheduling.states import TaskState
 logger = logging.getLogger(__name__)
 
 # Reasons the platform writes itself. A state set with one of these is undone automatically
-# when the cause goes away; a state an operator set is left for an operator to undo.
+# when the cause goes away, back to the `resume_state` saved beside it (so a node an operator
+# drained is still draining after an outage); a state an operator set is left to an operator.
 VANISHED = "not found by the node agent's last GPU discovery"
 NODE_SILENT = "node agent stopped heartbeating"
 
@@ -114,12 +117,12 @@ def node_register(
     if not created:
         node.pool, node.hostname, node.backend, node.last_heartbeat = pool, hostname, backend, now
         if node.state == NodeState.OFFLINE and node.state_reason == NODE_SILENT:
-            node.state, node.state_reason = NodeState.AVAILABLE, ""
+            _resume(node, NodeState.AVAILABLE)
         node.save()
 
     found = {info.uuid: info for info in gpus}
     GPU.objects.filter(node=node).exclude(uuid__in=found).exclude(state=GpuState.OFFLINE).update(
-        state=GpuState.OFFLINE, state_reason=VANISHED
+        resume_state=F("state"), state=GpuState.OFFLINE, state_reason=VANISHED
     )
     known = {gpu.uuid: gpu for gpu in GPU.objects.select_for_update().filter(uuid__in=found)}
     # Park GPUs whose index changes as offline first: the per-node unique index ignores offline
@@ -135,8 +138,8 @@ def node_register(
         gpu.memory_mb = info.memory_mb
         gpu.pci_bus_id = info.pci_bus_id
         gpu.last_seen_at = now
-        if gpu.state == GpuState.OFFLINE and gpu.state_reason in (VANISHED, NODE_SILENT, ""):
-            gpu.state, gpu.state_reason = GpuState.AVAILABLE, ""
+        if gpu.state == GpuState.OFFLINE and gpu.state_reason in (VANISHED, NODE_SILENT):
+            _resume(gpu, GpuState.AVAILABLE)
         gpu.save()
     return node
 
@@ -150,12 +153,14 @@ def node_heartbeat(*, name: str) -> bool:
             return False
         node.last_heartbeat = now
         if node.state == NodeState.OFFLINE and node.state_reason == NODE_SILENT:
-            node.state, node.state_reason = NodeState.AVAILABLE, ""
+            _resume(node, NodeState.AVAILABLE)
             GPU.objects.filter(node=node, state=GpuState.OFFLINE, state_reason=NODE_SILENT).update(
-                state=GpuState.AVAILABLE, state_reason=""
+                state=Coalesce(NullIf("resume_state", Value("")), Value(GpuState.AVAILABLE)),
+                state_reason="",
+                resume_state="",
             )
             logger.info("node %s is back: heartbeat resumed", name)
-        node.save(update_fields=["last_heartbeat", "state", "state_reason"])
+        node.save(update_fields=["last_heartbeat", "state", "state_reason", "resume_state"])
     return True
 
 
@@ -163,8 +168,10 @@ def node_heartbeat(*, name: str) -> bool:
 def nodes_mark_silent(*, offline_after: timedelta, now: datetime | None = None) -> list[str]:
     """Mark nodes whose agent has not heartbeated for ``offline_after`` as offline.
 
-    Returns the names of the nodes it marked. Their GPUs go offline with them, so nothing new
-    is placed there; what happens to tasks running there is the launcher's reconciliation.
+    Returns the names of the nodes it marked. Their available GPUs go offline with them, so
+    nothing new is placed there; what happens to tasks running there is the launcher's
+    reconciliation. A drained or failed GPU keeps its state: it already gets no new work, and
+    only an operator may undo it, which a NODE_SILENT reason would let the next heartbeat do.
     """
     now = now or timezone.now()
     silent = list(
@@ -173,13 +180,19 @@ def nodes_mark_silent(*, offline_after: timedelta, now: datetime | None = None) 
         .exclude(state=NodeState.OFFLINE)
     )
     for node in silent:
+        node.resume_state = node.state
         node.state, node.state_reason = NodeState.OFFLINE, NODE_SILENT
-        node.save(update_fields=["state", "state_reason"])
-        GPU.objects.filter(node=node, state__in=[GpuState.AVAILABLE, GpuState.DRAINING]).update(
-            state=GpuState.OFFLINE, state_reason=NODE_SILENT
+        node.save(update_fields=["state", "state_reason", "resume_state"])
+        GPU.objects.filter(node=node, state=GpuState.AVAILABLE).update(
+            state=GpuState.OFFLINE, state_reason=NODE_SILENT, resume_state=GpuState.AVAILABLE
         )
         logger.warning("node %s marked offline: no heartbeat since %s", node, node.last_heartbeat)
     return [node.name for node in silent]
+
+
+def _resume(obj: Node | GPU, default: str) -> None:
+    """End an automatic offline: back to the state saved when it began."""
+    obj.state, obj.state_reason, obj.resume_state = obj.resume_state or default, "", ""
 
 
 # --- Operator actions ---------------------------------------------------------------------------

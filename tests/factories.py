@@ -74,3 +74,51 @@ class TaskFactory(factory.django.DjangoModelFactory):
     tenant = factory.SubFactory(TenantFactory)
     name = factory.Sequence(lambda n: f"task-{n}")
     command = "python train.py"
+
+
+class AllocationFactory(factory.django.DjangoModelFactory):
+    """A shared slice of a GPU by default: pass ``exclusive=True`` and the GPU's memory for all."""
+
+    class Meta:
+        model = "scheduling.Allocation"
+
+    task = factory.SubFactory(TaskFactory)
+    attempt = 1
+    gpu = None  # always passed: a GPU belongs to a node the test built
+    memory_mb = 1024
+    exclusive = False
+
+
+class TaskEventFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "scheduling.TaskEvent"
+
+    task = factory.SubFactory(TaskFactory)
+    from_state = "pending"
+    to_state = "scheduled"
+    reason = "placed"
+
+
+class QuotaFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "tenants.Quota"
+
+    tenant = factory.SubFactory(TenantFactory)
+    pool = None
+    max_gpus = 4
+
+
+def make_token(*, user: User, tenant: Tenant, name: str = "token", prefix: str = ""):
+    """An ApiToken row with a given (or random) prefix, without the membership check of the
+    service: for tests of the table itself."""
+    from tenants import tokens
+    from tenants.models import ApiToken
+
+    secret, random_prefix = tokens.generate()
+    return ApiToken.objects.create(
+        user=user,
+        tenant=tenant,
+        name=name,
+        prefix=prefix or random_prefix,
+        key_hash=tokens.hash_token(secret),
+    )
