@@ -1,0 +1,517 @@
+"""The scheduling policy: which pending task runs where, and why the others wait.
+
+Pure: a Snapshot in, a Decision out, no I/O. One pass:
+
+1. Tasks that cannot start for reasons outside capacity wait with that reason: unmet
+   dependencies (decided by the caller), retry backoff, a busy serial queue.
+2. The rest are taken in order: priority, then weighted fair share between tenants (the tenant
+   using least, relative to its weight, goes first; its share grows as the pass places its
+   tasks), then submission time.
+3. Each task must fit its tenant's quotas, then is placed best-fit on one node.
+4. The first task that does not fit gets a reservation: the GPUs that free up soonest on its
+   best node. Later tasks may only use reserved GPUs if their timeout ends before then (a task
+   without a timeout never can), so a big task is never starved by a stream of small ones.
+5. A blocked task that is online (while online is under its guaranteed share) or of higher
+   priority may preempt preemptible lower-priority work, choosing the victims that lose least.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from scheduling.policy.capacity import Capacity
+from scheduling.policy.model import (
+    BATCH,
+    ONLINE,
+    Decision,
+    Limits,
+    PendingView,
+    Placement,
+    PolicySettings,
+    Preemption,
+    RunningView,
+    Snapshot,
+    TenantView,
+)
+
+INF = math.inf
+NO_LIMITS = Limits()
+
+
+# --- Usage bookkeeping --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Usage:
+    """What a tenant (or a tenant within one pool) holds, in the units quotas count."""
+
+    gpus: float = 0.0  # a shared allocation counts as its fraction of the card
+    memory_mb: int = 0
+    tasks: int = 0
+
+    def add(self, gpus: float, memory_mb: int, tasks: int = 1) -> None:
+        self.gpus += gpus
+        self.memory_mb += memory_mb
+        self.tasks += tasks
+
+
+@dataclass(slots=True)
+class Books:
+    gpu_memory: dict[int, int]
+    gpu_pool: dict[int, str]
+    tenant: dict[str, Usage] = field(default_factory=lambda: defaultdict(Usage))
+    tenant_pool: dict[tuple[str, str], Usage] = field(default_factory=lambda: defaultdict(Usage))
+    by_class: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def charge(
+        self, tenant: str, task_class: str, gpus: tuple[tuple[int, int], ...], exclusive: bool
+    ) -> None:
+        pools: dict[str, Usage] = defaultdict(Usage)
+        total = Usage()
+        for gpu_id, memory_mb in gpus:
+            capacity = self.gpu_memory.get(gpu_id, memory_mb) or 1
+            share = 1.0 if exclusive else memory_mb / capacity
+            total.add(share, memory_mb, 0)
+            pools[self.gpu_pool.get(gpu_id, "")].add(share, memory_mb, 0)
+        self.tenant[tenant].add(total.gpus, total.memory_mb)
+        for pool, usage in pools.items():
+            self.tenant_pool[(tenant, pool)].add(usage.gpus, usage.memory_mb)
+        self.by_class[task_class] += total.gpus
+
+
+def _request(task: PendingView, placement: Placement | None, gpu_memory_mb: int) -> Usage:
+    """What the task would add to its tenant's usage (its minimum if not yet placed)."""
+    count = len(placement.gpus) if placement else task.gpus_min
+    if task.exclusive:
+        return Usage(count, count * gpu_memory_mb, 1)
+    share = (task.gpu_memory_mb or 0) / (gpu_memory_mb or 1)
+    return Usage(count * share, count * (task.gpu_memory_mb or 0), 1)
+
+
+def _quota_problem(
+    name: str, limits: Limits, used: Usage, extra: Usage, where: str = ""
+) -> str | None:
+    scope = f"tenant {name}{where}"
+    if limits.gpus is not None and used.gpus + extra.gpus > limits.gpus + 1e-9:
+        return f"{scope} uses {_num(used.gpus)} of its {limits.gpus} GPUs"
+    if limits.gpu_memory_mb is not None and used.memory_mb + extra.memory_mb > limits.gpu_memory_mb:
+        return f"{scope} uses {_gib(used.memory_mb)} of its {_gib(limits.gpu_memory_mb)} GPU memory"
+    if limits.running_tasks is not None and used.tasks + 1 > limits.running_tasks:
+        return f"{scope} runs {used.tasks} of its {limits.running_tasks} tasks"
+    return None
+
+
+# --- The pass ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Reservation:
+    task_id: int
+    gpu_ids: frozenset[int]
+    start: float  # when the reserved GPUs are expected to be free (inf: unknown)
+    node: str
+
+    def allows(self, task: PendingView, now: float) -> bool:
+        return task.timeout_s is not None and now + task.timeout_s <= self.start
+
+
+class Pass:
+    def __init__(self, snapshot: Snapshot, settings: PolicySettings) -> None:
+        self.snap = snapshot
+        self.settings = settings
+        self.now = snapshot.now
+        self.capacity = Capacity(snapshot.gpus)
+        self.decision = Decision()
+        self.books = Books(
+            gpu_memory={g.id: g.memory_mb for g in snapshot.gpus},
+            gpu_pool={g.id: g.pool for g in snapshot.gpus},
+        )
+        self.tenants = dict(snapshot.tenants)
+        self.typical_gpu_mb = max((g.memory_mb for g in snapshot.gpus), default=0)
+        for task in snapshot.running:
+            self.books.charge(task.tenant, task.task_class, task.gpus, task.exclusive)
+        self.busy_queues = {(t.tenant, t.queue): t.id for t in snapshot.running if t.queue}
+        self.reservation: Reservation | None = None
+        self.removed: set[int] = set()  # running tasks this pass chose to preempt
+        self.blocked_shapes: dict[tuple, str] = {}
+        self.lowest_preemptible = min(
+            (r.priority for r in snapshot.running if r.preemptible and r.task_class != ONLINE),
+            default=None,
+        )
+        self.line: list[int] = []  # waiting tasks in the order they would start
+
+    # -- ordering --
+
+    def gate(self) -> list[PendingView]:
+        """Drop tasks that wait for reasons other than capacity; return the rest."""
+        eligible: list[PendingView] = []
+        queue_heads: dict[tuple[str, str], int] = {}
+        for task in sorted(self.snap.pending, key=lambda t: (t.submitted_at, t.id)):
+            key = (task.tenant, task.queue)
+            if task.queue:
+                if key in self.busy_queues:
+                    self.wait(task, f"queue {task.queue}: #{self.busy_queues[key]} runs first")
+                    continue
+                if key in queue_heads:
+                    self.wait(task, f"queue {task.queue}: waiting behind #{queue_heads[key]}")
+                    continue
+                queue_heads[key] = task.id
+            if task.blocked:
+                self.wait(task, task.blocked)
+                continue
+            if task.not_before is not None and task.not_before > self.now:
+                self.wait(task, f"retry backoff: {int(task.not_before - self.now)} s left")
+                continue
+            eligible.append(task)
+        return eligible
+
+    def tenant(self, name: str) -> TenantView:
+        view = self.tenants.get(name)
+        if view is None:
+            view = self.tenants[name] = TenantView(name=name)
+        return view
+
+    def fair_key(self, name: str) -> float:
+        view = self.tenant(name)
+        return (view.recent_gpus + self.books.tenant[name].gpus) / max(view.weight, 1e-9)
+
+    def ordered(self, tasks: list[PendingView]):
+        """Yield tasks by priority, then fair share (re-evaluated after each pick), then age."""
+        by_priority: dict[int, dict[str, list[PendingView]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for task in tasks:  # already in submission order
+            by_priority[task.priority][task.tenant].append(task)
+        for priority in sorted(by_priority, reverse=True):
+            queues = {name: iter(items) for name, items in by_priority[priority].items()}
+            heads = {name: next(it) for name, it in queues.items()}
+            heap = [(self.fair_key(n), h.submitted_at, h.id, n) for n, h in heads.items()]
+            heapq.heapify(heap)
+            while heap:
+                key, _, _, name = heapq.heappop(heap)
+                current = self.fair_key(name)
+                if current > key + 1e-12:  # its share grew since it was queued: re-queue
+                    head = heads[name]
+                    heapq.heappush(heap, (current, head.submitted_at, head.id, name))
+                    continue
+                yield heads[name]
+                following = next(queues[name], None)
+                if following is not None:
+                    heads[name] = following
+                    item = (self.fair_key(name), following.submitted_at, following.id, name)
+                    heapq.heappush(heap, item)
+
+    # -- one task --
+
+    def run(self) -> Decision:
+        for task in self.ordered(self.gate()):
+            self.consider(task)
+        self.finish_reasons()
+        return self.decision
+
+    def consider(self, task: PendingView) -> None:
+        problem = self.quota_problem(task, None)
+        if problem:
+            self.wait(task, problem, in_line=True)
+            return
+        allowed = self.reservation is not None and self.reservation.allows(task, self.now)
+        shape = (task.exclusive, task.gpus_min, task.gpu_memory_mb, task.gpu_type, task.pool,
+                 task.node, task.task_class, allowed)  # fmt: skip
+        if shape in self.blocked_shapes:  # capacity only shrinks within a pass
+            self.wait(task, self.blocked_shapes[shape], in_line=True)
+            return
+        placement = self.capacity.find(task, self.allowed_for(task))
+        if placement is not None and task.gpus_max > task.gpus_min:
+            placement = self.trim_to_quota(task, placement)
+        if placement is not None:
+            self.place(task, placement)
+            return
+        reason = self.capacity_reason(task)
+        if self.settings.preemption and self.could_preempt(task) and self.try_preempt(task):
+            return
+        if self.reservation is None and self.settings.backfill:
+            self.reserve(task)
+            if self.reservation is not None:
+                when = self.reservation.start
+                eta = "when they free up" if when == INF else f"in ~{int(when - self.now)} s"
+                self.wait(
+                    task,
+                    f"{reason}; next to start: GPUs on {self.reservation.node} are held for it, "
+                    f"{eta}",
+                    in_line=True,
+                )
+                return
+        self.blocked_shapes[shape] = reason
+        self.wait(task, reason, in_line=True)
+
+    def allowed_for(self, task: PendingView):
+        reservation = self.reservation
+        if reservation is None or reservation.allows(task, self.now):
+            return None
+        return lambda gpu_id: gpu_id not in reservation.gpu_ids
+
+    def place(self, task: PendingView, placement: Placement) -> None:
+        self.capacity.take(placement)
+        self.books.charge(task.tenant, task.task_class, placement.gpus, placement.exclusive)
+        if task.queue:
+            self.busy_queues[(task.tenant, task.queue)] = task.id
+        self.decision.placements.append(placement)
+
+    def wait(self, task: PendingView, reason: str, in_line: bool = False) -> None:
+        self.decision.waiting[task.id] = reason
+        if in_line:
+            self.line.append(task.id)
+
+    def finish_reasons(self) -> None:
+        total = len(self.line)
+        for position, task_id in enumerate(self.line, start=1):
+            reason = self.decision.waiting[task_id]
+            self.decision.waiting[task_id] = f"{reason}; {_ordinal(position)} of {total} in line"
+
+    # -- quotas --
+
+    def quota_problem(self, task: PendingView, placement: Placement | None) -> str | None:
+        view = self.tenant(task.tenant)
+        if view.limits == NO_LIMITS and not view.pool_limits:
+            return None
+        extra = _request(task, placement, self.typical_gpu_mb)
+        problem = _quota_problem(task.tenant, view.limits, self.books.tenant[task.tenant], extra)
+        if problem or not view.pool_limits:
+            return problem
+        pools = {task.pool} if task.pool else set(view.pool_limits)
+        for pool in pools:
+            limits = view.pool_limits.get(pool)
+            if limits is None:
+                continue
+            used = self.books.tenant_pool[(task.tenant, pool)]
+            problem = _quota_problem(task.tenant, limits, used, extra, f" in pool {pool}")
+            if problem:
+                return problem
+        return None
+
+    def trim_to_quota(self, task: PendingView, placement: Placement) -> Placement | None:
+        """An elastic task takes only as many GPUs as its tenant's quota leaves."""
+        gpus = placement.gpus
+        while len(gpus) >= task.gpus_min:
+            candidate = Placement(placement.task_id, placement.node, gpus, placement.exclusive)
+            if self.quota_problem(task, candidate) is None:
+                return candidate
+            gpus = gpus[:-1]
+        return None
+
+    # -- reasons --
+
+    def capacity_reason(self, task: PendingView) -> str:
+        kind = task.gpu_type or "GPU"
+        if task.exclusive:
+            what = f"{task.gpus_min} x {kind}"
+            if task.gpus_max > task.gpus_min:
+                what = f"{task.gpus_min}-{task.gpus_max} x {kind}"
+        else:
+            what = f"{task.gpus_min} x {kind} with {_gib(task.gpu_memory_mb or 0)} free"
+        where = (
+            f" on node {task.node}" if task.node else (" on one node" if task.gpus_min > 1 else "")
+        )
+        if task.pool:
+            where += f" in pool {task.pool}"
+        free = self.capacity.largest_fit(task)
+        noun = "idle" if task.exclusive else "with enough memory"
+        return f"needs {what}{where}; {free} {noun} now"
+
+    # -- backfill reservation --
+
+    def reserve(self, task: PendingView) -> None:
+        """Hold the GPUs that free up soonest for ``task`` (the first one blocked)."""
+        free_at: dict[int, float] = {}
+        for running in self.snap.running:
+            end = (
+                self.now if running.stopping or running.id in self.removed else running.expected_end
+            )
+            for gpu_id, _ in running.gpus:
+                free_at[gpu_id] = max(free_at.get(gpu_id, self.now), end)
+        best: tuple[tuple, str, list[int], float] | None = None
+        for node, matching in self.capacity.candidates(task):
+            if len(matching) < task.gpus_min:
+                continue
+            need = task.gpu_memory_mb or 0
+            usable = [g for g in matching if task.exclusive or g.memory_mb - g.foreign_mb >= need]
+            if len(usable) < task.gpus_min:
+                continue
+            ranked = sorted(usable, key=lambda g: (free_at.get(g.id, self.now), g.holders, g.id))
+            chosen = ranked[: task.gpus_min]
+            start = max(free_at.get(g.id, self.now) for g in chosen)
+            idle_now = sum(1 for g in chosen if free_at.get(g.id, self.now) <= self.now)
+            rank = (start, -idle_now, node)
+            if best is None or rank < best[0]:
+                best = (rank, node, [g.id for g in chosen], start)
+        if best is not None:
+            _, node, gpu_ids, start = best
+            self.reservation = Reservation(task.id, frozenset(gpu_ids), start, node)
+
+    # -- preemption --
+
+    def may_preempt(self, task: PendingView, victim: RunningView) -> bool:
+        if not victim.preemptible or victim.task_class == ONLINE:
+            return False
+        if victim.priority < task.priority:
+            return True
+        return (
+            task.task_class == ONLINE
+            and victim.task_class == BATCH
+            and self.under_guarantee(ONLINE, task)
+        )
+
+    def under_guarantee(self, task_class: str, task: PendingView) -> bool:
+        shares = self.settings.class_shares
+        guarantee = _guarantees(len(self.capacity.gpus), shares).get(task_class, 0)
+        return self.books.by_class[task_class] + task.gpus_min <= guarantee
+
+    def could_preempt(self, task: PendingView) -> bool:
+        """Cheap test before the search: is any running task a possible victim?"""
+        if self.lowest_preemptible is None:
+            return any(r.stopping for r in self.snap.running)
+        return self.lowest_preemptible < task.priority or (
+            task.task_class == ONLINE and self.under_guarantee(ONLINE, task)
+        )
+
+    def try_preempt(self, task: PendingView) -> bool:
+        """Choose victims on one node that free enough for ``task`` at the least lost work."""
+        by_node: dict[str, list[RunningView]] = defaultdict(list)
+        for running in self.snap.running:
+            if running.id in self.removed:
+                continue
+            if running.stopping or self.may_preempt(task, running):
+                by_node[running.node].append(running)
+        best: tuple[float, str, list[RunningView]] | None = None
+        for node, matching in self.capacity.candidates(task):
+            candidates = by_node.get(node)
+            if not candidates:
+                continue
+            candidates.sort(key=lambda r: (self.lost_work(r), r.id))
+            chosen: list[RunningView] = []
+            for victim in candidates:
+                chosen.append(victim)
+                if self.fits_without(task, matching, chosen):
+                    break
+            else:
+                continue
+            chosen = self.prune(task, matching, chosen)
+            cost = sum(self.lost_work(v) for v in chosen)
+            if best is None or (cost, node) < (best[0], best[1]):
+                best = (cost, node, chosen)
+        if best is None:
+            return False
+        cost, node, victims = best
+        stopping = [v for v in victims if v.stopping]
+        fresh = [v for v in victims if not v.stopping]
+        for victim in victims:
+            self.removed.add(victim.id)
+        for victim in fresh:
+            self.decision.preemptions.append(
+                Preemption(
+                    task_id=victim.id,
+                    for_task_id=task.id,
+                    reason=f"preempted for #{task.id} ({task.task_class}, "
+                    f"priority {task.priority})",
+                )
+            )
+        count = len(fresh) + len(stopping)
+        self.wait(task, f"waiting for {count} preempted task(s) to stop on {node}", in_line=True)
+        # The victims' GPUs are this task's until it starts: hold them as its reservation.
+        held = frozenset(gpu_id for v in victims for gpu_id, _ in v.gpus)
+        if self.reservation is None:
+            self.reservation = Reservation(task.id, held, self.now, node)
+        return True
+
+    def lost_work(self, running: RunningView) -> float:
+        if running.stopping:
+            return 0.0
+        return max(0.0, self.now - running.started_at) * max(1, running.gpu_count)
+
+    def fits_without(self, task: PendingView, matching, victims: list[RunningView]) -> bool:
+        freed_mb: dict[int, int] = defaultdict(int)
+        freed_holders: dict[int, int] = defaultdict(int)
+        freed_exclusive: set[int] = set()
+        for victim in victims:
+            for gpu_id, memory_mb in victim.gpus:
+                freed_mb[gpu_id] += memory_mb
+                freed_holders[gpu_id] += 1
+                if victim.exclusive:
+                    freed_exclusive.add(gpu_id)
+        count = 0
+        for gpu in matching:
+            holders = gpu.holders - freed_holders[gpu.id]
+            exclusive = gpu.exclusive and gpu.id not in freed_exclusive
+            if task.exclusive:
+                ok = holders == 0 and gpu.foreign_mb == 0
+            else:
+                free = gpu.memory_mb - gpu.foreign_mb if gpu.id in freed_exclusive else (
+                    gpu.free_mb + freed_mb[gpu.id])  # fmt: skip
+                ok = not exclusive and free >= (task.gpu_memory_mb or 0)
+            count += ok
+        return count >= task.gpus_min
+
+    def prune(self, task: PendingView, matching, victims: list[RunningView]) -> list[RunningView]:
+        """Drop victims that turned out unnecessary, the costliest first."""
+        kept = list(victims)
+        for victim in sorted(victims, key=self.lost_work, reverse=True):
+            trial = [v for v in kept if v is not victim]
+            if self.fits_without(task, matching, trial):
+                kept = trial
+        return kept
+
+
+def _guarantees(total: int, shares: dict[str, float]) -> dict[str, int]:
+    """Whole-GPU guarantees by largest remainder, so rounding never strands a GPU."""
+    weight = sum(shares.values()) or 1.0
+    exact = {name: total * share / weight for name, share in shares.items()}
+    result = {name: int(value) for name, value in exact.items()}
+    leftover = total - sum(result.values())
+    for name in sorted(exact, key=lambda n: (-(exact[n] - result[n]), n))[:leftover]:
+        result[name] += 1
+    return result
+
+
+def schedule(snapshot: Snapshot, settings: PolicySettings | None = None) -> Decision:
+    return Pass(snapshot, settings or PolicySettings()).run()
+
+
+def schedule_fifo(snapshot: Snapshot) -> Decision:
+    """Strict first-come-first-served: the first task that does not fit blocks all behind it.
+
+    The baseline for benchmarks: same placement, no priorities, fair share, backfill or
+    preemption.
+    """
+    capacity = Capacity(snapshot.gpus)
+    decision = Decision()
+    blocker: int | None = None
+    for task in sorted(snapshot.pending, key=lambda t: (t.submitted_at, t.id)):
+        if blocker is not None:
+            decision.waiting[task.id] = f"behind #{blocker} (strict FIFO)"
+            continue
+        placement = None
+        if task.not_before is None or task.not_before <= snapshot.now:
+            placement = capacity.find(task)
+        if placement is None:
+            blocker = task.id
+            decision.waiting[task.id] = "first in line (strict FIFO): waiting for GPUs"
+            continue
+        capacity.take(placement)
+        decision.placements.append(placement)
+    return decision
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _gib(mb: int) -> str:
+    return f"{mb / 1024:.0f} GiB" if mb % 1024 == 0 else f"{mb / 1024:.1f} GiB"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if abs(value - round(value)) < 1e-9 else f"{value:.2f}"

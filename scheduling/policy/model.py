@@ -1,0 +1,146 @@
+"""What the policy core sees and what it decides. Plain data, no Django.
+
+The scheduling service builds a Snapshot from PostgreSQL; the trace replay simulator builds one
+from its simulated cluster. Both call ``scheduling.policy.schedule(snapshot, settings)`` and
+apply the Decision. Times are seconds (floats) on whatever clock the caller uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BATCH = "batch"
+ONLINE = "online"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU and what is reserved on it now."""
+
+    id: int
+    node: str
+    pool: str
+    gpu_type: str
+    memory_mb: int
+    reserved_mb: int = 0  # by the platform's active allocations
+    foreign_mb: int = 0  # used by processes the platform did not start: never offered
+    holders: int = 0  # active allocations
+    exclusive: bool = False  # held whole by one task
+    schedulable: bool = True  # GPU and its node available (not draining/offline/failed)
+
+    @property
+    def free_mb(self) -> int:
+        if self.exclusive:
+            return 0
+        return max(0, self.memory_mb - self.reserved_mb - self.foreign_mb)
+
+    @property
+    def idle(self) -> bool:
+        """Free for an exclusive task: nobody holds it and no foreign process uses it."""
+        return self.holders == 0 and self.foreign_mb == 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningView:
+    """A task holding GPUs (scheduled, running, paused, or preempted and still stopping)."""
+
+    id: int
+    tenant: str
+    priority: int
+    task_class: str
+    preemptible: bool
+    node: str
+    gpus: tuple[tuple[int, int], ...]  # (gpu id, reserved MiB)
+    exclusive: bool
+    started_at: float
+    timeout_s: float | None = None  # None: unbounded
+    queue: str = ""
+    stopping: bool = False  # preempted, waiting for its processes to end
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def expected_end(self) -> float:
+        return float("inf") if self.timeout_s is None else self.started_at + self.timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class PendingView:
+    id: int
+    tenant: str
+    priority: int
+    task_class: str
+    submitted_at: float
+    gpus_min: int = 1
+    gpus_max: int = 1
+    gpu_memory_mb: int | None = None  # per GPU; None: whole GPUs, exclusive
+    gpu_type: str = ""
+    pool: str = ""
+    node: str = ""
+    queue: str = ""
+    timeout_s: float | None = None
+    not_before: float | None = None  # retry backoff
+    blocked: str = ""  # a reason decided outside the core (dependencies); non-empty: wait
+
+    @property
+    def exclusive(self) -> bool:
+        return self.gpu_memory_mb is None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A quota: None means no limit. ``pool`` empty: cluster-wide."""
+
+    gpus: int | None = None
+    gpu_memory_mb: int | None = None
+    running_tasks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    name: str
+    weight: float = 1.0
+    recent_gpus: float = 0.0  # decayed usage expressed as average GPUs over the half-life
+    limits: Limits = field(default_factory=Limits)
+    pool_limits: dict[str, Limits] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    gpus: tuple[GpuView, ...]
+    running: tuple[RunningView, ...] = ()
+    pending: tuple[PendingView, ...] = ()
+    tenants: dict[str, TenantView] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySettings:
+    # Guaranteed share of all schedulable GPUs per class; each may borrow what the other leaves.
+    class_shares: dict[str, float] = field(default_factory=lambda: {ONLINE: 0.3, BATCH: 0.7})
+    backfill: bool = True
+    preemption: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    task_id: int
+    node: str
+    gpus: tuple[tuple[int, int], ...]  # (gpu id, reserved MiB)
+    exclusive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    task_id: int
+    for_task_id: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Decision:
+    placements: list[Placement] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)  # task id -> reason it waits

@@ -1,0 +1,489 @@
+"""The pure policy core, one readable scenario per rule."""
+
+from __future__ import annotations
+
+import itertools
+
+from scheduling.policy import (
+    BATCH,
+    ONLINE,
+    GpuView,
+    Limits,
+    PendingView,
+    PolicySettings,
+    RunningView,
+    Snapshot,
+    TenantView,
+    schedule,
+    schedule_fifo,
+)
+
+GIB = 1024
+NOW = 10_000.0
+_ids = itertools.count(1)
+
+
+def gpus(nodes: int = 1, per_node: int = 4, memory_gib: int = 24, **kwargs) -> tuple[GpuView, ...]:
+    return tuple(
+        GpuView(
+            id=n * 100 + i,
+            node=f"node-{n}",
+            pool=kwargs.get("pool", "default"),
+            gpu_type=kwargs.get("gpu_type", "rtx4090-24g"),
+            memory_mb=memory_gib * GIB,
+        )
+        for n in range(nodes)
+        for i in range(per_node)
+    )
+
+
+def task(tenant: str = "vision", *, gpus: int | tuple[int, int] = 1, **kwargs) -> PendingView:
+    low, high = gpus if isinstance(gpus, tuple) else (gpus, gpus)
+    task_id = kwargs.pop("id", next(_ids))
+    fields = {"priority": 50, "task_class": BATCH, "submitted_at": float(task_id)} | kwargs
+    return PendingView(id=task_id, tenant=tenant, gpus_min=low, gpus_max=high, **fields)
+
+
+def running(
+    tenant: str, gpu_list: list[GpuView], *, shared_mb: int | None = None, **kwargs
+) -> RunningView:
+    fields = {
+        "priority": 50,
+        "task_class": BATCH,
+        "preemptible": True,
+        "started_at": NOW - 100,
+    } | kwargs
+    reserved = tuple((g.id, shared_mb or g.memory_mb) for g in gpu_list)
+    return RunningView(
+        id=next(_ids),
+        tenant=tenant,
+        node=gpu_list[0].node,
+        gpus=reserved,
+        exclusive=shared_mb is None,
+        **fields,
+    )
+
+
+def occupied(gpu_views, holders: list[RunningView]) -> tuple[GpuView, ...]:
+    """The GPU views as the service would build them with ``holders`` running."""
+    reserved: dict[int, int] = {}
+    count: dict[int, int] = {}
+    exclusive: set[int] = set()
+    for r in holders:
+        for gpu_id, mb in r.gpus:
+            reserved[gpu_id] = reserved.get(gpu_id, 0) + mb
+            count[gpu_id] = count.get(gpu_id, 0) + 1
+            if r.exclusive:
+                exclusive.add(gpu_id)
+    return tuple(
+        GpuView(
+            id=g.id,
+            node=g.node,
+            pool=g.pool,
+            gpu_type=g.gpu_type,
+            memory_mb=g.memory_mb,
+            reserved_mb=reserved.get(g.id, 0),
+            holders=count.get(g.id, 0),
+            exclusive=g.id in exclusive,
+            foreign_mb=g.foreign_mb,
+            schedulable=g.schedulable,
+        )
+        for g in gpu_views
+    )
+
+
+def snap(gpu_views, pending=(), holders=(), tenants=None) -> Snapshot:
+    return Snapshot(
+        now=NOW,
+        gpus=occupied(gpu_views, list(holders)),
+        running=tuple(holders),
+        pending=tuple(pending),
+        tenants={t.name: t for t in (tenants or [])},
+    )
+
+
+def placed(decision) -> dict[int, tuple[int, ...]]:
+    return {p.task_id: tuple(g for g, _ in p.gpus) for p in decision.placements}
+
+
+# --- Placement -----------------------------------------------------------------------------------
+
+
+def test_two_tenants_submitting_at_once_get_different_gpus():
+    a, b = task("vision", submitted_at=1.0), task("nlp", submitted_at=1.0)
+    decision = schedule(snap(gpus(per_node=2), [a, b]))
+    assert set(placed(decision)) == {a.id, b.id}
+    assert placed(decision)[a.id] != placed(decision)[b.id]
+
+
+def test_a_multi_gpu_task_gets_all_its_gpus_on_one_node():
+    cluster = gpus(nodes=2, per_node=4)
+    # Node 0 has 2 idle GPUs, node 1 has 3: a 3-GPU task must go to node 1, never 2+1.
+    holders = [running("other", [cluster[0], cluster[1]]), running("other", [cluster[4]])]
+    t = task(gpus=3)
+    decision = schedule(snap(cluster, [t], holders))
+    assert {gid // 100 for gid in placed(decision)[t.id]} == {1}
+
+
+def test_exclusive_tasks_never_share_and_shared_tasks_pack_best_fit():
+    cluster = gpus(per_node=2)
+    half = running("other", [cluster[0]], shared_mb=12 * GIB)
+    small = task(gpu_memory_mb=10 * GIB)
+    whole = task()
+    decision = schedule(snap(cluster, [small, whole], [half]))
+    # The shared task joins the half-used card, leaving the idle card whole for the other.
+    assert placed(decision)[small.id] == (cluster[0].id,)
+    assert placed(decision)[whole.id] == (cluster[1].id,)
+
+
+def test_a_shared_task_never_joins_an_exclusive_one():
+    cluster = gpus(per_node=1)
+    holder = running("other", [cluster[0]])
+    t = task(gpu_memory_mb=1 * GIB)
+    decision = schedule(snap(cluster, [t], [holder]))
+    assert not decision.placements
+    assert "needs 1 x GPU with 1 GiB free" in decision.waiting[t.id]
+
+
+def test_memory_held_by_foreign_processes_is_not_offered():
+    card = GpuView(id=1, node="n", pool="default", gpu_type="t", memory_mb=24 * GIB,
+                   foreign_mb=10 * GIB)  # fmt: skip
+    too_big, fits = task(gpu_memory_mb=16 * GIB), task(gpu_memory_mb=14 * GIB)
+    whole = task()
+    decision = schedule(Snapshot(now=NOW, gpus=(card,), pending=(too_big, fits, whole)))
+    assert set(placed(decision)) == {fits.id}
+
+
+def test_gpu_type_pool_and_node_constraints_are_honoured():
+    a = gpus(nodes=1, per_node=2, gpu_type="rtx4090-24g", pool="training")
+    b = tuple(
+        GpuView(id=500 + i, node="big", pool="inference", gpu_type="a6000-48g", memory_mb=48 * GIB)
+        for i in range(2)
+    )
+    want_a6000 = task(gpu_type="a6000-48g")
+    want_training = task(pool="training")
+    want_node = task(node="big")
+    nowhere = task(gpu_type="h100-80g")
+    decision = schedule(
+        Snapshot(NOW, a + b, pending=(want_a6000, want_training, want_node, nowhere))
+    )
+    where = placed(decision)
+    assert where[want_a6000.id][0] >= 500
+    assert where[want_training.id][0] < 500
+    assert where[want_node.id][0] >= 500
+    assert nowhere.id not in where
+    assert "needs 1 x h100-80g" in decision.waiting[nowhere.id]
+
+
+def test_unschedulable_gpus_get_no_work():
+    cluster = tuple(
+        GpuView(id=i, node="n", pool="p", gpu_type="t", memory_mb=GIB, schedulable=i == 0)
+        for i in range(3)
+    )
+    tasks = [task(), task()]
+    decision = schedule(Snapshot(NOW, cluster, pending=tuple(tasks)))
+    assert list(placed(decision).values()) == [(0,)]
+
+
+def test_an_elastic_task_takes_what_is_free_up_to_its_maximum():
+    cluster = gpus(per_node=4)
+    holder = running("other", [cluster[0]])
+    elastic = task(gpus=(1, 4))
+    decision = schedule(snap(cluster, [elastic], [holder]))
+    assert len(placed(decision)[elastic.id]) == 3
+
+
+def test_an_elastic_task_waits_below_its_minimum():
+    cluster = gpus(per_node=4)
+    holders = [running("other", cluster[:3])]
+    elastic = task(gpus=(2, 4))
+    decision = schedule(snap(cluster, [elastic], holders))
+    assert not decision.placements
+    assert "needs 2-4 x GPU on one node; 1 idle now" in decision.waiting[elastic.id]
+
+
+def test_a_cpu_only_task_runs_without_gpus():
+    t = task(gpus=0)
+    decision = schedule(snap(gpus(), [t]))
+    assert decision.placements[0].gpus == ()
+    assert decision.placements[0].node == "node-0"
+
+
+# --- Order, fairness, quotas ---------------------------------------------------------------------
+
+
+def test_higher_priority_goes_first():
+    low, high = task(priority=10, submitted_at=1.0), task(priority=90, submitted_at=2.0)
+    decision = schedule(snap(gpus(per_node=1), [low, high]))
+    assert set(placed(decision)) == {high.id}
+    assert "1st of 1 in line" in decision.waiting[low.id]
+
+
+def test_the_tenant_using_less_goes_first():
+    busy = TenantView("busy", recent_gpus=3.0)
+    idle = TenantView("idle", recent_gpus=0.0)
+    first = task("busy", submitted_at=1.0)
+    later = task("idle", submitted_at=2.0)
+    decision = schedule(snap(gpus(per_node=1), [first, later], tenants=[busy, idle]))
+    assert set(placed(decision)) == {later.id}
+
+
+def test_fair_share_alternates_between_equal_tenants_within_a_pass():
+    a = [task("a", submitted_at=float(i)) for i in range(4)]
+    b = [task("b", submitted_at=10.0 + i) for i in range(4)]
+    decision = schedule(snap(gpus(per_node=4), a + b))
+    winners = placed(decision)
+    assert sum(t.id in winners for t in a) == 2
+    assert sum(t.id in winners for t in b) == 2
+
+
+def test_weights_give_a_tenant_a_bigger_share():
+    heavy, light = TenantView("heavy", weight=3.0), TenantView("light", weight=1.0)
+    tasks = [task("heavy", submitted_at=float(i)) for i in range(4)]
+    tasks += [task("light", submitted_at=float(i)) for i in range(4)]
+    decision = schedule(snap(gpus(per_node=4), tasks, tenants=[heavy, light]))
+    tenants = [t.tenant for t in tasks if t.id in placed(decision)]
+    assert tenants.count("heavy") == 3
+    assert tenants.count("light") == 1
+
+
+def test_a_tenant_never_exceeds_its_gpu_quota():
+    lab = TenantView("vision", limits=Limits(gpus=2))
+    holder = running("vision", [gpus()[0]])
+    tasks = [task(), task(), task()]
+    decision = schedule(snap(gpus(), tasks, [holder], tenants=[lab]))
+    assert len(decision.placements) == 1
+    waiting = decision.waiting[tasks[1].id]
+    assert "tenant vision uses 2 of its 2 GPUs" in waiting
+
+
+def test_the_memory_quota_counts_reserved_memory():
+    lab = TenantView("vision", limits=Limits(gpu_memory_mb=30 * GIB))
+    shared = [task(gpu_memory_mb=12 * GIB) for _ in range(3)]
+    decision = schedule(snap(gpus(), shared, tenants=[lab]))
+    assert len(decision.placements) == 2
+    assert "uses 24 GiB of its 30 GiB GPU memory" in decision.waiting[shared[2].id]
+
+
+def test_the_running_task_quota_counts_tasks():
+    lab = TenantView("vision", limits=Limits(running_tasks=1))
+    tasks = [task(gpu_memory_mb=GIB), task(gpu_memory_mb=GIB)]
+    decision = schedule(snap(gpus(), tasks, tenants=[lab]))
+    assert len(decision.placements) == 1
+    assert "runs 1 of its 1 tasks" in decision.waiting[tasks[1].id]
+
+
+def test_a_pool_quota_limits_only_that_pool():
+    training = gpus(nodes=1, per_node=2, pool="training")
+    other = tuple(
+        GpuView(id=900 + i, node="x", pool="inference", gpu_type="t", memory_mb=24 * GIB)
+        for i in range(2)
+    )
+    lab = TenantView("vision", pool_limits={"training": Limits(gpus=1)})
+    tasks = [task(pool="training"), task(pool="training"), task(pool="inference")]
+    decision = schedule(Snapshot(NOW, training + other, pending=tuple(tasks),
+                                 tenants={"vision": lab}))  # fmt: skip
+    assert set(placed(decision)) == {tasks[0].id, tasks[2].id}
+    assert "in pool training uses 1 of its 1 GPUs" in decision.waiting[tasks[1].id]
+
+
+def test_an_elastic_task_is_trimmed_to_the_quota():
+    lab = TenantView("vision", limits=Limits(gpus=3))
+    elastic = task(gpus=(1, 4))
+    decision = schedule(snap(gpus(), [elastic], tenants=[lab]))
+    assert len(placed(decision)[elastic.id]) == 3
+
+
+# --- Serial queues, dependencies, backoff --------------------------------------------------------
+
+
+def test_a_serial_queue_runs_one_at_a_time_in_submission_order():
+    q = [task(queue="sft", submitted_at=float(i)) for i in (3, 1, 2)]
+    decision = schedule(snap(gpus(), q))
+    first = min(q, key=lambda t: t.submitted_at)
+    assert set(placed(decision)) == {first.id}
+    others = [t for t in q if t is not first]
+    assert all(f"queue sft: waiting behind #{first.id}" in decision.waiting[t.id] for t in others)
+
+
+def test_a_serial_queue_waits_while_its_task_runs():
+    cluster = gpus()
+    holder = running("vision", [cluster[0]], queue="sft")
+    nxt = task(queue="sft")
+    other_tenant_same_name = task("nlp", queue="sft")
+    decision = schedule(snap(cluster, [nxt, other_tenant_same_name], [holder]))
+    assert set(placed(decision)) == {other_tenant_same_name.id}
+    assert f"#{holder.id} runs first" in decision.waiting[nxt.id]
+
+
+def test_a_blocked_queue_head_holds_back_its_queue():
+    big = task(queue="q", gpus=8, submitted_at=1.0)
+    small = task(queue="q", submitted_at=2.0)
+    decision = schedule(snap(gpus(nodes=2, per_node=4), [big, small]))
+    assert not decision.placements
+
+
+def test_tasks_blocked_by_dependencies_or_backoff_wait_with_the_reason():
+    deps = task(blocked="waiting for prep-data (running)")
+    backoff = task(not_before=NOW + 30)
+    decision = schedule(snap(gpus(), [deps, backoff]))
+    assert not decision.placements
+    assert decision.waiting[deps.id] == "waiting for prep-data (running)"
+    assert decision.waiting[backoff.id] == "retry backoff: 30 s left"
+
+
+# --- Backfill and reservations -------------------------------------------------------------------
+
+
+def test_a_blocked_big_task_reserves_gpus_and_small_unbounded_tasks_cannot_take_them():
+    cluster = gpus(nodes=1, per_node=8)
+    holders = [running("other", [g], started_at=NOW - 10) for g in cluster[:4]]
+    big = task("a", gpus=8, submitted_at=1.0)
+    smalls = [task("b", submitted_at=2.0 + i) for i in range(4)]
+    decision = schedule(snap(cluster, [big, *smalls], holders))
+    assert not decision.placements  # the 4 idle GPUs are held for the big task
+    assert "held for it" in decision.waiting[big.id]
+
+
+def test_a_small_task_that_ends_before_the_reservation_may_backfill():
+    cluster = gpus(nodes=1, per_node=4)
+    holders = [running("other", cluster[:2], timeout_s=3600, started_at=NOW)]
+    big = task("a", gpus=4, submitted_at=1.0)
+    quick = task("b", submitted_at=2.0, timeout_s=600)
+    slow = task("b", submitted_at=3.0, timeout_s=7200)
+    decision = schedule(snap(cluster, [big, quick, slow], holders))
+    assert set(placed(decision)) == {quick.id}
+    assert "in ~3600 s" in decision.waiting[big.id]
+
+
+def test_backfill_uses_gpus_outside_the_reservation():
+    cluster = gpus(nodes=2, per_node=4)
+    holders = [running("other", cluster[:2]), running("other", cluster[4:6])]
+    big = task("a", gpus=4, submitted_at=1.0)
+    small = task("b", submitted_at=2.0)
+    decision = schedule(snap(cluster, [big, small], holders))
+    assert len(decision.placements) == 1
+    reserved_node = 0 if "node-0" in decision.waiting[big.id] else 1
+    assert placed(decision)[small.id][0] // 100 != reserved_node
+
+
+def test_without_backfill_setting_small_tasks_take_any_idle_gpu():
+    cluster = gpus(nodes=1, per_node=8)
+    holders = [running("other", [g]) for g in cluster[:4]]
+    big = task("a", gpus=8, submitted_at=1.0)
+    small = task("b", submitted_at=2.0)
+    decision = schedule(snap(cluster, [big, small], holders), PolicySettings(backfill=False))
+    assert set(placed(decision)) == {small.id}
+
+
+# --- Preemption ----------------------------------------------------------------------------------
+
+
+def test_a_higher_priority_task_preempts_the_victim_that_loses_least():
+    cluster = gpus(per_node=2)
+    old = running("other", [cluster[0]], priority=10, started_at=NOW - 5000)
+    young = running("other", [cluster[1]], priority=10, started_at=NOW - 50)
+    urgent = task("vision", priority=90)
+    decision = schedule(snap(cluster, [urgent], [old, young]))
+    assert [p.task_id for p in decision.preemptions] == [young.id]
+    assert decision.preemptions[0].for_task_id == urgent.id
+    assert "waiting for 1 preempted task(s) to stop" in decision.waiting[urgent.id]
+
+
+def test_equal_priority_batch_work_is_never_preempted_for_batch():
+    cluster = gpus(per_node=1)
+    holder = running("other", [cluster[0]], priority=50)
+    t = task(priority=50)
+    decision = schedule(snap(cluster, [t], [holder]))
+    assert not decision.preemptions
+
+
+def test_online_and_non_preemptible_tasks_are_never_victims():
+    cluster = gpus(per_node=2)
+    service = running("other", [cluster[0]], priority=10, task_class=ONLINE, preemptible=False)
+    pinned = running("other", [cluster[1]], priority=10, preemptible=False)
+    urgent = task(priority=90)
+    decision = schedule(snap(cluster, [urgent], [service, pinned]))
+    assert not decision.preemptions
+
+
+def test_online_reclaims_its_guaranteed_share_from_batch():
+    cluster = gpus(per_node=4)
+    batch = [running("other", [g], priority=50) for g in cluster]
+    online = task("svc", priority=50, task_class=ONLINE)
+    decision = schedule(snap(cluster, [online], batch))
+    assert len(decision.preemptions) == 1
+
+
+def test_online_beyond_its_share_does_not_preempt_equal_priority_batch():
+    cluster = gpus(per_node=4)
+    services = [running("svc", [g], priority=50, task_class=ONLINE, preemptible=False)
+                for g in cluster[:2]]  # fmt: skip
+    batch = [running("other", [g], priority=50) for g in cluster[2:]]
+    online = task("svc", priority=50, task_class=ONLINE)
+    decision = schedule(snap(cluster, [online], services + batch))
+    assert not decision.preemptions  # online holds 2 of its guaranteed 1
+
+
+def test_a_task_waits_for_victims_already_stopping_instead_of_preempting_more():
+    cluster = gpus(per_node=2)
+    stopping = running("other", [cluster[0]], priority=10, stopping=True)
+    other = running("other", [cluster[1]], priority=10)
+    urgent = task(priority=90)
+    decision = schedule(snap(cluster, [urgent], [stopping, other]))
+    assert not decision.preemptions
+    assert "waiting for 1 preempted task(s) to stop" in decision.waiting[urgent.id]
+
+
+def test_preemption_frees_a_whole_node_for_a_multi_gpu_task_at_least_cost():
+    cluster = gpus(nodes=2, per_node=2)
+    n0 = [running("o", [g], priority=10, started_at=NOW - 1000) for g in cluster[:2]]
+    n1 = [running("o", [g], priority=10, started_at=NOW - 10) for g in cluster[2:]]
+    urgent = task(priority=90, gpus=2)
+    decision = schedule(snap(cluster, [urgent], n0 + n1))
+    assert {p.task_id for p in decision.preemptions} == {r.id for r in n1}
+
+
+def test_preemption_can_be_switched_off():
+    cluster = gpus(per_node=1)
+    holder = running("other", [cluster[0]], priority=10)
+    decision = schedule(snap(cluster, [task(priority=90)], [holder]),
+                        PolicySettings(preemption=False))  # fmt: skip
+    assert not decision.preemptions
+
+
+# --- Class shares --------------------------------------------------------------------------------
+
+
+def test_guarantees_round_so_no_gpu_is_stranded():
+    from scheduling.policy.core import _guarantees
+
+    assert _guarantees(4, {ONLINE: 0.3, BATCH: 0.7}) == {ONLINE: 1, BATCH: 3}
+    assert sum(_guarantees(7, {ONLINE: 0.5, BATCH: 0.5}).values()) == 7
+    assert _guarantees(0, {ONLINE: 0.3, BATCH: 0.7}) == {ONLINE: 0, BATCH: 0}
+
+
+def test_batch_may_borrow_every_gpu_when_online_leaves_them_idle():
+    tasks = [task(submitted_at=float(i)) for i in range(4)]
+    decision = schedule(snap(gpus(per_node=4), tasks))
+    assert len(decision.placements) == 4
+
+
+# --- Reasons and the baseline --------------------------------------------------------------------
+
+
+def test_every_waiting_task_gets_a_reason_and_a_place_in_line():
+    cluster = gpus(per_node=1)
+    tasks = [task(submitted_at=float(i)) for i in range(4)]
+    decision = schedule(snap(cluster, tasks))
+    assert len(decision.placements) + len(decision.waiting) == 4
+    assert "3rd of 3 in line" in decision.waiting[tasks[3].id]
+
+
+def test_strict_fifo_blocks_everyone_behind_the_first_task_that_does_not_fit():
+    cluster = gpus(per_node=4)
+    holder = running("o", cluster[:2])
+    big, small = task(gpus=4, submitted_at=1.0), task(submitted_at=2.0)
+    decision = schedule_fifo(snap(cluster, [big, small], [holder]))
+    assert not decision.placements
+    assert decision.waiting[small.id] == f"behind #{big.id} (strict FIFO)"
