@@ -97,7 +97,10 @@ class Capacity:
                     continue
                 take = min(len(fits), task.gpus_max)
                 chosen = fits[:take]
-                rank = (-take, sum(g.free_mb - need for g in chosen), node)
+                # Tightest memory fit first; among equals, the node with the fewest idle GPUs,
+                # so shared work piles up where whole GPUs are already scarce.
+                idle = sum(1 for g in usable if g.idle)
+                rank = (-take, sum(g.free_mb - need for g in chosen), idle, node)
             if best is None or rank < best[0]:
                 best = (rank, node, chosen)
         if best is None:

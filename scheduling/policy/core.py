@@ -134,7 +134,10 @@ class Pass:
         for task in snapshot.running:
             self.books.charge(task.tenant, task.task_class, task.gpus, task.exclusive)
         self.busy_queues = {(t.tenant, t.queue): t.id for t in snapshot.running if t.queue}
-        self.reservation: Reservation | None = None
+        # GPUs held for blocked tasks: at most one backfill reservation (the first blocked task)
+        # plus one per task waiting for its preemption victims to stop.
+        self.reservations: list[Reservation] = []
+        self.backfill_reserved = False
         self.removed: set[int] = set()  # running tasks this pass chose to preempt
         self.blocked_shapes: dict[tuple, str] = {}
         self.lowest_preemptible = min(
@@ -179,12 +182,19 @@ class Pass:
         return (view.recent_gpus + self.books.tenant[name].gpus) / max(view.weight, 1e-9)
 
     def ordered(self, tasks: list[PendingView]):
-        """Yield tasks by priority, then fair share (re-evaluated after each pick), then age."""
+        """Yield tasks by priority, then fair share (re-evaluated after each pick), then age.
+
+        Tasks that waited past ``starvation_after_s`` come first of all, oldest first.
+        """
+        cutoff = self.now - self.settings.starvation_after_s
         by_priority: dict[int, dict[str, list[PendingView]]] = defaultdict(
             lambda: defaultdict(list)
         )
         for task in tasks:  # already in submission order
-            by_priority[task.priority][task.tenant].append(task)
+            if task.submitted_at <= cutoff:
+                yield task
+            else:
+                by_priority[task.priority][task.tenant].append(task)
         for priority in sorted(by_priority, reverse=True):
             queues = {name: iter(items) for name, items in by_priority[priority].items()}
             heads = {name: next(it) for name, it in queues.items()}
@@ -217,7 +227,7 @@ class Pass:
         if problem:
             self.wait(task, problem, in_line=True)
             return
-        allowed = self.reservation is not None and self.reservation.allows(task, self.now)
+        allowed = tuple(r.allows(task, self.now) for r in self.reservations)
         shape = (task.exclusive, task.gpus_min, task.gpu_memory_mb, task.gpu_type, task.pool,
                  task.node, task.task_class, allowed)  # fmt: skip
         if shape in self.blocked_shapes:  # capacity only shrinks within a pass
@@ -232,15 +242,16 @@ class Pass:
         reason = self.capacity_reason(task)
         if self.settings.preemption and self.could_preempt(task) and self.try_preempt(task):
             return
-        if self.reservation is None and self.settings.backfill:
-            self.reserve(task)
-            if self.reservation is not None:
-                when = self.reservation.start
+        if not self.backfill_reserved and self.settings.backfill:
+            reservation = self.reserve(task)
+            if reservation is not None:
+                self.backfill_reserved = True
+                self.reservations.append(reservation)
+                when = reservation.start
                 eta = "when they free up" if when == INF else f"in ~{int(when - self.now)} s"
                 self.wait(
                     task,
-                    f"{reason}; next to start: GPUs on {self.reservation.node} are held for it, "
-                    f"{eta}",
+                    f"{reason}; next to start: GPUs on {reservation.node} are held for it, {eta}",
                     in_line=True,
                 )
                 return
@@ -248,10 +259,12 @@ class Pass:
         self.wait(task, reason, in_line=True)
 
     def allowed_for(self, task: PendingView):
-        reservation = self.reservation
-        if reservation is None or reservation.allows(task, self.now):
+        held = frozenset().union(
+            *(r.gpu_ids for r in self.reservations if not r.allows(task, self.now))
+        )
+        if not held:
             return None
-        return lambda gpu_id: gpu_id not in reservation.gpu_ids
+        return lambda gpu_id: gpu_id not in held
 
     def place(self, task: PendingView, placement: Placement) -> None:
         self.capacity.take(placement)
@@ -323,39 +336,59 @@ class Pass:
 
     # -- backfill reservation --
 
-    def reserve(self, task: PendingView) -> None:
-        """Hold the GPUs that free up soonest for ``task`` (the first one blocked)."""
-        free_at: dict[int, float] = {}
+    def reserve(self, task: PendingView) -> Reservation | None:
+        """Hold the GPUs that free up soonest for ``task`` (the first one blocked), on one node.
+
+        A task with a timeout frees its GPUs by then. For one without, nothing is promised, but
+        to choose *where* to wait, a task that has run for t is guessed to run about t more
+        (old jobs tend to be long ones), so a big task does not queue behind a week-long job.
+        """
+        options = self.reservation_options(task)
+        if not options:
+            return None
+        _, node, gpu_ids, start = min(options)
+        return Reservation(task.id, frozenset(gpu_ids), start, node)
+
+    def reservation_options(self, task: PendingView) -> list[tuple[tuple, str, list[int], float]]:
+        """Per candidate node: (rank, node, the GPUs to hold, promised start)."""
+        free_at: dict[int, float] = {}  # promised: backfill may rely on it
+        guess_at: dict[int, float] = {}  # estimated: only ranks the candidates
         for running in self.snap.running:
-            end = (
-                self.now if running.stopping or running.id in self.removed else running.expected_end
-            )
+            if running.stopping or running.id in self.removed:
+                end = guess = self.now
+            else:
+                end = running.expected_end
+                guess = end if end != INF else self.now + (self.now - running.started_at)
             for gpu_id, _ in running.gpus:
                 free_at[gpu_id] = max(free_at.get(gpu_id, self.now), end)
-        best: tuple[tuple, str, list[int], float] | None = None
+                guess_at[gpu_id] = max(guess_at.get(gpu_id, self.now), guess)
+        options = []
+        need = task.gpu_memory_mb or 0
         for node, matching in self.capacity.candidates(task):
-            if len(matching) < task.gpus_min:
-                continue
-            need = task.gpu_memory_mb or 0
             usable = [g for g in matching if task.exclusive or g.memory_mb - g.foreign_mb >= need]
             if len(usable) < task.gpus_min:
                 continue
-            ranked = sorted(usable, key=lambda g: (free_at.get(g.id, self.now), g.holders, g.id))
+            ranked = sorted(usable, key=lambda g: (guess_at.get(g.id, self.now), g.id))
             chosen = ranked[: task.gpus_min]
             start = max(free_at.get(g.id, self.now) for g in chosen)
-            idle_now = sum(1 for g in chosen if free_at.get(g.id, self.now) <= self.now)
-            rank = (start, -idle_now, node)
-            if best is None or rank < best[0]:
-                best = (rank, node, [g.id for g in chosen], start)
-        if best is not None:
-            _, node, gpu_ids, start = best
-            self.reservation = Reservation(task.id, frozenset(gpu_ids), start, node)
+            rank = (max(guess_at.get(g.id, self.now) for g in chosen), start, node)
+            options.append((rank, node, [g.id for g in chosen], start))
+        return options
 
     # -- preemption --
 
     def may_preempt(self, task: PendingView, victim: RunningView) -> bool:
         if not victim.preemptible or victim.task_class == ONLINE:
             return False
+        if (
+            victim.submitted_at is not None
+            and victim.started_at - victim.submitted_at >= self.settings.starvation_after_s
+        ):
+            return False  # it waited its turn past the starvation limit: let it run
+        if self.now - victim.started_at > self.settings.preempt_max_runtime_s:
+            return False
+        if victim.gpu_count > max(1, task.gpus_min):
+            return False  # a big task evicted for a smaller one struggles to come back
         if victim.priority < task.priority:
             return True
         return (
@@ -385,8 +418,11 @@ class Pass:
                 continue
             if running.stopping or self.may_preempt(task, running):
                 by_node[running.node].append(running)
-        best: tuple[float, str, list[RunningView]] | None = None
-        for node, matching in self.capacity.candidates(task):
+        best: tuple[float, str, list[RunningView], list] | None = None
+        allowed = self.allowed_for(task)
+        for node, members in self.capacity.candidates(task):
+            # GPUs held for an earlier task are not this task's to free.
+            matching = [g for g in members if allowed is None or allowed(g.id)]
             candidates = by_node.get(node)
             if not candidates:
                 continue
@@ -401,10 +437,10 @@ class Pass:
             chosen = self.prune(task, matching, chosen)
             cost = sum(self.lost_work(v) for v in chosen)
             if best is None or (cost, node) < (best[0], best[1]):
-                best = (cost, node, chosen)
+                best = (cost, node, chosen, matching)
         if best is None:
             return False
-        cost, node, victims = best
+        cost, node, victims, matching = best
         stopping = [v for v in victims if v.stopping]
         fresh = [v for v in victims if not v.stopping]
         for victim in victims:
@@ -420,10 +456,10 @@ class Pass:
             )
         count = len(fresh) + len(stopping)
         self.wait(task, f"waiting for {count} preempted task(s) to stop on {node}", in_line=True)
-        # The victims' GPUs are this task's until it starts: hold them as its reservation.
-        held = frozenset(gpu_id for v in victims for gpu_id, _ in v.gpus)
-        if self.reservation is None:
-            self.reservation = Reservation(task.id, held, self.now, node)
+        # What the victims free, and the idle GPUs it needs beside them, are this task's until
+        # it starts: nobody later in this pass may take them.
+        held = frozenset(self.usable_without(task, matching, victims))
+        self.reservations.append(Reservation(task.id, held, self.now, node))
         return True
 
     def lost_work(self, running: RunningView) -> float:
@@ -432,6 +468,10 @@ class Pass:
         return max(0.0, self.now - running.started_at) * max(1, running.gpu_count)
 
     def fits_without(self, task: PendingView, matching, victims: list[RunningView]) -> bool:
+        return len(self.usable_without(task, matching, victims)) >= task.gpus_min
+
+    def usable_without(self, task: PendingView, matching, victims: list[RunningView]) -> list[int]:
+        """The GPUs the task could use once ``victims`` have stopped."""
         freed_mb: dict[int, int] = defaultdict(int)
         freed_holders: dict[int, int] = defaultdict(int)
         freed_exclusive: set[int] = set()
@@ -441,7 +481,7 @@ class Pass:
                 freed_holders[gpu_id] += 1
                 if victim.exclusive:
                     freed_exclusive.add(gpu_id)
-        count = 0
+        usable = []
         for gpu in matching:
             holders = gpu.holders - freed_holders[gpu.id]
             exclusive = gpu.exclusive and gpu.id not in freed_exclusive
@@ -451,8 +491,9 @@ class Pass:
                 free = gpu.memory_mb - gpu.foreign_mb if gpu.id in freed_exclusive else (
                     gpu.free_mb + freed_mb[gpu.id])  # fmt: skip
                 ok = not exclusive and free >= (task.gpu_memory_mb or 0)
-            count += ok
-        return count >= task.gpus_min
+            if ok:
+                usable.append(gpu.id)
+        return usable
 
     def prune(self, task: PendingView, matching, victims: list[RunningView]) -> list[RunningView]:
         """Drop victims that turned out unnecessary, the costliest first."""

@@ -56,6 +56,7 @@ class RunningView:
     timeout_s: float | None = None  # None: unbounded
     queue: str = ""
     stopping: bool = False  # preempted, waiting for its processes to end
+    submitted_at: float | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -122,6 +123,12 @@ class PolicySettings:
     class_shares: dict[str, float] = field(default_factory=lambda: {ONLINE: 0.3, BATCH: 0.7})
     backfill: bool = True
     preemption: bool = True
+    # A task waiting this long goes to the front of the line, whatever its priority: it is
+    # placed first or gets the backfill reservation, so no stream of work can starve it.
+    starvation_after_s: float = 2 * 3600
+    # Never preempt a task that has run longer than this: its lost work would outweigh what
+    # the waiting task gains (the scheduler cannot know either task's duration).
+    preempt_max_runtime_s: float = 3600
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,9 @@ def gpus(nodes: int = 1, per_node: int = 4, memory_gib: int = 24, **kwargs) -> t
 def task(tenant: str = "vision", *, gpus: int | tuple[int, int] = 1, **kwargs) -> PendingView:
     low, high = gpus if isinstance(gpus, tuple) else (gpus, gpus)
     task_id = kwargs.pop("id", next(_ids))
-    fields = {"priority": 50, "task_class": BATCH, "submitted_at": float(task_id)} | kwargs
+    # Submitted a moment ago unless told otherwise: long waits change the order (starvation).
+    fields = {"priority": 50, "task_class": BATCH, "submitted_at": NOW - 60 + task_id / 1000}
+    fields |= kwargs
     return PendingView(id=task_id, tenant=tenant, gpus_min=low, gpus_max=high, **fields)
 
 
@@ -110,7 +112,7 @@ def placed(decision) -> dict[int, tuple[int, ...]]:
 
 
 def test_two_tenants_submitting_at_once_get_different_gpus():
-    a, b = task("vision", submitted_at=1.0), task("nlp", submitted_at=1.0)
+    a, b = task("vision", submitted_at=NOW - 60 + 1.0), task("nlp", submitted_at=NOW - 60 + 1.0)
     decision = schedule(snap(gpus(per_node=2), [a, b]))
     assert set(placed(decision)) == {a.id, b.id}
     assert placed(decision)[a.id] != placed(decision)[b.id]
@@ -213,7 +215,10 @@ def test_a_cpu_only_task_runs_without_gpus():
 
 
 def test_higher_priority_goes_first():
-    low, high = task(priority=10, submitted_at=1.0), task(priority=90, submitted_at=2.0)
+    low, high = (
+        task(priority=10, submitted_at=NOW - 60 + 1.0),
+        task(priority=90, submitted_at=NOW - 60 + 2.0),
+    )
     decision = schedule(snap(gpus(per_node=1), [low, high]))
     assert set(placed(decision)) == {high.id}
     assert "1st of 1 in line" in decision.waiting[low.id]
@@ -222,15 +227,15 @@ def test_higher_priority_goes_first():
 def test_the_tenant_using_less_goes_first():
     busy = TenantView("busy", recent_gpus=3.0)
     idle = TenantView("idle", recent_gpus=0.0)
-    first = task("busy", submitted_at=1.0)
-    later = task("idle", submitted_at=2.0)
+    first = task("busy", submitted_at=NOW - 60 + 1.0)
+    later = task("idle", submitted_at=NOW - 60 + 2.0)
     decision = schedule(snap(gpus(per_node=1), [first, later], tenants=[busy, idle]))
     assert set(placed(decision)) == {later.id}
 
 
 def test_fair_share_alternates_between_equal_tenants_within_a_pass():
-    a = [task("a", submitted_at=float(i)) for i in range(4)]
-    b = [task("b", submitted_at=10.0 + i) for i in range(4)]
+    a = [task("a", submitted_at=NOW - 60 + i) for i in range(4)]
+    b = [task("b", submitted_at=NOW - 60 + 10.0 + i) for i in range(4)]
     decision = schedule(snap(gpus(per_node=4), a + b))
     winners = placed(decision)
     assert sum(t.id in winners for t in a) == 2
@@ -239,8 +244,8 @@ def test_fair_share_alternates_between_equal_tenants_within_a_pass():
 
 def test_weights_give_a_tenant_a_bigger_share():
     heavy, light = TenantView("heavy", weight=3.0), TenantView("light", weight=1.0)
-    tasks = [task("heavy", submitted_at=float(i)) for i in range(4)]
-    tasks += [task("light", submitted_at=float(i)) for i in range(4)]
+    tasks = [task("heavy", submitted_at=NOW - 60 + i) for i in range(4)]
+    tasks += [task("light", submitted_at=NOW - 60 + i) for i in range(4)]
     decision = schedule(snap(gpus(per_node=4), tasks, tenants=[heavy, light]))
     tenants = [t.tenant for t in tasks if t.id in placed(decision)]
     assert tenants.count("heavy") == 3
@@ -298,7 +303,7 @@ def test_an_elastic_task_is_trimmed_to_the_quota():
 
 
 def test_a_serial_queue_runs_one_at_a_time_in_submission_order():
-    q = [task(queue="sft", submitted_at=float(i)) for i in (3, 1, 2)]
+    q = [task(queue="sft", submitted_at=NOW - 60 + i) for i in (3, 1, 2)]
     decision = schedule(snap(gpus(), q))
     first = min(q, key=lambda t: t.submitted_at)
     assert set(placed(decision)) == {first.id}
@@ -317,8 +322,8 @@ def test_a_serial_queue_waits_while_its_task_runs():
 
 
 def test_a_blocked_queue_head_holds_back_its_queue():
-    big = task(queue="q", gpus=8, submitted_at=1.0)
-    small = task(queue="q", submitted_at=2.0)
+    big = task(queue="q", gpus=8, submitted_at=NOW - 60 + 1.0)
+    small = task(queue="q", submitted_at=NOW - 60 + 2.0)
     decision = schedule(snap(gpus(nodes=2, per_node=4), [big, small]))
     assert not decision.placements
 
@@ -338,8 +343,8 @@ def test_tasks_blocked_by_dependencies_or_backoff_wait_with_the_reason():
 def test_a_blocked_big_task_reserves_gpus_and_small_unbounded_tasks_cannot_take_them():
     cluster = gpus(nodes=1, per_node=8)
     holders = [running("other", [g], started_at=NOW - 10) for g in cluster[:4]]
-    big = task("a", gpus=8, submitted_at=1.0)
-    smalls = [task("b", submitted_at=2.0 + i) for i in range(4)]
+    big = task("a", gpus=8, submitted_at=NOW - 60 + 1.0)
+    smalls = [task("b", submitted_at=NOW - 60 + 2.0 + i) for i in range(4)]
     decision = schedule(snap(cluster, [big, *smalls], holders))
     assert not decision.placements  # the 4 idle GPUs are held for the big task
     assert "held for it" in decision.waiting[big.id]
@@ -348,9 +353,9 @@ def test_a_blocked_big_task_reserves_gpus_and_small_unbounded_tasks_cannot_take_
 def test_a_small_task_that_ends_before_the_reservation_may_backfill():
     cluster = gpus(nodes=1, per_node=4)
     holders = [running("other", cluster[:2], timeout_s=3600, started_at=NOW)]
-    big = task("a", gpus=4, submitted_at=1.0)
-    quick = task("b", submitted_at=2.0, timeout_s=600)
-    slow = task("b", submitted_at=3.0, timeout_s=7200)
+    big = task("a", gpus=4, submitted_at=NOW - 60 + 1.0)
+    quick = task("b", submitted_at=NOW - 60 + 2.0, timeout_s=600)
+    slow = task("b", submitted_at=NOW - 60 + 3.0, timeout_s=7200)
     decision = schedule(snap(cluster, [big, quick, slow], holders))
     assert set(placed(decision)) == {quick.id}
     assert "in ~3600 s" in decision.waiting[big.id]
@@ -359,8 +364,8 @@ def test_a_small_task_that_ends_before_the_reservation_may_backfill():
 def test_backfill_uses_gpus_outside_the_reservation():
     cluster = gpus(nodes=2, per_node=4)
     holders = [running("other", cluster[:2]), running("other", cluster[4:6])]
-    big = task("a", gpus=4, submitted_at=1.0)
-    small = task("b", submitted_at=2.0)
+    big = task("a", gpus=4, submitted_at=NOW - 60 + 1.0)
+    small = task("b", submitted_at=NOW - 60 + 2.0)
     decision = schedule(snap(cluster, [big, small], holders))
     assert len(decision.placements) == 1
     reserved_node = 0 if "node-0" in decision.waiting[big.id] else 1
@@ -370,8 +375,8 @@ def test_backfill_uses_gpus_outside_the_reservation():
 def test_without_backfill_setting_small_tasks_take_any_idle_gpu():
     cluster = gpus(nodes=1, per_node=8)
     holders = [running("other", [g]) for g in cluster[:4]]
-    big = task("a", gpus=8, submitted_at=1.0)
-    small = task("b", submitted_at=2.0)
+    big = task("a", gpus=8, submitted_at=NOW - 60 + 1.0)
+    small = task("b", submitted_at=NOW - 60 + 2.0)
     decision = schedule(snap(cluster, [big, small], holders), PolicySettings(backfill=False))
     assert set(placed(decision)) == {small.id}
 
@@ -381,7 +386,7 @@ def test_without_backfill_setting_small_tasks_take_any_idle_gpu():
 
 def test_a_higher_priority_task_preempts_the_victim_that_loses_least():
     cluster = gpus(per_node=2)
-    old = running("other", [cluster[0]], priority=10, started_at=NOW - 5000)
+    old = running("other", [cluster[0]], priority=10, started_at=NOW - 3000)
     young = running("other", [cluster[1]], priority=10, started_at=NOW - 50)
     urgent = task("vision", priority=90)
     decision = schedule(snap(cluster, [urgent], [old, young]))
@@ -464,7 +469,7 @@ def test_guarantees_round_so_no_gpu_is_stranded():
 
 
 def test_batch_may_borrow_every_gpu_when_online_leaves_them_idle():
-    tasks = [task(submitted_at=float(i)) for i in range(4)]
+    tasks = [task(submitted_at=NOW - 60 + i) for i in range(4)]
     decision = schedule(snap(gpus(per_node=4), tasks))
     assert len(decision.placements) == 4
 
@@ -474,7 +479,7 @@ def test_batch_may_borrow_every_gpu_when_online_leaves_them_idle():
 
 def test_every_waiting_task_gets_a_reason_and_a_place_in_line():
     cluster = gpus(per_node=1)
-    tasks = [task(submitted_at=float(i)) for i in range(4)]
+    tasks = [task(submitted_at=NOW - 60 + i) for i in range(4)]
     decision = schedule(snap(cluster, tasks))
     assert len(decision.placements) + len(decision.waiting) == 4
     assert "3rd of 3 in line" in decision.waiting[tasks[3].id]
@@ -483,7 +488,63 @@ def test_every_waiting_task_gets_a_reason_and_a_place_in_line():
 def test_strict_fifo_blocks_everyone_behind_the_first_task_that_does_not_fit():
     cluster = gpus(per_node=4)
     holder = running("o", cluster[:2])
-    big, small = task(gpus=4, submitted_at=1.0), task(submitted_at=2.0)
+    big, small = task(gpus=4, submitted_at=NOW - 60 + 1.0), task(submitted_at=NOW - 60 + 2.0)
     decision = schedule_fifo(snap(cluster, [big, small], [holder]))
     assert not decision.placements
     assert decision.waiting[small.id] == f"behind #{big.id} (strict FIFO)"
+
+
+# --- Starvation and the limits of preemption --------------------------------------------------
+
+
+def test_a_task_waiting_past_the_starvation_limit_goes_first_whatever_its_priority():
+    old_low = task(priority=10, submitted_at=NOW - 3 * 3600)
+    fresh_high = task(priority=90)
+    decision = schedule(snap(gpus(per_node=1), [fresh_high, old_low]))
+    assert set(placed(decision)) == {old_low.id}
+
+
+def test_a_starving_big_task_gets_the_reservation_ahead_of_higher_priority_work():
+    cluster = gpus(per_node=4)
+    holders = [running("o", [g]) for g in cluster[:2]]
+    big = task(gpus=4, priority=10, submitted_at=NOW - 3 * 3600)
+    urgent_small = task(priority=90)
+    decision = schedule(snap(cluster, [urgent_small, big], holders))
+    assert not decision.placements
+    assert "held for it" in decision.waiting[big.id]
+
+
+def test_a_task_that_ran_longer_than_the_limit_is_not_preempted():
+    cluster = gpus(per_node=1)
+    veteran = running("other", [cluster[0]], priority=10, started_at=NOW - 2 * 3600)
+    decision = schedule(snap(cluster, [task(priority=90)], [veteran]))
+    assert not decision.preemptions
+    limit = PolicySettings(preempt_max_runtime_s=3 * 3600)
+    assert schedule(snap(cluster, [task(priority=90)], [veteran]), limit).preemptions
+
+
+def test_a_task_is_not_evicted_for_a_smaller_one():
+    cluster = gpus(per_node=2)
+    pair = running("other", cluster[:2], priority=10)
+    decision = schedule(snap(cluster, [task(priority=90)], [pair]))
+    assert not decision.preemptions
+    assert schedule(snap(cluster, [task(priority=90, gpus=2)], [pair])).preemptions
+
+
+def test_a_task_that_waited_past_the_starvation_limit_is_not_preempted_once_running():
+    cluster = gpus(per_node=1)
+    patient = running("o", [cluster[0]], priority=10, submitted_at=NOW - 4 * 3600)
+    decision = schedule(snap(cluster, [task(priority=90)], [patient]))
+    assert not decision.preemptions
+
+
+def test_gpus_freed_by_preemption_are_held_for_the_task_that_asked():
+    # The urgent 2-GPU task preempts one victim; the idle GPU beside it must not go to the
+    # low-priority task later in the same pass, or the urgent task would preempt forever.
+    cluster = gpus(per_node=2)
+    victim = running("o", [cluster[0]], priority=10)
+    urgent = task(priority=90, gpus=2)
+    latecomer = task(priority=10)
+    decision = schedule(snap(cluster, [urgent, latecomer], [victim]))
+    assert [p.task_id for p in decision.preemptions] == [victim.id]
+    assert not decision.placements
