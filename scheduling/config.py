@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from gpuplatform.units import format_duration_s, parse_duration_s, parse_memory_mb
+from scheduling.policy.model import PolicySettings
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _SLUG = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
@@ -108,12 +109,37 @@ class NodeConfig(_Strict):
     simulate: SimulatedGpus | None = None
 
 
+class SchedulingConfig(_Strict):
+    """How the scheduler shares the GPUs (see README: "Scheduling")."""
+
+    # Guaranteed share of the GPUs for each class, in percent; each may borrow what the other
+    # leaves idle, and online may preempt batch work to get its guarantee back.
+    online_share: int = Field(default=30, ge=0, le=100)
+    # Usage older than this counts half as much in fair share.
+    fair_share_half_life_s: DurationS = Field(default=24 * 3600, alias="fair_share_half_life")
+    backfill: bool = True
+    preemption: bool = True
+    starvation_after_s: DurationS = Field(default=2 * 3600, alias="starvation_after")
+    preempt_max_runtime_s: DurationS = Field(default=3600, alias="preempt_max_runtime")
+
+    def policy_settings(self) -> PolicySettings:
+        share = self.online_share / 100
+        return PolicySettings(
+            class_shares={"online": share, "batch": 1 - share},
+            backfill=self.backfill,
+            preemption=self.preemption,
+            starvation_after_s=self.starvation_after_s,
+            preempt_max_runtime_s=self.preempt_max_runtime_s,
+        )
+
+
 def _default_pools() -> list[PoolConfig]:
     return [PoolConfig(name="default")]
 
 
 class EstateConfig(_Strict):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     pools: list[PoolConfig] = Field(default_factory=_default_pools, min_length=1)
     nodes: list[NodeConfig] = Field(min_length=1)
 

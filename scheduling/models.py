@@ -233,6 +233,8 @@ class Allocation(models.Model):
             models.Index(
                 fields=["gpu"], condition=Q(released_at__isnull=True), name="alloc_active_gpu"
             ),
+            # Fair share reads allocations released recently.
+            models.Index(fields=["released_at"], name="alloc_released_at"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -270,3 +272,25 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.from_state or '-'} -> {self.to_state}"
+
+
+class SchedulerState(models.Model):
+    """The one row that coalesces scheduling passes and tells operators how they go."""
+
+    pass_queued = models.BooleanField(
+        default=False, help_text="A pass is queued and not yet started: no need to queue another."
+    )
+    passes = models.BigIntegerField(default=0)
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    last_pass_ms = models.FloatField(null=True, blank=True)
+    last_placed = models.PositiveIntegerField(default=0)
+    last_preempted = models.PositiveIntegerField(default=0)
+    last_waiting = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "scheduler state"
+        verbose_name_plural = "scheduler state"
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="schedulerstate_singleton")]
+
+    def __str__(self) -> str:
+        return f"scheduler: {self.passes} passes"

@@ -28,8 +28,9 @@ class TaskState(StrEnum):
 S = TaskState
 
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT})
-# States in which a task holds GPUs (an active Allocation).
-HOLDS_GPUS = frozenset({S.SCHEDULED, S.RUNNING, S.PAUSED})
+# States in which a task holds GPUs (an active Allocation). A preempted task keeps them until
+# its processes have stopped, so nothing new lands on a GPU that is still busy.
+HOLDS_GPUS = frozenset({S.SCHEDULED, S.RUNNING, S.PAUSED, S.PREEMPTED})
 
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     # Waiting: placed by the scheduler, cancelled by a person, or failed before it ever ran
