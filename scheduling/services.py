@@ -13,7 +13,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
-from scheduling import states
+from scheduling import passes, states
 from scheduling.inventory import GpuInfo
 from scheduling.models import GPU, Allocation, GpuState, Node, NodeState, Pool, Task, TaskEvent
 from scheduling.states import TaskState
@@ -41,6 +41,7 @@ def task_transition(
     to_state: TaskState | str,
     reason: str = "",
     actor: AbstractBaseUser | None = None,
+    wake_scheduler: bool = True,
     **fields: Any,
 ) -> Task:
     """Move ``task`` to ``to_state`` if legal, record a TaskEvent, and return the task.
@@ -79,6 +80,10 @@ def task_transition(
         attempt=task.attempt,
         actor=actor,
     )
+    # Freed GPUs, a task back in the queue, or a serial queue's head gone: the next may start.
+    frees = from_state in states.HOLDS_GPUS and to_state not in states.HOLDS_GPUS
+    if wake_scheduler and (frees or to_state in states.TERMINAL or to_state == TaskState.PENDING):
+        passes.request_pass()
     return task
 
 
@@ -141,6 +146,7 @@ def node_register(
         if gpu.state == GpuState.OFFLINE and gpu.state_reason in (VANISHED, NODE_SILENT):
             _resume(gpu, GpuState.AVAILABLE)
         gpu.save()
+    passes.request_pass()
     return node
 
 
@@ -160,6 +166,7 @@ def node_heartbeat(*, name: str) -> bool:
                 resume_state="",
             )
             logger.info("node %s is back: heartbeat resumed", name)
+            passes.request_pass()
         node.save(update_fields=["last_heartbeat", "state", "state_reason", "resume_state"])
     return True
 
@@ -214,9 +221,12 @@ def gpus_drain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) ->
 def gpus_undrain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) -> int:
     """Return drained or failed GPUs to service (a failed GPU comes back only this way)."""
     ids = [gpu.pk for gpu in gpus]
-    return GPU.objects.filter(pk__in=ids, state__in=[GpuState.DRAINING, GpuState.FAILED]).update(
+    count = GPU.objects.filter(pk__in=ids, state__in=[GpuState.DRAINING, GpuState.FAILED]).update(
         state=GpuState.AVAILABLE, state_reason=""
     )
+    if count:
+        passes.request_pass()
+    return count
 
 
 def nodes_drain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None) -> int:
@@ -228,6 +238,9 @@ def nodes_drain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None)
 
 def nodes_undrain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None) -> int:
     ids = [node.pk for node in nodes]
-    return Node.objects.filter(pk__in=ids, state=NodeState.DRAINING).update(
+    count = Node.objects.filter(pk__in=ids, state=NodeState.DRAINING).update(
         state=NodeState.AVAILABLE, state_reason=""
     )
+    if count:
+        passes.request_pass()
+    return count

@@ -1,0 +1,293 @@
+"""The scheduling service end to end against PostgreSQL: submit, pass, placements, reasons."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from scheduling import passes, scheduler, services
+from scheduling.models import Allocation, SchedulerState, Task, TaskEvent
+from scheduling.spec import TaskSpec
+from scheduling.states import TaskState
+from scheduling.submission import SubmitError, task_submit, tasks_submit
+from tenants.models import Quota
+from tests.factories import NodeFactory, TenantFactory, make_gpus
+
+
+def spec(name: str = "train", **kwargs) -> TaskSpec:
+    return TaskSpec(name=name, command="python train.py", **kwargs)
+
+
+def submit(tenant, name: str = "train", **kwargs) -> Task:
+    return task_submit(tenant=tenant, spec=spec(name, **kwargs))
+
+
+def run(task: Task, to: str = TaskState.RUNNING) -> Task:
+    task.refresh_from_db()
+    return services.task_transition(task=task, to_state=to)
+
+
+def finish(task: Task, to: str = TaskState.SUCCEEDED) -> Task:
+    task.refresh_from_db()
+    if task.state == TaskState.SCHEDULED:
+        run(task)
+    return services.task_transition(task=task, to_state=to)
+
+
+def state(task: Task) -> str:
+    task.refresh_from_db()
+    return task.state
+
+
+@pytest.fixture
+def other_lab(db):
+    return TenantFactory(name="nlp-lab")
+
+
+# --- Placement -----------------------------------------------------------------------------------
+
+
+def test_a_submitted_task_is_placed_with_its_allocation_and_an_event(lab, workstation):
+    task = submit(lab, gpus_min=2, gpus_max=2)
+    result = scheduler.schedule_pass()
+    task.refresh_from_db()
+    assert result.placed == [task.pk]
+    assert (task.state, task.node, task.attempt) == (TaskState.SCHEDULED, workstation, 1)
+    allocations = Allocation.objects.filter(task=task, released_at__isnull=True)
+    assert allocations.count() == 2
+    assert {a.memory_mb for a in allocations} == {24576}
+    assert task.events.last().reason.startswith("placed on workstation-1")
+
+
+def test_two_tenants_submitting_at_the_same_instant_get_two_different_gpus(
+    lab, other_lab, workstation
+):
+    node = NodeFactory(name="duo")
+    workstation.gpus.update(state="draining")
+    make_gpus(node, count=2)
+    a, b = submit(lab), submit(other_lab)
+    Task.objects.filter(pk__in=[a.pk, b.pk]).update(submitted_at=timezone.now())
+    scheduler.schedule_pass()
+    assert state(a) == state(b) == TaskState.SCHEDULED
+    gpu_a = Allocation.objects.get(task=a).gpu_id
+    gpu_b = Allocation.objects.get(task=b).gpu_id
+    assert gpu_a != gpu_b
+
+
+def test_shared_tasks_share_a_card_and_exclusive_ones_do_not(lab, workstation):
+    shared = [submit(lab, f"s{i}", gpu_memory_mb=10 * 1024) for i in range(2)]
+    scheduler.schedule_pass()
+    gpus = {Allocation.objects.get(task=t).gpu_id for t in shared}
+    assert len(gpus) == 1  # both on one card, best fit
+
+
+# --- Waiting, with a reason ----------------------------------------------------------------------
+
+
+def test_a_waiting_task_says_why_and_where_it_stands(lab, workstation):
+    Quota.objects.create(tenant=lab, max_gpus=2)
+    tasks = [submit(lab, f"t{i}") for i in range(3)]
+    scheduler.schedule_pass()
+    waiting = tasks[2]
+    waiting.refresh_from_db()
+    assert waiting.state == TaskState.PENDING
+    assert "tenant vision-lab uses 2 of its 2 GPUs" in waiting.reason
+    assert "1st of 1 in line" in waiting.reason
+
+
+def test_a_serial_queue_of_three_runs_one_at_a_time_in_order(lab, workstation):
+    q = [submit(lab, f"step{i}", queue="sft") for i in range(3)]
+    scheduler.schedule_pass()
+    assert [state(t) for t in q] == ["scheduled", "pending", "pending"]
+    finish(q[0])
+    scheduler.schedule_pass()
+    assert [state(t) for t in q] == ["succeeded", "scheduled", "pending"]
+    q[2].refresh_from_db()
+    assert f"queue sft: waiting behind #{q[1].pk}" in q[2].reason
+    finish(q[1], TaskState.FAILED)
+    scheduler.schedule_pass()
+    assert state(q[2]) == TaskState.SCHEDULED
+
+
+def test_a_blocked_eight_gpu_task_starts_while_small_tasks_keep_arriving(lab, other_lab):
+    node = NodeFactory(name="big")
+    make_gpus(node, count=8)
+    smalls = [submit(other_lab, f"warm{i}", timeout_s=3600) for i in range(4)]
+    scheduler.schedule_pass()
+    big = submit(lab, "big", gpus_min=8, gpus_max=8)
+    for round_ in range(4):
+        # A new unbounded 1-GPU task arrives every round; the running ones end one by one.
+        submit(other_lab, f"late{round_}")
+        scheduler.schedule_pass()
+        finish(smalls[round_])
+    scheduler.schedule_pass()
+    assert state(big) == TaskState.SCHEDULED
+    late = Task.objects.filter(name__startswith="late")
+    assert all(t.state == TaskState.PENDING for t in late)
+
+
+def test_dependencies_wait_then_run_or_fail_with_the_reason(lab, workstation):
+    prep = submit(lab, "prep")
+    train = task_submit(tenant=lab, spec=spec("train", after=("prep",)))
+    scheduler.schedule_pass()
+    train.refresh_from_db()
+    assert train.state == TaskState.PENDING
+    assert f"waiting for prep (#{prep.pk}, pending)" in train.reason  # as the pass began
+    scheduler.schedule_pass()
+    train.refresh_from_db()
+    assert f"waiting for prep (#{prep.pk}, scheduled)" in train.reason
+    finish(prep)
+    scheduler.schedule_pass()
+    assert state(train) == TaskState.SCHEDULED
+
+    broken = submit(lab, "broken")
+    after_broken = task_submit(tenant=lab, spec=spec("eval", after=(broken.pk,)))
+    scheduler.schedule_pass()
+    finish(broken, TaskState.FAILED)
+    scheduler.schedule_pass()
+    after_broken.refresh_from_db()
+    assert after_broken.state == TaskState.FAILED
+    assert after_broken.reason == f"dependency broken (#{broken.pk}) failed"
+
+
+def test_dependencies_inside_one_batch_resolve_by_name(lab, workstation):
+    first, second = tasks_submit(tenant=lab, specs=[spec("prep"), spec("train", after=("prep",))])
+    assert list(second.depends_on.all()) == [first]
+
+
+# --- Preemption ----------------------------------------------------------------------------------
+
+
+def test_a_preemption_requeues_its_victim_and_the_urgent_task_starts(lab, other_lab):
+    node = NodeFactory(name="solo")
+    make_gpus(node, count=1)
+    victim = submit(other_lab, "background", priority=10)
+    scheduler.schedule_pass()
+    run(victim)
+    urgent = submit(lab, "urgent", priority=90)
+    result = scheduler.schedule_pass()
+    assert result.preempted == [victim.pk]
+    victim.refresh_from_db()
+    assert victim.state == TaskState.PREEMPTED
+    assert f"preempted for #{urgent.pk}" in victim.reason
+    # Its GPU stays held until its processes have stopped (the launcher's job).
+    assert Allocation.objects.filter(task=victim, released_at__isnull=True).exists()
+    scheduler.schedule_pass()
+    assert state(urgent) == TaskState.PENDING
+
+    services.task_transition(task=victim, to_state=TaskState.PENDING, reason="stopped")
+    scheduler.schedule_pass()
+    assert state(urgent) == TaskState.SCHEDULED
+    victim.refresh_from_db()
+    assert victim.state == TaskState.PENDING  # requeued, not failed
+    assert list(victim.events.values_list("to_state", flat=True)) == [
+        "pending", "scheduled", "running", "preempted", "pending",
+    ]  # fmt: skip
+
+
+# --- Rejected at submission ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "words"),
+    [
+        ({"gpus_min": 5, "gpus_max": 5}, "resources.gpus", "largest matching node has 4"),
+        ({"gpu_memory_mb": 30 * 1024}, "resources.gpu_memory", "largest matching GPU has 24 GiB"),
+        ({"pool": "nowhere"}, "resources.pool", "unknown pool 'nowhere'"),
+        ({"gpu_type": "h100-80g"}, "resources.gpu_type", "no GPU of type 'h100-80g'"),
+        ({"node": "ghost"}, "resources.node", "unknown node 'ghost'"),
+    ],
+)
+def test_it_refuses_what_no_gpu_could_ever_satisfy(lab, workstation, fields, field, words):
+    with pytest.raises(SubmitError) as refused:
+        submit(lab, **fields)
+    assert words in " ".join(refused.value.errors[field])
+    assert not Task.objects.exists()
+
+
+def test_it_refuses_a_priority_above_the_quota_and_too_many_queued(lab, workstation):
+    Quota.objects.create(tenant=lab, max_priority=50, max_queued_tasks=2)
+    with pytest.raises(SubmitError) as refused:
+        submit(lab, priority=90)
+    assert "above this tenant's highest allowed, 50" in refused.value.errors["priority"][0]
+    submit(lab, "a")
+    submit(lab, "b")
+    with pytest.raises(SubmitError) as refused:
+        submit(lab, "c")
+    assert "at most 2 tasks queued" in refused.value.errors["quota"][0]
+
+
+def test_a_bad_document_refuses_the_whole_batch_naming_it(lab, workstation):
+    with pytest.raises(SubmitError) as refused:
+        tasks_submit(tenant=lab, specs=[spec("ok"), spec("bad", gpus_min=9, gpus_max=9)])
+    assert "[1].resources.gpus" in refused.value.errors
+    assert not Task.objects.exists()
+
+
+def test_after_never_reveals_another_tenants_task(lab, other_lab, workstation):
+    foreign = submit(other_lab, "secret")
+    with pytest.raises(SubmitError) as refused:
+        task_submit(tenant=lab, spec=spec("x", after=(foreign.pk,)))
+    assert refused.value.errors["policy.after"] == [f"no task #{foreign.pk} in this tenant"]
+
+
+def test_an_inactive_tenant_cannot_submit(lab, workstation):
+    lab.is_active = False
+    lab.save()
+    with pytest.raises(SubmitError):
+        submit(lab)
+
+
+# --- Coalescing and fair share -------------------------------------------------------------------
+
+
+def test_a_burst_of_submissions_queues_one_pass(lab, workstation, monkeypatch,
+                                                django_capture_on_commit_callbacks):  # fmt: skip
+    queued = []
+    monkeypatch.setattr(passes, "async_task", lambda *a, **k: queued.append(a))
+    SchedulerState.objects.update_or_create(pk=1, defaults={"pass_queued": False})
+    with django_capture_on_commit_callbacks(execute=True):
+        for i in range(200):
+            submit(lab, f"t{i}")
+    assert len(queued) == 1
+    # Once the pass starts, the next request queues another: nothing is missed.
+    passes.mark_started()
+    with django_capture_on_commit_callbacks(execute=True):
+        submit(lab, "late")
+    assert len(queued) == 2
+
+
+def test_recent_usage_decays_with_the_half_life(lab, workstation):
+    task = submit(lab)
+    scheduler.schedule_pass()
+    now = timezone.now()
+    half_life = 3600
+    Allocation.objects.filter(task=task).update(
+        started_at=now - timedelta(seconds=2 * half_life),
+        released_at=now - timedelta(seconds=half_life),
+    )
+    usage = scheduler.recent_gpus(now, half_life)
+    # 2^-1 - 2^-2 = 0.25 GPUs: an hour of one GPU that ended an hour ago.
+    assert usage[lab.pk] == pytest.approx(0.25)
+
+
+def test_the_pass_records_how_it_went(lab, workstation):
+    submit(lab)
+    scheduler.schedule_pass()
+    row = SchedulerState.objects.get(pk=1)
+    assert row.passes >= 1
+    assert row.last_placed == 1
+    assert row.last_pass_ms > 0
+
+
+def test_drained_gpus_and_silent_nodes_get_no_work(lab, workstation):
+    services.nodes_drain(nodes=[workstation])
+    task = submit(lab)
+    scheduler.schedule_pass()
+    assert state(task) == TaskState.PENDING
+    services.nodes_undrain(nodes=[workstation])
+    scheduler.schedule_pass()
+    assert state(task) == TaskState.SCHEDULED
+    assert TaskEvent.objects.filter(task=task, to_state="scheduled").count() == 1
