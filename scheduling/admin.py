@@ -4,8 +4,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from gpuplatform.units import format_memory_mb
-from scheduling import services
-from scheduling.models import GPU, Allocation, Node, Pool, Task, TaskEvent
+from scheduling import scheduler, services
+from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState, Task, TaskEvent
 
 
 @admin.register(Pool)
@@ -254,6 +254,34 @@ class TaskEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(SchedulerState)
+class SchedulerStateAdmin(admin.ModelAdmin):
+    """How scheduling passes go: read-only, with an action to run one now."""
+
+    list_display = ["passes", "last_pass_at", "last_pass_ms", "last_placed", "last_preempted",
+                    "last_waiting", "pass_queued"]  # fmt: skip
+    actions = ["run_pass_now"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.action(description="Run a scheduling pass now")
+    def run_pass_now(self, request, queryset):
+        result = scheduler.schedule_pass()
+        self.message_user(
+            request,
+            f"Pass done in {result.ms:.0f} ms: {len(result.placed)} placed, "
+            f"{len(result.preempted)} preempted, {result.waiting} waiting.",
+            messages.SUCCESS,
+        )
 
 
 _BADGE_COLOURS = {

@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 from django.db.models import Count
 
+from scheduling import passes
 from tenants import services
 from tenants.models import ApiToken, Membership, Quota, Tenant
 
@@ -60,6 +61,14 @@ class QuotaAdmin(admin.ModelAdmin):
     search_fields = ["tenant__name"]
     list_select_related = ["tenant", "pool"]
     readonly_fields = ["updated_at"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        passes.request_pass()  # a raised limit may let waiting tasks start
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        passes.request_pass()
 
 
 @admin.register(ApiToken)

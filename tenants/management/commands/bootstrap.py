@@ -17,6 +17,7 @@ from tenants.models import Quota, Role, Tenant
 SCHEDULES = [
     # (name, function, minutes)
     ("mark-silent-nodes", "scheduling.tasks.mark_silent_nodes", 1),
+    ("scheduling-pass-backstop", "scheduling.tasks.run_pass", 1),
 ]
 
 
