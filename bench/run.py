@@ -1,0 +1,106 @@
+"""Run the benchmarks and print their figures: ``python bench/run.py [NAME ...] [--json PATH]``.
+
+``make bench`` runs them all. Each ``bench/bench_<name>.py`` has a ``main()`` that prints its
+tables and returns its figures; modules that set ``NEEDS_DATABASE`` get a throwaway test
+database (Django's test-database machinery), dropped at the end. Benchmarks print figures and
+targets; they never fail on a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+
+
+def available() -> list[str]:
+    return sorted(path.stem.removeprefix("bench_") for path in BENCH_DIR.glob("bench_*.py"))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    names = available()
+    parser = argparse.ArgumentParser(description="Print the gpuplatform benchmark figures.")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"benchmarks to run (default: all of {', '.join(names)})")  # fmt: skip
+    parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
+    args = parser.parse_args(argv)
+    unknown = [name.removeprefix("bench_") for name in args.names]
+    unknown = [name for name in unknown if name not in names]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(names)}")
+    args.names = [n.removeprefix("bench_") for n in args.names] or names
+    return args
+
+
+def header(name: str, module: object) -> str:
+    summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+    title = f"{name}: {summary}" if summary else name
+    return f"\n{'=' * 100}\n{title}\n{'=' * 100}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+    from django.test.utils import setup_test_environment, teardown_test_environment
+
+    modules = {name: importlib.import_module(f"bench.bench_{name}") for name in args.names}
+    needs_database = any(getattr(module, "NEEDS_DATABASE", False) for module in modules.values())
+    cpus = os.cpu_count()
+    print(f"gpuplatform benchmarks: Python {platform.python_version()}, {cpus} CPUs, "
+          f"{', '.join(args.names)}")  # fmt: skip
+
+    figures: dict[str, object] = {}
+    failed: list[str] = []
+    original_name = connection.settings_dict["NAME"]
+    created = False
+    try:
+        if needs_database:
+            # Never test_<name>, which the test suite may be using on the same server.
+            bench_name = original_name.removesuffix("_bench") + "_bench"
+            connection.settings_dict["TEST"]["NAME"] = f"test_{bench_name}"
+            setup_test_environment()
+            began = time.perf_counter()
+            name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+            created = True
+            where = connection.settings_dict.get("HOST") or "local socket"
+            print(f"test database {name} on {where} created and migrated "
+                  f"in {time.perf_counter() - began:.1f} s")  # fmt: skip
+        for name, module in modules.items():
+            print(header(name, module), flush=True)
+            began = time.perf_counter()
+            try:
+                figures[name] = module.main()
+            except Exception:  # noqa: BLE001 - report it and go on with the others
+                traceback.print_exc()
+                failed.append(name)
+            print(f"({name} took {time.perf_counter() - began:.1f} s)", flush=True)
+    finally:
+        if created:
+            connection.creation.destroy_test_db(original_name, verbosity=0)
+            teardown_test_environment()
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        print(f"\nfigures written to {args.json}")
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
