@@ -206,6 +206,23 @@ GPUPLATFORM_CONFIG = Path(
 GPU_BACKEND = env.choice("GPU_BACKEND", "auto", ("auto", "nvml", "simulated"))
 NODE_NAME = env.string("NODE_NAME")
 
+# --- Running tasks (the launcher) -----------------------------------------------------------
+# Each tenant's work directories live under TASKS_ROOT/<tenant>; a task's workdir is relative
+# to that and may not escape it. Logs: TASK_LOG_DIR/<tenant>/<task id>/attempt-<n>.log.
+TASKS_ROOT = Path(env.string("GPUPLATFORM_TASKS_ROOT", str(VAR_DIR / "tasks"))).resolve()
+TASK_LOG_DIR = Path(env.string("GPUPLATFORM_TASK_LOG_DIR", str(VAR_DIR / "logs"))).resolve()
+# Seconds between SIGTERM and SIGKILL when a task is cancelled, preempted or times out.
+TASK_STOP_GRACE = env.integer("TASK_STOP_GRACE", 30, minimum=0)
+# When the platform runs as root, run each tenant's tasks as the tenant's unix_user.
+RUN_AS_TENANT_USER = env.boolean("RUN_AS_TENANT_USER", False)
+# User failures are retried after RETRY_BACKOFF * 2^(n-1) seconds (at most an hour).
+RETRY_BACKOFF = env.integer("RETRY_BACKOFF", 10, minimum=0)
+# Infrastructure failures (node lost, supervisor gone) requeue a task this many times, then
+# hold it with the reason for a person to look at.
+INFRA_REQUEUE_LIMIT = env.integer("INFRA_REQUEUE_LIMIT", 5, minimum=0)
+# Start processes for placed tasks. Off in tests, which turn it on where they mean to.
+LAUNCH_TASKS = env.boolean("LAUNCH_TASKS", not TESTING)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

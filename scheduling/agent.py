@@ -16,8 +16,11 @@ from django.db import DatabaseError, close_old_connections
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend
+from scheduling.launcher import lifecycle
 
 logger = logging.getLogger(__name__)
+
+RECONCILE_EVERY = 6  # heartbeats
 
 
 class AgentError(Exception):
@@ -58,6 +61,7 @@ class NodeAgent:
         )
         self.stopping = threading.Event()
         self._last_seen: tuple[GpuInfo, ...] | None = None
+        self.ticks = 0
 
     @property
     def name(self) -> str:
@@ -78,7 +82,8 @@ class NodeAgent:
         return gpus
 
     def tick(self) -> None:
-        """One heartbeat. Re-registers when discovery changed or the node row went missing."""
+        """One heartbeat. Re-registers when discovery changed or the node row went missing;
+        reconciles this node's tasks on the first tick and every RECONCILE_EVERY after."""
         gpus = tuple(self.backend.discover())
         if gpus != self._last_seen:
             logger.info("node %s: GPU set changed, registering %d GPU(s)", self.name, len(gpus))
@@ -86,6 +91,17 @@ class NodeAgent:
         elif not services.node_heartbeat(name=self.name):
             logger.warning("node %s: unknown to the database, registering again", self.name)
             self.register()
+        if self.ticks % RECONCILE_EVERY == 0:
+            self.reconcile()
+        self.ticks += 1
+
+    def reconcile(self) -> dict[str, int]:
+        """Tasks the database thinks run here: re-adopt, finish from their exit file, or mark
+        lost and requeue (see scheduling.launcher.lifecycle.reconcile_node)."""
+        counts = lifecycle.reconcile_node(self.name)
+        if any(counts.values()):
+            logger.info("node %s reconciled its tasks: %s", self.name, counts)
+        return counts
 
     def run(self) -> None:
         self._install_signal_handlers()

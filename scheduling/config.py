@@ -77,6 +77,8 @@ class _Strict(BaseModel):
 class HeartbeatConfig(_Strict):
     interval_s: DurationS = Field(default=5, alias="interval")
     offline_after_s: DurationS = Field(default=30, alias="offline_after")
+    # Tasks on a node silent this long are lost and requeued elsewhere.
+    lost_after_s: DurationS = Field(default=60, alias="lost_after")
 
     @field_validator("offline_after_s")
     @classmethod

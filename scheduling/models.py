@@ -162,6 +162,9 @@ class Task(models.Model):
     attempt = models.PositiveIntegerField(default=0, help_text="Starts so far.")
     infra_requeues = models.PositiveIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Retry backoff.")
+    hold_reason = models.CharField(
+        max_length=500, blank=True, help_text="Non-empty: kept out of scheduling until released."
+    )
     depends_on = models.ManyToManyField(
         "self", symmetrical=False, blank=True, related_name="dependents"
     )
@@ -214,6 +217,47 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+
+class StopRequest(models.TextChoices):
+    NONE = "", "none"
+    CANCEL = "cancel", "cancel"
+    PREEMPT = "preempt", "preempt"
+
+
+class TaskAttempt(models.Model):
+    """One run of a task on its node: the supervisor, the process, and how it ended."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="attempts")
+    gpu_uuids = models.JSONField(default=list, blank=True)
+    log_path = models.CharField(max_length=1024, blank=True)
+    launched_by = models.CharField(
+        max_length=63, blank=True, help_text="The django-q2 cluster that launched it."
+    )
+    supervisor_pid = models.PositiveIntegerField(null=True, blank=True)
+    supervisor_started = models.FloatField(null=True, blank=True, help_text="Process start time.")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    pid_started = models.FloatField(null=True, blank=True, help_text="Process start time.")
+    stop_requested = models.CharField(
+        max_length=16, choices=StopRequest.choices, blank=True, default=StopRequest.NONE
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, blank=True)
+
+    class Meta:
+        ordering = ["task", "number"]
+        constraints = [
+            # A duplicate launch of the same attempt fails here: the launch is idempotent.
+            models.UniqueConstraint(fields=["task", "number"], name="attempt_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} attempt {self.number}"
 
 
 class Allocation(models.Model):

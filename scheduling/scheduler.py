@@ -20,6 +20,7 @@ from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from scheduling import estate, passes, services, states
+from scheduling.launcher import lifecycle
 from scheduling.models import (
     GPU,
     Allocation,
@@ -72,6 +73,9 @@ def schedule_pass() -> PassResult:
         snapshot = build_snapshot(now)
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
         result.placed = apply_placements(decision, now)
+        if result.placed:
+            placed = list(result.placed)
+            transaction.on_commit(lambda: lifecycle.dispatch_launches(placed))
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision)
         result.ms = (time.perf_counter() - began) * 1000
@@ -221,7 +225,7 @@ def build_snapshot(now: datetime) -> Snapshot:
             queue=row["queue"],
             timeout_s=row["timeout_s"],
             not_before=_ts(row["not_before"]),
-            blocked=blocks.get(row["id"], ""),
+            blocked=row["hold_reason"] or blocks.get(row["id"], ""),
         )
         for row in Task.objects.filter(state=TaskState.PENDING).values(
             "id",
@@ -238,6 +242,7 @@ def build_snapshot(now: datetime) -> Snapshot:
             "queue",
             "timeout_s",
             "not_before",
+            "hold_reason",
         )  # fmt: skip
     ]
 
@@ -382,9 +387,7 @@ def apply_preemptions(decision: Decision) -> list[int]:
         if task is None:
             continue
         try:
-            services.task_transition(
-                task=task, to_state=TaskState.PREEMPTED, reason=preemption.reason
-            )
+            lifecycle.task_preempt(task=task, reason=preemption.reason)
         except (services.StaleTask, states.IllegalTransition):
             continue
         done.append(task.pk)

@@ -16,6 +16,7 @@ from django.db.models import Count, Max
 
 from gpuplatform.units import format_memory_mb
 from scheduling import passes
+from scheduling.launcher import paths
 from scheduling.models import GPU, GpuState, Node, Pool, Task, TaskEvent
 from scheduling.spec import SpecError, TaskSpec
 from scheduling.states import TaskState
@@ -162,6 +163,10 @@ def tasks_submit(
         prefix = f"[{i}]." if many else ""
         errors.update(_feasibility(spec, shapes, prefix))
         errors.update(_quota_errors(spec, quota, prefix, queued))
+        try:
+            paths.workdir(tenant.name, spec.workdir)
+        except paths.PathEscape as exc:
+            errors[f"{prefix}workdir"] = [str(exc).removeprefix("workdir: ")]
         deps, problems = _resolve_after(spec, tenant, placeholders)
         if problems:
             errors[f"{prefix}policy.after"] = problems

@@ -5,12 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 from scheduling import estate, scheduler, services
+from scheduling.launcher import lifecycle
 
 
-def mark_silent_nodes() -> list[str]:
-    """Backstop schedule (every minute): nodes whose agent went quiet become offline."""
-    offline_after = estate.config().heartbeat.offline_after_s
-    return services.nodes_mark_silent(offline_after=timedelta(seconds=offline_after))
+def mark_silent_nodes() -> dict:
+    """Backstop schedule (every minute): nodes whose agent went quiet become offline, and
+    their tasks, once the node has been silent for ``lost_after``, are lost and requeued."""
+    heartbeat = estate.config().heartbeat
+    silent = services.nodes_mark_silent(offline_after=timedelta(seconds=heartbeat.offline_after_s))
+    lost = lifecycle.requeue_tasks_of_silent_nodes(timedelta(seconds=heartbeat.lost_after_s))
+    return {"silent_nodes": silent, "lost_tasks": lost}
 
 
 def run_pass() -> dict:

@@ -10,31 +10,20 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import quote
 
 from django.conf import settings
-from django.db import connection
+
+from gpuplatform.dburl import current_database_url
 
 PYTHON = sys.executable
 ROOT = settings.BASE_DIR
 
 
-def database_url() -> str:
-    """The URL of the database this test runs against (the test database), for subprocesses."""
-    db = connection.settings_dict
-    auth = quote(db["USER"] or "")
-    if db.get("PASSWORD"):
-        auth += ":" + quote(db["PASSWORD"])
-    host = db.get("HOST") or ""
-    if host.startswith("/"):  # Unix socket (the embedded server)
-        return f"postgres://{auth}@/{db['NAME']}?host={quote(host)}"
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{auth}@{host}{port}/{db['NAME']}"
-
-
 def process_env(**extra: str) -> dict[str, str]:
     environ = dict(os.environ)
-    environ.update(DATABASE_URL=database_url(), GPUPLATFORM_TESTING="1", PYTHONUNBUFFERED="1")
+    environ.update(
+        DATABASE_URL=current_database_url(), GPUPLATFORM_TESTING="1", PYTHONUNBUFFERED="1"
+    )
     environ.update(extra)
     return environ
 

@@ -258,11 +258,11 @@ def test_the_backstop_task_uses_the_configured_offline_after(settings, tmp_path)
 
     # Silent for 5 minutes: long past the default 30 s, but within the configured 10 minutes.
     silence(node, 5 * 60)
-    assert tasks.mark_silent_nodes() == []
+    assert tasks.mark_silent_nodes()["silent_nodes"] == []
     assert Node.objects.get(pk=node.pk).state == NodeState.AVAILABLE
 
     silence(node, 11 * 60)
-    assert tasks.mark_silent_nodes() == [NODE]
+    assert tasks.mark_silent_nodes()["silent_nodes"] == [NODE]
     assert Node.objects.get(pk=node.pk).state == NodeState.OFFLINE
 
 

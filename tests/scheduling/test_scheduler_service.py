@@ -8,7 +8,8 @@ import pytest
 from django.utils import timezone
 
 from scheduling import passes, scheduler, services
-from scheduling.models import Allocation, SchedulerState, Task, TaskEvent
+from scheduling.launcher import lifecycle
+from scheduling.models import Allocation, SchedulerState, Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import SubmitError, task_submit, tasks_submit
@@ -166,6 +167,7 @@ def test_a_preemption_requeues_its_victim_and_the_urgent_task_starts(lab, other_
     victim = submit(other_lab, "background", priority=10)
     scheduler.schedule_pass()
     run(victim)
+    TaskAttempt.objects.create(task=victim, number=1, node=node)  # as the launcher would
     urgent = submit(lab, "urgent", priority=90)
     result = scheduler.schedule_pass()
     assert result.preempted == [victim.pk]
@@ -177,7 +179,7 @@ def test_a_preemption_requeues_its_victim_and_the_urgent_task_starts(lab, other_
     scheduler.schedule_pass()
     assert state(urgent) == TaskState.PENDING
 
-    services.task_transition(task=victim, to_state=TaskState.PENDING, reason="stopped")
+    assert lifecycle.attempt_finished(victim.pk, 1, 143) == "preempted"  # the supervisor reports
     scheduler.schedule_pass()
     assert state(urgent) == TaskState.SCHEDULED
     victim.refresh_from_db()

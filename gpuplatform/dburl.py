@@ -1,0 +1,20 @@
+"""The URL of the database a connection is using, for processes this one starts."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from django.db import connection
+
+
+def current_database_url() -> str:
+    """Point a child process at exactly this connection's database (in tests: the test one)."""
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"])
+    host = db.get("HOST") or ""
+    if host.startswith("/"):  # a Unix socket directory (the embedded server)
+        return f"postgres://{auth}@/{db['NAME']}?host={quote(host)}"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{auth}@{host}{port}/{db['NAME']}"

@@ -1,0 +1,410 @@
+"""A task's life on its node: launch, start, stop, finish, retry, and recovery after crashes.
+
+These are the services the supervisor, the node agent, the scheduler and (later) the API call.
+Each is idempotent: a duplicate delivery, a retried report or a reconciliation racing the
+supervisor changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from gpuplatform.dburl import current_database_url
+from scheduling import services
+from scheduling.launcher import paths
+from scheduling.launcher.procs import ProcessId
+from scheduling.models import Allocation, StopRequest, Task, TaskAttempt
+from scheduling.states import HOLDS_GPUS, TaskState
+
+logger = logging.getLogger(__name__)
+
+USER_FAILURES = ("failed", "timed_out")
+# A launch that has not produced a supervisor after this long is tried again by reconciliation.
+LAUNCH_PATIENCE = timedelta(seconds=30)
+
+
+# --- Dispatch (runs where the decision is made) ----------------------------------------------
+
+
+def dispatch(func: str, task: Task, *args: object) -> None:
+    """Hand work to the django-q2 cluster of the task's node (``Q_CLUSTER_NAME=<node>``)."""
+    if not settings.LAUNCH_TASKS or task.node is None:
+        return
+    async_task(f"scheduling.launcher.tasks.{func}", task.pk, *args, cluster=task.node.name)
+
+
+def dispatch_launches(task_ids: list[int]) -> None:
+    for task in Task.objects.filter(pk__in=task_ids, state=TaskState.SCHEDULED).select_related(
+        "node"
+    ):
+        dispatch("launch", task, task.attempt)
+
+
+# --- Launch (runs on the node) -----------------------------------------------------------------
+
+
+def launch(task_id: int, attempt_no: int) -> str:
+    """Start a supervisor for this attempt, once, however often the launch is delivered."""
+    task = Task.objects.select_related("tenant", "node").filter(pk=task_id).first()
+    if task is None or task.state != TaskState.SCHEDULED or task.attempt != attempt_no:
+        return "stale: the task moved on"
+    uuids = list(
+        Allocation.objects.filter(task=task, attempt=attempt_no, released_at__isnull=True)
+        .order_by("gpu__index")
+        .values_list("gpu__uuid", flat=True)
+    )
+    log = paths.log_path(task.tenant.name, task.pk, attempt_no)
+    cluster = os.environ.get("Q_CLUSTER_NAME", "")
+    if cluster and cluster != task.node.name:
+        return f"refused: this is {cluster}, the task was placed on {task.node.name}"
+    try:
+        attempt = TaskAttempt.objects.create(
+            task=task,
+            number=attempt_no,
+            node=task.node,
+            gpu_uuids=uuids,
+            log_path=str(log),
+            launched_by=cluster,
+        )
+    except IntegrityError:
+        return "duplicate: already launched"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    spawn_supervisor(attempt)
+    return "launched"
+
+
+def spawn_supervisor(attempt: TaskAttempt) -> None:
+    """Start the supervisor fully detached: its own session, not our child once we return."""
+    out = paths.attempt_dir(attempt.task.tenant.name, attempt.task_id)
+    argv = [
+        sys.executable,
+        "-m",
+        "scheduling.launcher.supervisor",
+        str(attempt.task_id),
+        str(attempt.number),
+    ]
+    environ = {**os.environ, "DATABASE_URL": current_database_url(), "PYTHONUNBUFFERED": "1"}
+    with open(out / f"supervisor-{attempt.number}.log", "ab") as sink:
+        # setsid -f forks, so the supervisor is re-parented to init at once and never lingers
+        # as a zombie of this worker; its session also keeps it out of our process group.
+        subprocess.run(  # noqa: S603 - fixed argv
+            ["setsid", "-f", *argv],  # noqa: S607
+            cwd=settings.BASE_DIR,
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+
+
+# --- Reports from the supervisor -----------------------------------------------------------------
+
+
+def attempt_started(attempt: TaskAttempt, pid: ProcessId) -> bool:
+    """The command runs: record its identity and move the task to running.
+
+    False when the task was cancelled or moved on meanwhile: the supervisor stops at once.
+    """
+    with transaction.atomic():
+        attempt = TaskAttempt.objects.select_for_update().get(pk=attempt.pk)
+        attempt.pid, attempt.pid_started, attempt.started_at = pid.pid, pid.started, timezone.now()
+        attempt.save(update_fields=["pid", "pid_started", "started_at"])
+        task = Task.objects.select_for_update().get(pk=attempt.task_id)
+        if attempt.stop_requested or task.attempt != attempt.number:
+            return False
+        if task.state != TaskState.SCHEDULED:
+            return False
+        services.task_transition(
+            task=task,
+            to_state=TaskState.RUNNING,
+            reason=f"started on {attempt.node.name} (pid {pid.pid})",
+        )
+    return True
+
+
+def still_wanted(attempt_id: int) -> bool:
+    """Fencing: an attempt whose task moved on (lost, requeued, cancelled) must stop."""
+    row = (
+        TaskAttempt.objects.filter(pk=attempt_id)
+        .values("number", "outcome", "task__attempt", "task__state")
+        .first()
+    )
+    return bool(
+        row
+        and not row["outcome"]
+        and row["task__attempt"] == row["number"]
+        and row["task__state"] in HOLDS_GPUS
+    )
+
+
+def attempt_finished(
+    task_id: int,
+    attempt_no: int,
+    exit_code: int | None,
+    *,
+    timed_out: bool = False,
+    problem: str = "",
+) -> str:
+    """Record how an attempt ended and move the task on: done, retried, requeued or failed.
+
+    Idempotent: the first report wins (the supervisor's, or reconciliation's from the exit
+    file). Returns the outcome.
+    """
+    with transaction.atomic():
+        attempt = (
+            TaskAttempt.objects.select_for_update()
+            .filter(task_id=task_id, number=attempt_no)
+            .first()
+        )
+        if attempt is None:
+            return "unknown"
+        if attempt.outcome:
+            return attempt.outcome
+        task = Task.objects.select_for_update().get(pk=task_id)
+        outcome = _outcome(attempt, exit_code, timed_out, problem)
+        attempt.exit_code, attempt.outcome, attempt.ended_at = exit_code, outcome, timezone.now()
+        attempt.save(update_fields=["exit_code", "outcome", "ended_at"])
+        if task.attempt == attempt_no and task.state in HOLDS_GPUS:
+            _move_on(task, attempt, outcome, exit_code, problem)
+    return outcome
+
+
+def _outcome(attempt: TaskAttempt, exit_code: int | None, timed_out: bool, problem: str) -> str:
+    if attempt.stop_requested == StopRequest.CANCEL:
+        return "cancelled"
+    if attempt.stop_requested == StopRequest.PREEMPT:
+        return "preempted"
+    if timed_out:
+        return "timed_out"
+    if problem:
+        return "failed"
+    return "succeeded" if exit_code == 0 else "failed"
+
+
+def _move_on(
+    task: Task, attempt: TaskAttempt, outcome: str, exit_code: int | None, problem: str
+) -> None:
+    if outcome == "succeeded":
+        services.task_transition(
+            task=task, to_state=TaskState.SUCCEEDED, exit_code=0, reason="exited with 0"
+        )
+    elif outcome == "cancelled":
+        services.task_transition(
+            task=task,
+            to_state=TaskState.CANCELLED,
+            exit_code=exit_code,
+            reason=task.reason or "cancelled",
+        )
+    elif outcome == "preempted":
+        if task.state != TaskState.PREEMPTED:
+            services.task_transition(task=task, to_state=TaskState.PREEMPTED, reason="preempted")
+        services.task_transition(
+            task=task, to_state=TaskState.PENDING, reason="requeued after preemption"
+        )
+    else:
+        _fail_or_retry(task, outcome, exit_code, problem)
+
+
+def _fail_or_retry(task: Task, outcome: str, exit_code: int | None, problem: str) -> None:
+    what = problem or (
+        f"timed out after {task.timeout_s} s"
+        if outcome == "timed_out"
+        else f"exited with {exit_code}"
+    )
+    failures = TaskAttempt.objects.filter(task=task, outcome__in=USER_FAILURES).count()
+    if failures <= task.retries and not problem:
+        delay = min(3600, settings.RETRY_BACKOFF * 2 ** (failures - 1))
+        services.task_transition(
+            task=task,
+            to_state=TaskState.PENDING,
+            reason=f"{what}; retry {failures} of {task.retries} in {delay} s",
+            exit_code=exit_code,
+            not_before=timezone.now() + timedelta(seconds=delay),
+        )
+        return
+    final = TaskState.TIMED_OUT if outcome == "timed_out" else TaskState.FAILED
+    services.task_transition(task=task, to_state=final, exit_code=exit_code, reason=what)
+
+
+# --- Infrastructure failures ----------------------------------------------------------------------
+
+
+def requeue_lost(task: Task, reason: str) -> None:
+    """The node or the supervisor is gone: mark the attempt lost and requeue the task, without
+    spending the user's retries, until INFRA_REQUEUE_LIMIT; then hold it for a person."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        if task.state not in HOLDS_GPUS:
+            return
+        TaskAttempt.objects.filter(task=task, number=task.attempt, outcome="").update(
+            outcome="lost", ended_at=timezone.now()
+        )
+        services.task_transition(task=task, to_state=TaskState.LOST, reason=reason)
+        requeues = task.infra_requeues + 1
+        hold = ""
+        if requeues > settings.INFRA_REQUEUE_LIMIT:
+            hold = f"held after {requeues - 1} infrastructure requeues; last: {reason}"
+        services.task_transition(
+            task=task,
+            to_state=TaskState.PENDING,
+            reason=hold or f"requeued: {reason}",
+            infra_requeues=requeues,
+            hold_reason=hold,
+        )
+
+
+# --- Controls (cancel, pause, resume, preempt) -------------------------------------------------
+
+
+def _by(verb: str, by: AbstractBaseUser | None) -> str:
+    return f"{verb} by {by.get_username()}" if by is not None else verb
+
+
+def _current_attempt(task: Task) -> TaskAttempt | None:
+    return TaskAttempt.objects.filter(task=task, number=task.attempt).first()
+
+
+def task_cancel(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
+    """Cancel now if nothing runs; otherwise ask the supervisor to stop (SIGTERM, grace, KILL)."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update(of=("self",)).select_related("node").get(pk=task.pk)
+        reason = _by("cancelled", by)
+        attempt = _current_attempt(task) if task.state in HOLDS_GPUS else None
+        if attempt is None or attempt.outcome:
+            return services.task_transition(
+                task=task, to_state=TaskState.CANCELLED, reason=reason, actor=by
+            )
+        TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.CANCEL)
+        Task.objects.filter(pk=task.pk).update(reason=f"{reason}; stopping")
+        transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
+    task.refresh_from_db()
+    return task
+
+
+def task_preempt(*, task: Task, reason: str) -> None:
+    """Called by the scheduler: stop a victim so a more important task can start."""
+    services.task_transition(
+        task=task, to_state=TaskState.PREEMPTED, reason=reason, wake_scheduler=False
+    )
+    attempt = _current_attempt(task)
+    if attempt is None or attempt.outcome:
+        # Never started: nothing to stop, straight back to the queue.
+        services.task_transition(
+            task=task, to_state=TaskState.PENDING, reason=f"{reason}; requeued"
+        )
+        return
+    TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.PREEMPT)
+    transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
+
+
+def task_pause(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
+    task = services.task_transition(
+        task=task, to_state=TaskState.PAUSED, actor=by, reason=_by("paused", by)
+    )
+    transaction.on_commit(lambda: dispatch("control", task, task.attempt, "pause"))
+    return task
+
+
+def task_resume(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
+    task = services.task_transition(
+        task=task, to_state=TaskState.RUNNING, actor=by, reason=_by("resumed", by)
+    )
+    transaction.on_commit(lambda: dispatch("control", task, task.attempt, "resume"))
+    return task
+
+
+SIGNALS = {"stop": signal.SIGTERM, "pause": signal.SIGUSR1, "resume": signal.SIGUSR2}
+
+
+def control(task_id: int, attempt_no: int, action: str) -> str:
+    """On the node: signal the attempt's supervisor; if it is gone, settle the attempt."""
+    attempt = TaskAttempt.objects.filter(task_id=task_id, number=attempt_no).first()
+    if attempt is None or attempt.outcome:
+        return "nothing to do"
+    supervisor = _supervisor(attempt)
+    if supervisor is None:
+        return reconcile_attempt(attempt)
+    os.kill(supervisor.pid, SIGNALS[action])
+    return f"sent {action}"
+
+
+def _supervisor(attempt: TaskAttempt) -> ProcessId | None:
+    if attempt.supervisor_pid is None or attempt.supervisor_started is None:
+        return None
+    supervisor = ProcessId(attempt.supervisor_pid, attempt.supervisor_started)
+    return supervisor if supervisor.alive() else None
+
+
+# --- Reconciliation (node agent start, and periodically) ---------------------------------------
+
+
+def reconcile_attempt(attempt: TaskAttempt) -> str:
+    """Settle an attempt whose supervisor is not running: from its exit file, or as lost."""
+    task = attempt.task
+    exit_file = paths.exit_path(task.tenant.name, task.pk, attempt.number)
+    if exit_file.exists():
+        record = json.loads(exit_file.read_text())
+        return attempt_finished(
+            task.pk,
+            attempt.number,
+            record.get("exit_code"),
+            timed_out=record.get("timed_out", False),
+            problem=record.get("problem", ""),
+        )
+    if attempt.supervisor_pid is None and timezone.now() - attempt.created_at < LAUNCH_PATIENCE:
+        return "launching"
+    requeue_lost(task, f"supervisor of attempt {attempt.number} on {attempt.node.name} is gone")
+    return "lost"
+
+
+def reconcile_node(node_name: str) -> dict[str, int]:
+    """What the database thinks runs on this node, checked against what really runs here."""
+    counts = {"adopted": 0, "finished": 0, "lost": 0, "relaunched": 0}
+    tasks = Task.objects.filter(node__name=node_name, state__in=HOLDS_GPUS).select_related(
+        "tenant", "node"
+    )
+    for task in tasks:
+        attempt = _current_attempt(task)
+        if attempt is None:
+            if task.state == TaskState.SCHEDULED and (
+                timezone.now() - (task.scheduled_at or timezone.now()) > LAUNCH_PATIENCE
+            ):
+                launch(task.pk, task.attempt)
+                counts["relaunched"] += 1
+            continue
+        if attempt.outcome:
+            continue
+        if _supervisor(attempt) is not None:
+            counts["adopted"] += 1
+            continue
+        result = reconcile_attempt(attempt)
+        if result == "lost":
+            counts["lost"] += 1
+        elif result != "launching":
+            counts["finished"] += 1
+    return counts
+
+
+def requeue_tasks_of_silent_nodes(lost_after: timedelta) -> list[int]:
+    """Scheduler side: tasks on nodes silent for ``lost_after`` are lost and requeued."""
+    cutoff = timezone.now() - lost_after
+    lost = []
+    for task in Task.objects.filter(
+        state__in=HOLDS_GPUS, node__state="offline", node__last_heartbeat__lt=cutoff
+    ).select_related("node"):
+        requeue_lost(task, f"node {task.node.name} stopped heartbeating")
+        lost.append(task.pk)
+    return lost

@@ -1,0 +1,122 @@
+"""Process trees: identity that survives pid reuse, and signals to every descendant.
+
+Killing the process group is not enough (a task can ``setsid`` away from it). The supervisor
+makes itself a child subreaper, so every orphaned descendant is re-parented to it and stays
+reachable as one of its descendants until it is reaped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process instead of init (Linux only)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    """A pid plus its start time: a reused pid never passes for the original process."""
+
+    pid: int
+    started: float
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessId | None:
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return (
+                abs(proc.create_time() - self.started) < 0.01
+                and proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.Error:
+            return False
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def reap() -> None:
+    """Collect exited children (including adopted orphans) so they do not linger as zombies."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_tree(grace_s: float, *, keep: int | None = None) -> None:
+    """SIGTERM every descendant, wait up to ``grace_s``, then SIGKILL whatever is left.
+
+    ``keep`` is a child pid the caller reaps itself (so its exit status is not lost here).
+    """
+    live = [p for p in descendants() if p.pid != keep] + (
+        [psutil.Process(keep)] if keep and psutil.pid_exists(keep) else []
+    )
+    signal_all(live, signal.SIGCONT)  # a stopped (paused) process cannot act on SIGTERM
+    signal_all(live, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not [p for p in descendants() if _running(p)]:
+            break
+        time.sleep(0.05)
+        _reap_except(keep)
+    for _ in range(100):  # SIGKILL until nothing is left; new forks get caught next round
+        left = [p for p in descendants() if _running(p)]
+        if not left:
+            break
+        signal_all(left, signal.SIGKILL)
+        time.sleep(0.02)
+        _reap_except(keep)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _reap_except(keep: int | None) -> None:
+    for proc in descendants():
+        if proc.pid == keep:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE and proc.ppid() == os.getpid():
+                os.waitpid(proc.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass

@@ -1,0 +1,13 @@
+"""django-q2 task functions run by the node's own cluster: each only dispatches and returns."""
+
+from __future__ import annotations
+
+from scheduling.launcher import lifecycle
+
+
+def launch(task_id: int, attempt_no: int) -> str:
+    return lifecycle.launch(task_id, attempt_no)
+
+
+def control(task_id: int, attempt_no: int, action: str) -> str:
+    return lifecycle.control(task_id, attempt_no, action)

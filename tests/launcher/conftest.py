@@ -1,0 +1,108 @@
+"""Launcher tests run real supervisors and real task processes against the test database."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from django.db import connection
+
+from scheduling.models import Task
+from tests.factories import NodeFactory, TenantFactory, make_gpus
+
+
+@pytest.fixture
+def launcher(transactional_db, tmp_path, monkeypatch, settings):
+    """Tasks really start: directories under tmp_path, a short stop grace, no retry backoff.
+
+    Supervisors read their settings from the environment, so both are set.
+    """
+    values = {
+        "GPUPLATFORM_TASKS_ROOT": tmp_path / "tasks",
+        "GPUPLATFORM_TASK_LOG_DIR": tmp_path / "logs",
+        "TASK_STOP_GRACE": 2,
+        "RETRY_BACKOFF": 0,
+        # A pass run inside a supervisor (a finished task wakes the scheduler; in tests
+        # django-q2 runs it right there) must launch what it places too.
+        "LAUNCH_TASKS": 1,
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.setenv("GPUPLATFORM_TESTING", "1")
+    settings.TASKS_ROOT = values["GPUPLATFORM_TASKS_ROOT"]
+    settings.TASK_LOG_DIR = values["GPUPLATFORM_TASK_LOG_DIR"]
+    settings.TASK_STOP_GRACE = 2
+    settings.RETRY_BACKOFF = 0
+    settings.LAUNCH_TASKS = True
+    yield tmp_path
+    stop_supervisors()
+
+
+def stop_supervisors() -> None:
+    """Kill every supervisor (and its task tree) a test left running, and every other session
+    on the test database, before it is flushed: they hold locks the flush would wait on."""
+    quiet = 0
+    while quiet < 3:  # a supervisor may be starting another as we look
+        quiet = 0 if _kill_supervisors() else quiet + 1
+        time.sleep(0.1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+def _kill_supervisors() -> int:
+    found = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "scheduling.launcher.supervisor" not in cmdline:
+            continue
+        try:
+            tree = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        found += 1
+        for member in tree:
+            try:
+                member.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(tree, timeout=5)
+    return found
+
+
+@pytest.fixture
+def node(transactional_db):
+    node = NodeFactory(name="workstation-1")
+    make_gpus(node, count=4)
+    return node
+
+
+@pytest.fixture
+def lab(transactional_db):
+    return TenantFactory(name="vision-lab")
+
+
+def wait_for(predicate, timeout: float = 20.0, every: float = 0.05):
+    """Poll until predicate() is truthy; return its value, or fail with what it last saw."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout} s waiting for {predicate.__doc__ or predicate}")
+        time.sleep(every)
+
+
+def state_of(task: Task, *states: str):
+    """The task's state once it is one of ``states``."""
+
+    def check():
+        task.refresh_from_db()
+        return task.state if task.state in states else None
+
+    check.__doc__ = f"task {task.pk} to be one of {states}"
+    return check

@@ -1,0 +1,253 @@
+"""Launching for real: the supervisor runs the command, logs it, and records how it ended."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db import connections
+
+from scheduling import scheduler
+from scheduling.launcher import lifecycle
+from scheduling.models import Task, TaskAttempt
+from scheduling.spec import TaskSpec
+from scheduling.submission import SubmitError, task_submit
+from tests.launcher.conftest import state_of, wait_for
+
+
+def start(lab, command: str, name: str = "t", **fields) -> Task:
+    task = task_submit(tenant=lab, spec=TaskSpec(name=name, command=command, **fields))
+    scheduler.schedule_pass()
+    return task
+
+
+def attempt_of(task: Task, number: int = 1) -> TaskAttempt:
+    return TaskAttempt.objects.get(task=task, number=number)
+
+
+def log_of(task: Task, number: int = 1) -> str:
+    return Path(attempt_of(task, number).log_path).read_text()
+
+
+def running(task: Task) -> TaskAttempt:
+    wait_for(state_of(task, "running"))
+    return attempt_of(task, task.attempt)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# --- Running and recording -------------------------------------------------------------------
+
+
+def test_a_task_runs_with_its_gpus_and_its_output_is_logged(launcher, node, lab):
+    task = start(lab, 'echo "gpus=$CUDA_VISIBLE_DEVICES id=$GPUPLATFORM_TASK_ID"; pwd; exit 3')
+    wait_for(state_of(task, "failed"))
+    assert task.exit_code == 3
+    uuid = node.gpus.get(index=0).uuid
+    log = log_of(task)
+    assert f"gpus={uuid} id={task.pk}" in log
+    assert str(launcher / "tasks" / "vision-lab") in log
+    assert attempt_of(task).outcome == "failed"
+    assert task.reason == "exited with 3"
+
+
+@pytest.mark.parametrize(("command", "state", "code"), [
+    ("true", "succeeded", 0),
+    ("exit 3", "failed", 3),
+    ("kill -9 $$", "failed", 137),
+])  # fmt: skip
+def test_exit_codes_are_recorded(launcher, node, lab, command, state, code):
+    task = start(lab, command)
+    wait_for(state_of(task, state))
+    assert task.exit_code == code
+    assert task.allocations.filter(released_at__isnull=True).count() == 0
+
+
+def test_the_platforms_secrets_never_reach_the_task(launcher, node, lab, monkeypatch):
+    monkeypatch.setenv("SECRET_KEY", "s3cret-platform-key")
+    task = start(lab, "env", env={"MY_SETTING": "yes"})
+    wait_for(state_of(task, "succeeded"))
+    log = log_of(task)
+    assert "MY_SETTING=yes" in log
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in log
+    assert "GPUPLATFORM_ATTEMPT=1" in log
+    for secret in ("DATABASE_URL", "SECRET_KEY", "s3cret-platform-key", "DJANGO_SETTINGS"):
+        assert secret not in log
+
+
+def test_a_workdir_leading_out_of_the_tenant_root_is_refused(launcher, node, lab):
+    root = launcher / "tasks" / "vision-lab"
+    root.mkdir(parents=True)
+    (root / "escape").symlink_to("/etc")
+    with pytest.raises(SubmitError) as refused:
+        task_submit(tenant=lab, spec=TaskSpec(name="x", command="ls", workdir="escape"))
+    assert "outside the tenant's directory" in refused.value.errors["workdir"][0]
+
+
+def test_a_user_failure_is_retried_then_fails_for_good(launcher, node, lab):
+    task = start(lab, "exit 3", retries=1)
+    wait_for(state_of(task, "failed"))
+    assert [a.outcome for a in task.attempts.order_by("number")] == ["failed", "failed"]
+    reasons = list(task.events.values_list("reason", flat=True))
+    assert "exited with 3; retry 1 of 1 in 0 s" in reasons
+    assert reasons[-1] == "exited with 3"
+
+
+def test_a_long_task_is_started_exactly_once_however_often_the_launch_arrives(
+    launcher, node, lab, monkeypatch
+):
+    # Hold the first delivery back so several arrive together, like django-q2 re-deliveries.
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda ids: None)
+    marker = launcher / "starts"
+    task = start(lab, f"echo started >> {marker}; sleep 2")
+    results = []
+
+    def deliver():
+        results.append(lifecycle.launch(task.pk, 1))
+        connections.close_all()
+
+    threads = [threading.Thread(target=deliver) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results.append(lifecycle.launch(task.pk, 1))  # and once more, late
+    wait_for(state_of(task, "succeeded"))
+    assert sorted(results).count("launched") == 1
+    assert marker.read_text() == "started\n"
+    assert TaskAttempt.objects.filter(task=task).count() == 1
+
+
+# --- Cancel, timeout, pause ------------------------------------------------------------------
+
+
+STUBBORN = (
+    "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 300' & echo $! > {pidfile}; "
+    "while true; do sleep 0.1; done"
+)
+
+
+def test_cancel_leaves_nothing_behind_even_a_stubborn_setsid_grandchild(launcher, node, lab):
+    pidfile = launcher / "grandchild.pid"
+    task = start(lab, STUBBORN.format(pidfile=pidfile))
+    attempt = running(task)
+    grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
+    assert not gone(grandchild)
+    lifecycle.task_cancel(task=task)
+    wait_for(state_of(task, "cancelled"))
+    assert gone(attempt.pid)
+    assert gone(grandchild)
+    wait_for(lambda: gone(attempt.supervisor_pid))
+
+
+def test_a_timeout_stops_the_task_and_its_descendants(launcher, node, lab):
+    pidfile = launcher / "grandchild.pid"
+    task = start(lab, STUBBORN.format(pidfile=pidfile), timeout_s=1)
+    wait_for(state_of(task, "timed_out"))
+    assert task.reason == "timed out after 1 s"
+    assert gone(int(pidfile.read_text()))
+
+
+def test_pause_stops_output_and_resume_continues_it(launcher, node, lab):
+    task = start(lab, "i=0; while true; do i=$((i+1)); echo $i; sleep 0.02; done")
+    attempt = running(task)
+    log = Path(attempt.log_path)
+    wait_for(lambda: log.stat().st_size > 0)
+    lifecycle.task_pause(task=task)
+    time.sleep(0.5)  # let the pause land
+    size = log.stat().st_size
+    time.sleep(0.5)
+    assert log.stat().st_size == size
+    task.refresh_from_db()
+    lifecycle.task_resume(task=task)
+    wait_for(lambda: log.stat().st_size > size)
+    lifecycle.task_cancel(task=task)
+    wait_for(state_of(task, "cancelled"))
+
+
+def test_cancelling_a_task_not_yet_launched_needs_no_process(launcher, node, lab, monkeypatch):
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda ids: None)
+    task = start(lab, "sleep 60")
+    lifecycle.task_cancel(task=task)
+    task.refresh_from_db()
+    assert task.state == "cancelled"
+    assert lifecycle.launch(task.pk, 1).startswith("stale")
+
+
+# --- Preemption and lost nodes ---------------------------------------------------------------
+
+
+def test_a_preempted_task_is_stopped_and_requeued(launcher, node, lab):
+    node.gpus.exclude(index=0).update(state="draining")
+    victim = start(lab, "sleep 300", name="background", priority=10)
+    attempt = running(victim)
+    urgent = start(lab, "true", name="urgent", priority=90)
+    wait_for(state_of(victim, "pending", "scheduled", "running"))
+    wait_for(lambda: gone(attempt.pid))
+    requeue = victim.events.get(from_state="preempted")
+    assert (requeue.to_state, requeue.reason) == ("pending", "requeued after preemption")
+    assert attempt_of(victim).outcome == "preempted"
+    scheduler.schedule_pass()
+    wait_for(state_of(urgent, "succeeded"))
+
+
+def test_a_task_of_a_silent_node_is_lost_requeued_and_its_process_fenced(launcher, node, lab):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling import services
+
+    task = start(lab, "sleep 300")
+    attempt = running(task)
+    type(node).objects.filter(pk=node.pk).update(
+        last_heartbeat=timezone.now() - timedelta(minutes=5)
+    )
+    services.nodes_mark_silent(offline_after=timedelta(seconds=30))
+    lost = lifecycle.requeue_tasks_of_silent_nodes(timedelta(seconds=60))
+    assert lost == [task.pk]
+    task.refresh_from_db()
+    assert task.state == "pending"
+    assert task.infra_requeues == 1
+    assert attempt_of(task).outcome == "lost"
+    # The old supervisor notices it was superseded and stops the process: never twice at once.
+    wait_for(lambda: gone(attempt.pid), timeout=15)
+
+
+def test_reconciliation_finishes_an_attempt_from_its_exit_file(launcher, node, lab):
+    task = start(lab, "exit 4")
+    wait_for(state_of(task, "failed"))
+    attempt = attempt_of(task)
+    wait_for(lambda: gone(attempt.supervisor_pid))
+    # As if the supervisor had written its exit file but the database never heard of it:
+    TaskAttempt.objects.filter(pk=attempt.pk).update(outcome="", exit_code=None)
+    Task.objects.filter(pk=task.pk).update(state="running", exit_code=None)
+    counts = lifecycle.reconcile_node(node.name)
+    assert counts["finished"] == 1
+    task.refresh_from_db()
+    assert (task.state, task.exit_code) == ("failed", 4)
+
+
+def test_reconciliation_requeues_an_attempt_whose_supervisor_died(launcher, node, lab):
+    task = start(lab, "sleep 300")
+    attempt = running(task)
+    os.kill(attempt.supervisor_pid, 9)
+    wait_for(lambda: gone(attempt.supervisor_pid))
+    counts = lifecycle.reconcile_node(node.name)
+    assert counts["lost"] == 1
+    requeue = task.events.get(from_state="lost")
+    assert requeue.to_state == "pending"
+    assert "supervisor of attempt 1 on workstation-1 is gone" in requeue.reason
+    assert attempt_of(task).outcome == "lost"
+    task.refresh_from_db()
+    assert task.infra_requeues == 1 and task.attempt == 2  # placed again at once
+    os.kill(attempt.pid, 9)  # the orphan (its supervisor is dead, nobody else will)
