@@ -184,7 +184,9 @@ Q_CLUSTER = {
     "ALT_CLUSTERS": {},
 }
 if TESTING:
-    Q_CLUSTER = {**Q_CLUSTER, "sync": True}
+    # Tests run background work inline, except in processes a test starts to behave like
+    # production (Q_SYNC=0: node agents and clusters exchanging work through the broker).
+    Q_CLUSTER = {**Q_CLUSTER, "sync": env.boolean("Q_SYNC", True)}
 
 # --- Channels ----------------------------------------------------------------------------------
 if TESTING:

@@ -17,6 +17,7 @@ from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend
 from scheduling.launcher import lifecycle
+from scheduling.launcher.cluster import NodeCluster
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,13 @@ class NodeAgent:
             logger.info("node %s reconciled its tasks: %s", self.name, counts)
         return counts
 
-    def run(self) -> None:
+    def run(self, *, launcher: bool = True) -> None:
+        """Heartbeat until stopped; with ``launcher``, also run this node's django-q2 cluster,
+        which launches and controls the tasks placed here."""
         self._install_signal_handlers()
+        cluster = NodeCluster(self.name) if launcher else None
+        if cluster is not None:
+            cluster.start()
         interval = self.config.heartbeat.interval_s
         logger.info(
             "node agent %s starting: GPUs via %s, heartbeat every %ss",
@@ -116,11 +122,15 @@ class NodeAgent:
             try:
                 close_old_connections()
                 self.tick()  # the first tick registers
+                if cluster is not None:
+                    cluster.keep_alive()
             except DatabaseError as exc:
                 # The database may be restarting: keep the agent alive and try again next tick.
                 logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
                 close_old_connections()
             self.stopping.wait(interval)
+        if cluster is not None:
+            cluster.stop()
         self.backend.close()
         logger.info("node agent %s stopped", self.name)
 

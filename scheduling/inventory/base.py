@@ -19,16 +19,39 @@ class GpuInfo:
     gpu_type: str
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU, as the driver sees it."""
+
+    gpu_uuid: str
+    # In the host's pid namespace: a node agent inside a container sees other pids.
+    pid: int
+    # None where the driver cannot tell (some drivers, WSL, insufficient permissions).
+    used_mb: int | None
+
+
 class BackendUnavailable(Exception):
     """The GPU backend cannot be used on this machine; the message says why."""
 
 
 class GpuBackend(abc.ABC):
     name: str
+    # Replaced by each processes() call: the GPUs it could not list, and why.
+    unlisted_gpus: frozenset[str] = frozenset()
+    process_problems: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def discover(self) -> list[GpuInfo]:
         """Return the GPUs currently visible, sorted by index."""
+
+    def processes(self) -> list[GpuProcess]:
+        """Return the processes holding memory on each GPU; one entry per (GPU, pid).
+
+        A GPU whose processes could not be listed has its UUID in ``unlisted_gpus`` (a GPU with no
+        entries there and none here really runs nothing) and the reason in ``process_problems``.
+        Backends that cannot see processes list none.
+        """
+        return []
 
     @abc.abstractmethod
     def close(self) -> None:

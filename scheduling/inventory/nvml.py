@@ -8,9 +8,18 @@ open a new one there.
 import os
 from typing import Any
 
-from scheduling.inventory.base import BackendUnavailable, GpuBackend, GpuInfo, gpu_type_for
+from scheduling.inventory.base import (
+    BackendUnavailable,
+    GpuBackend,
+    GpuInfo,
+    GpuProcess,
+    gpu_type_for,
+)
 
 _MIB = 1024 * 1024
+# NVML_VALUE_NOT_AVAILABLE as an unsigned long long; nvidia-ml-py turns it into None, but not
+# every release did.
+_NOT_AVAILABLE = 2**64 - 1
 
 # Why nvmlInit failed, phrased for the operator reading the node agent's log.
 _INIT_REASONS = {
@@ -28,6 +37,8 @@ class NvmlBackend(GpuBackend):
     def __init__(self, pynvml_module: Any = None) -> None:
         self._nvml = pynvml_module if pynvml_module is not None else _import_pynvml()
         self.problems: list[str] = []
+        # Remembered from discover(): a GPU whose handle fails later can still be named by UUID.
+        self._uuids: dict[int, str] = {}
         self._closed = False
         try:
             self._nvml.nvmlInit()
@@ -58,14 +69,67 @@ class NvmlBackend(GpuBackend):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         model = _text(nvml.nvmlDeviceGetName(handle))
         memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        self._uuids[index] = uuid
         return GpuInfo(
             index=index,
-            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            uuid=uuid,
             model=model,
             memory_mb=memory_mb,
             pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
             gpu_type=gpu_type_for(model, memory_mb),
         )
+
+    def processes(self) -> list[GpuProcess]:
+        """Compute and graphics processes on every GPU, one entry per (GPU, pid).
+
+        NVML takes ~4.5 ms per device for this under the driver's global lock: call it once per
+        heartbeat, not in a loop. A GPU that fails is left out, named in unlisted_gpus (when its
+        UUID is known) and described in process_problems.
+        """
+        self._check_usable()
+        unlisted: set[str] = set()
+        problems: list[str] = []
+        try:
+            count = self._nvml.nvmlDeviceGetCount()
+        except self._nvml.NVMLError as exc:
+            raise BackendUnavailable(f"NVML could not count GPUs: {exc}") from exc
+        found: list[GpuProcess] = []
+        for index in range(count):
+            uuid = self._uuids.get(index)
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
+                self._uuids[index] = uuid
+                found.extend(self._device_processes(handle, uuid))
+            except self._nvml.NVMLError as exc:
+                problems.append(f"GPU {index} processes: {exc}")
+                if uuid is not None:
+                    unlisted.add(uuid)
+        self.unlisted_gpus = frozenset(unlisted)
+        self.process_problems = tuple(problems)
+        return found
+
+    def _device_processes(self, handle: Any, uuid: str) -> list[GpuProcess]:
+        nvml = self._nvml
+        infos = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        graphics = getattr(nvml, "nvmlDeviceGetGraphicsRunningProcesses", None)
+        if graphics is not None:
+            try:
+                infos.extend(graphics(handle))
+            except nvml.NVMLError as exc:
+                # Compute GPUs (and some drivers) do not do graphics: nothing is missing.
+                not_supported = getattr(nvml, "NVMLError_NotSupported", None)
+                if not_supported is None or not isinstance(exc, not_supported):
+                    raise
+        # A process doing both compute and graphics is listed twice with the same memory.
+        used: dict[int, int | None] = {}
+        for info in infos:
+            pid = int(info.pid)
+            mb = _used_mb(info.usedGpuMemory)
+            if pid not in used or (used[pid] is None and mb is not None):
+                used[pid] = mb
+        return [GpuProcess(gpu_uuid=uuid, pid=pid, used_mb=mb) for pid, mb in used.items()]
 
     def close(self) -> None:
         if self._closed:
@@ -108,6 +172,12 @@ def _init_reason(nvml: Any, exc: Exception) -> str:
         if cls is not None and isinstance(exc, cls):
             return reason
     return "initialisation failed"
+
+
+def _used_mb(value: int | None) -> int | None:
+    if value is None or value >= _NOT_AVAILABLE:
+        return None
+    return int(value) // _MIB
 
 
 def _text(value: bytes | str) -> str:

@@ -224,7 +224,7 @@ def test_the_agent_heartbeats_until_sigterm_then_exits_cleanly(tmp_path):
         "GPUPLATFORM_TESTING": "1",
         "GPUPLATFORM_CONFIG": str(config_file),
     }
-    command = [sys.executable, "manage.py", "node_agent", "--backend", "simulated"]
+    command = [sys.executable, "manage.py", "node_agent", "--backend", "simulated", "--no-launcher"]
     command += ["--config", str(config_file), "--node", NODE]
     agent = subprocess.Popen(
         command,

@@ -25,8 +25,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--once", action="store_true", help="register once and exit (no heartbeat loop)"
         )
+        parser.add_argument(
+            "--no-launcher",
+            action="store_true",
+            help="do not run this node's task-launching django-q2 cluster (Q_CLUSTER_NAME=node)",
+        )
 
-    def handle(self, *args, node, backend, config, once, **options):
+    def handle(self, *args, node, backend, config, once, no_launcher, **options):
         try:
             estate = load_config(config)
             agent = NodeAgent(
@@ -46,4 +51,4 @@ class Command(BaseCommand):
                 )
             agent.backend.close()
             return
-        agent.run()
+        agent.run(launcher=not no_launcher)
