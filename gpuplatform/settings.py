@@ -153,10 +153,14 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "gpuplatform.api_defaults.Page",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "gpuplatform.api.handle_exception",
+    "DEFAULT_THROTTLE_CLASSES": ["gpuplatform.api_defaults.TenantThrottle"],
 }
+# Requests per tenant (or per user for browser sessions), shared by every web process.
+API_THROTTLE_RATE = env.string("API_THROTTLE_RATE", "6000/min")
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuplatform API",
     "VERSION": "1",
@@ -164,6 +168,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStateEnum": "scheduling.models.TASK_STATE_CHOICES",
+        "GpuStateEnum": "scheduling.models.GpuState",
+        "NodeStateEnum": "scheduling.models.NodeState",
+    },
 }
 
 # --- Background work (django-q2, ORM broker in PostgreSQL) ----------------------------------

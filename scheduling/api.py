@@ -1,11 +1,356 @@
-"""Read-only inventory endpoints: nodes and GPUs with their state."""
+"""The tasks and inventory API under /api/v1/. Every query starts from the caller's tenant."""
 
 from __future__ import annotations
 
-from rest_framework import generics, serializers
+import hashlib
+import re
 
-from scheduling import selectors
-from scheduling.models import GPU, Node
+from django.db import IntegrityError, transaction
+from django.db.models import Prefetch, QuerySet
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import generics, serializers, status
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
+from scheduling import selectors, services
+from scheduling.launcher import lifecycle, logs
+from scheduling.models import (
+    GPU,
+    Allocation,
+    IdempotencyKey,
+    Node,
+    Pool,
+    Task,
+    TaskAttempt,
+    TaskEvent,
+)
+from scheduling.spec import MAX_SWEEP_TASKS, SpecError, parse_specs, parse_yaml
+from scheduling.states import IllegalTransition
+from scheduling.submission import tasks_submit
+
+MAX_BATCH = MAX_SWEEP_TASKS
+POSITION = re.compile(r"(\d+)(?:st|nd|rd|th) of \d+ in line")
+
+
+class YamlParser(BaseParser):
+    """Task specs as YAML (several documents allowed); parsed by scheduling.spec."""
+
+    media_type = "application/yaml"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream.read().decode("utf-8", errors="replace")
+
+
+class TextYamlParser(YamlParser):
+    media_type = "text/yaml"
+
+
+# --- Serializers -------------------------------------------------------------------------------
+
+
+class TaskOut(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", default=None, allow_null=True)
+    owner = serializers.CharField(source="owner.username", default=None, allow_null=True)
+    task_class = serializers.CharField()
+    gpus = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Task
+        fields = [
+            "id",
+            "name",
+            "state",
+            "reason",
+            "queue",
+            "priority",
+            "task_class",
+            "gpus",
+            "gpu_memory_mb",
+            "node",
+            "owner",
+            "attempt",
+            "exit_code",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_gpus(self, task: Task) -> str:
+        if task.gpus_min == task.gpus_max:
+            return str(task.gpus_min)
+        return f"{task.gpus_min}-{task.gpus_max}"
+
+
+class AttemptOut(serializers.Serializer):
+    number = serializers.IntegerField()
+    node = serializers.CharField(source="node.name")
+    gpu_uuids = serializers.ListField(child=serializers.CharField())
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+    exit_code = serializers.IntegerField(allow_null=True)
+    outcome = serializers.CharField()
+
+
+class TaskDetail(TaskOut):
+    position = serializers.SerializerMethodField(help_text="Place in line while pending.")
+    gpu_uuids = serializers.SerializerMethodField(help_text="GPUs it holds now.")
+    attempts = AttemptOut(many=True, read_only=True)
+    depends_on = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+    pool = serializers.CharField(source="pool.name", default=None, allow_null=True)
+
+    class Meta(TaskOut.Meta):
+        fields = [
+            *TaskOut.Meta.fields,
+            "position",
+            "gpu_uuids",
+            "attempts",
+            "command",
+            "workdir",
+            "env",
+            "spec",
+            "gpu_type",
+            "pool",
+            "required_node",
+            "timeout_s",
+            "retries",
+            "preemptible",
+            "depends_on",
+            "scheduled_at",
+            "infra_requeues",
+            "hold_reason",
+            "not_before",
+        ]
+
+    def get_position(self, task: Task) -> int | None:
+        match = POSITION.search(task.reason) if task.state == "pending" else None
+        return int(match.group(1)) if match else None
+
+    def get_gpu_uuids(self, task: Task) -> list[str]:
+        return [a.gpu.uuid for a in task.allocations.all() if a.released_at is None]
+
+
+class EventOut(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor.username", default=None, allow_null=True)
+
+    class Meta:
+        model = TaskEvent
+        fields = ["at", "from_state", "to_state", "reason", "attempt", "actor"]
+
+
+class LogOut(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    offset = serializers.IntegerField(help_text="Byte offset of `text` in the log.")
+    next_offset = serializers.IntegerField(help_text="Pass as `offset` to read what follows.")
+    size = serializers.IntegerField()
+    text = serializers.CharField()
+    finished = serializers.BooleanField(help_text="The attempt ended: nothing more will come.")
+
+
+# --- Tasks -------------------------------------------------------------------------------------
+
+
+def tenant_tasks(request: Request) -> QuerySet[Task]:
+    return Task.objects.filter(tenant=request_tenant(request).tenant)
+
+
+def get_task_for(request: Request, pk: int) -> Task:
+    """The caller's task, or 404 (another tenant's task is never revealed)."""
+    return get_object_or_404(tenant_tasks(request), pk=pk)
+
+
+class TaskList(generics.ListAPIView):
+    """List your tenant's tasks (newest first); submit tasks as JSON or YAML."""
+
+    permission_classes = [IsTenantMember]
+    serializer_class = TaskOut
+    parser_classes = [JSONParser, YamlParser, TextYamlParser]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("state", str, description="comma-separated states"),
+            OpenApiParameter("queue", str),
+            OpenApiParameter("name", str, description="name contains"),
+            OpenApiParameter("submitted_after", OpenApiTypes.DATETIME),
+            OpenApiParameter("submitted_before", OpenApiTypes.DATETIME),
+        ]
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self) -> QuerySet[Task]:
+        if getattr(self, "swagger_fake_view", False):
+            return Task.objects.none()
+        params = self.request.query_params
+        tasks = tenant_tasks(self.request).select_related("node", "owner")
+        if params.get("state"):
+            tasks = tasks.filter(state__in=params["state"].split(","))
+        if params.get("queue"):
+            tasks = tasks.filter(queue=params["queue"])
+        if params.get("name"):
+            tasks = tasks.filter(name__icontains=params["name"])
+        for param, lookup in (("submitted_after", "gte"), ("submitted_before", "lt")):
+            if params.get(param):
+                field = serializers.DateTimeField()
+                try:
+                    moment = field.to_internal_value(params[param])
+                except serializers.ValidationError as exc:
+                    raise serializers.ValidationError({param: exc.detail}) from None
+                tasks = tasks.filter(**{f"submitted_at__{lookup}": moment})
+        return tasks.order_by("-id")
+
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},
+        responses={201: TaskOut(many=True)},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+    )
+    def post(self, request: Request) -> Response:
+        """Submit one spec, a list of specs, a sweep, or YAML with several documents."""
+        caller = request_tenant(request)
+        key = request.headers.get("Idempotency-Key", "")
+        if len(key) > 200:
+            return errors_response({"Idempotency-Key": ["at most 200 characters"]})
+        body = request.body
+        with transaction.atomic():
+            if key:
+                replay = _idempotent_replay(caller.tenant, key, body)
+                if replay is not None:
+                    return replay
+            specs = self.parse_specs(request)
+            tasks = tasks_submit(tenant=caller.tenant, specs=specs, owner=request.user)
+            data = TaskOut(tasks, many=True).data
+            if key:
+                IdempotencyKey.objects.filter(tenant=caller.tenant, key=key).update(
+                    status=201, response=data
+                )
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    def parse_specs(self, request: Request):
+        if isinstance(request.data, str):
+            specs = parse_yaml(request.data)
+        else:
+            specs = parse_specs(request.data)
+        if len(specs) > MAX_BATCH:
+            raise SpecError({"tasks": [f"at most {MAX_BATCH} tasks at once, got {len(specs)}"]})
+        return specs
+
+
+def _idempotent_replay(tenant, key: str, body: bytes) -> Response | None:
+    fingerprint = hashlib.sha256(body).hexdigest()
+    try:
+        with transaction.atomic():
+            IdempotencyKey.objects.create(tenant=tenant, key=key, fingerprint=fingerprint)
+        return None
+    except IntegrityError:
+        pass
+    earlier = IdempotencyKey.objects.select_for_update().get(tenant=tenant, key=key)
+    if earlier.fingerprint != fingerprint:
+        return errors_response(
+            {"Idempotency-Key": ["already used for a different request"]}, code=409
+        )
+    response = Response(earlier.response, status=earlier.status or 201)
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
+class TaskDetailView(generics.RetrieveAPIView):
+    """One task: state, why it waits and where it stands, GPUs, node, attempts, exit code."""
+
+    permission_classes = [IsTenantMember]
+    serializer_class = TaskDetail
+
+    def get_object(self) -> Task:
+        allocations = Allocation.objects.select_related("gpu")
+        attempts = Prefetch(
+            "attempts", queryset=TaskAttempt.objects.select_related("node").order_by("number")
+        )
+        return get_object_or_404(
+            tenant_tasks(self.request)
+            .select_related("node", "owner", "pool")
+            .prefetch_related(
+                Prefetch("allocations", queryset=allocations), attempts, "depends_on"
+            ),
+            pk=self.kwargs["pk"],
+        )
+
+
+class TaskEvents(generics.ListAPIView):
+    """The task's state changes, oldest first."""
+
+    permission_classes = [IsTenantMember]
+    serializer_class = EventOut
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return TaskEvent.objects.none()
+        task = get_task_for(self.request, self.kwargs["pk"])
+        return task.events.select_related("actor").order_by("at", "id")
+
+
+class TaskLog(APIView):
+    """Read an attempt's output: from a byte offset (follow with `next_offset`), or its tail."""
+
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("attempt", int, description="default: the latest"),
+            OpenApiParameter("offset", int, description="byte offset to read from"),
+            OpenApiParameter("tail", int, description="only the last N lines"),
+            OpenApiParameter("limit", int, description=f"bytes, at most {logs.MAX_READ}"),
+        ],
+        responses=LogOut,
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        task = get_task_for(request, pk)
+        params = {}
+        for name in ("attempt", "offset", "tail", "limit"):
+            raw = request.query_params.get(name)
+            if raw is None:
+                continue
+            if not raw.isdigit():
+                return errors_response({name: ["must be a non-negative integer"]})
+            params[name] = int(raw)
+        try:
+            chunk = logs.read(task, **params)
+        except logs.NoLog as exc:
+            return errors_response({"attempt": [str(exc)]}, code=404)
+        return Response(LogOut(chunk).data)
+
+
+CONTROLS = {
+    "cancel": lifecycle.task_cancel,
+    "pause": lifecycle.task_pause,
+    "resume": lifecycle.task_resume,
+    "retry": lifecycle.task_retry,
+}
+
+
+class TaskControl(APIView):
+    """Cancel, pause, resume or retry a task. Refused with 409 when its state does not allow."""
+
+    permission_classes = [IsTenantMember]
+    action = ""
+
+    @extend_schema(request=None, responses={200: TaskDetail, 409: OpenApiTypes.OBJECT})
+    def post(self, request: Request, pk: int) -> Response:
+        task = get_task_for(request, pk)
+        try:
+            CONTROLS[self.action](task=task, by=request.user)
+        except (IllegalTransition, services.StaleTask) as exc:
+            return errors_response({"state": [str(exc)]}, code=409)
+        return Response(TaskDetail(_reloaded(task)).data)
+
+
+def _reloaded(task: Task) -> Task:
+    return Task.objects.select_related("node", "owner", "pool").get(pk=task.pk)
+
+
+# --- Inventory -----------------------------------------------------------------------------------
 
 
 class NodeOut(serializers.ModelSerializer):
@@ -26,12 +371,22 @@ class NodeOut(serializers.ModelSerializer):
         ]
 
 
+class MyTaskOnGpu(serializers.Serializer):
+    id = serializers.IntegerField(source="task.id")
+    name = serializers.CharField(source="task.name")
+    memory_mb = serializers.IntegerField()
+
+
 class GpuOut(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name")
+    reserved_mb = serializers.SerializerMethodField(help_text="Reserved by all tenants' tasks.")
+    in_use = serializers.SerializerMethodField()
+    my_tasks = serializers.SerializerMethodField(help_text="Your tenant's tasks on this GPU.")
 
     class Meta:
         model = GPU
         fields = [
+            "id",
             "uuid",
             "node",
             "index",
@@ -42,13 +397,37 @@ class GpuOut(serializers.ModelSerializer):
             "state",
             "state_reason",
             "foreign_memory_mb",
+            "reserved_mb",
+            "in_use",
+            "my_tasks",
             "last_seen_at",
         ]
+
+    def get_reserved_mb(self, gpu: GPU) -> int:
+        return sum(a.memory_mb for a in gpu.active_allocations)
+
+    def get_in_use(self, gpu: GPU) -> bool:
+        return bool(gpu.active_allocations)
+
+    def get_my_tasks(self, gpu: GPU) -> list[dict]:
+        tenant_id = self.context["tenant_id"]
+        mine = [a for a in gpu.active_allocations if a.task.tenant_id == tenant_id]
+        return MyTaskOnGpu(mine, many=True).data
+
+
+class PoolOut(serializers.ModelSerializer):
+    node_count = serializers.IntegerField(read_only=True)
+    gpu_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Pool
+        fields = ["name", "description", "node_count", "gpu_count"]
 
 
 class NodeList(generics.ListAPIView):
     """Nodes of the cluster with their state and GPU count."""
 
+    permission_classes = [IsTenantMember]
     serializer_class = NodeOut
 
     def get_queryset(self):
@@ -56,9 +435,76 @@ class NodeList(generics.ListAPIView):
 
 
 class GpuList(generics.ListAPIView):
-    """GPUs of the cluster with their state, type and memory."""
+    """GPUs with their state, type and memory, and which of your tasks use them."""
 
+    permission_classes = [IsTenantMember]
     serializer_class = GpuOut
 
     def get_queryset(self):
-        return selectors.gpu_list()
+        active = Allocation.objects.filter(released_at__isnull=True).select_related("task")
+        return selectors.gpu_list().prefetch_related(
+            Prefetch("allocations", queryset=active, to_attr="active_allocations")
+        )
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if not getattr(self, "swagger_fake_view", False):
+            context["tenant_id"] = request_tenant(self.request).tenant.pk
+        return context
+
+
+class PoolList(generics.ListAPIView):
+    """Pools and how many nodes and GPUs each has."""
+
+    permission_classes = [IsTenantMember]
+    serializer_class = PoolOut
+
+    def get_queryset(self):
+        return selectors.pool_list()
+
+
+# --- Operators ---------------------------------------------------------------------------------
+
+
+class OperatorTaskList(TaskList):
+    """Every tenant's tasks (operators only)."""
+
+    permission_classes = [IsOperator]
+    http_method_names = ["get", "head", "options"]
+
+    def get_queryset(self):
+        tasks = Task.objects.select_related("node", "owner", "tenant")
+        if self.request.query_params.get("tenant"):
+            tasks = tasks.filter(tenant__name=self.request.query_params["tenant"])
+        if self.request.query_params.get("state"):
+            tasks = tasks.filter(state__in=self.request.query_params["state"].split(","))
+        return tasks.order_by("-id")
+
+
+DrainOut = inline_serializer("DrainResult", {"changed": serializers.IntegerField()})
+
+
+class GpuDrain(APIView):
+    """Drain (no new work) or undrain (back to service, also for a failed GPU) one GPU."""
+
+    permission_classes = [IsOperator]
+    action = ""
+
+    @extend_schema(request=None, responses=DrainOut)
+    def post(self, request: Request, pk: int) -> Response:
+        gpu = get_object_or_404(GPU, pk=pk)
+        act = services.gpus_drain if self.action == "drain" else services.gpus_undrain
+        return Response({"changed": act(gpus=[gpu], actor=request.user)})
+
+
+class NodeDrain(APIView):
+    """Drain or undrain a node."""
+
+    permission_classes = [IsOperator]
+    action = ""
+
+    @extend_schema(request=None, responses=DrainOut)
+    def post(self, request: Request, name: str) -> Response:
+        node = get_object_or_404(Node, name=name)
+        act = services.nodes_drain if self.action == "drain" else services.nodes_undrain
+        return Response({"changed": act(nodes=[node], actor=request.user)})

@@ -123,6 +123,9 @@ class TaskClass(models.TextChoices):
     ONLINE = "online", "Online"  # services: never preempted
 
 
+TASK_STATE_CHOICES = [(s.value, s.value.replace("_", " ")) for s in TaskState]
+
+
 class Task(models.Model):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="tasks")
     owner = models.ForeignKey(
@@ -171,7 +174,7 @@ class Task(models.Model):
 
     state = models.CharField(
         max_length=16,
-        choices=[(s.value, s.value.replace("_", " ")) for s in TaskState],
+        choices=TASK_STATE_CHOICES,
         default=TaskState.PENDING.value,
     )
     reason = models.TextField(blank=True, help_text="Why it waits, or how it ended.")
@@ -338,3 +341,22 @@ class SchedulerState(models.Model):
 
     def __str__(self) -> str:
         return f"scheduler: {self.passes} passes"
+
+
+class IdempotencyKey(models.Model):
+    """A submission made with an ``Idempotency-Key`` header: a retry gets the first answer."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE)
+    key = models.CharField(max_length=200)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the request body.")
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_unique_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.key}"

@@ -1,14 +1,31 @@
-"""API endpoints about the caller."""
+"""API endpoints about the caller, its tenant's quota and usage, its tokens; and operators'
+management of tenants, members and quotas."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Count, Q
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
+from scheduling import estate, passes
+from scheduling.models import Allocation, Task
+from scheduling.scheduler import recent_gpus
+from scheduling.states import HOLDS_GPUS, TaskState
+from tenants import services
 from tenants.authentication import TokenContext
+from tenants.models import ApiToken, Membership, Quota, Role, Tenant
+
+MAX_USAGE_DAYS = 366
 
 
 class MembershipOut(serializers.Serializer):
@@ -42,3 +59,376 @@ class MeView(APIView):
                 }
             ).data
         )
+
+
+# --- Tokens ----------------------------------------------------------------------------------
+
+
+class TokenOut(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "tenant",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+        ]
+        read_only_fields = fields
+
+
+class TokenIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False)
+
+
+class TokenCreated(TokenOut):
+    token = serializers.CharField(help_text="The secret: shown this once, stored only hashed.")
+
+    class Meta(TokenOut.Meta):
+        fields = [*TokenOut.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class TokenList(generics.ListAPIView):
+    """Your API tokens in this tenant; create one (its secret is shown once)."""
+
+    permission_classes = [IsTenantMember]
+    serializer_class = TokenOut
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
+        tenant = request_tenant(self.request).tenant
+        return ApiToken.objects.filter(user=self.request.user, tenant=tenant).select_related(
+            "tenant"
+        )
+
+    @extend_schema(request=TokenIn, responses={201: TokenCreated})
+    def post(self, request: Request) -> Response:
+        incoming = TokenIn(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        days = incoming.validated_data.get("expires_in_days")
+        token, secret = services.apitoken_create(
+            user=request.user,
+            tenant=request_tenant(request).tenant,
+            name=incoming.validated_data["name"],
+            expires_at=timezone.now() + timedelta(days=days) if days else None,
+        )
+        token.token = secret
+        return Response(TokenCreated(token).data, status=status.HTTP_201_CREATED)
+
+
+class TokenRevoke(APIView):
+    """Revoke one of your tokens; it is refused from the next request on."""
+
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request: Request, pk: int) -> Response:
+        tenant = request_tenant(request).tenant
+        tokens = ApiToken.objects.filter(user=request.user, tenant=tenant, pk=pk)
+        get_object_or_404(tokens)
+        services.apitokens_revoke(tokens=tokens)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- Quota and usage -------------------------------------------------------------------------
+
+
+class LimitsOut(serializers.Serializer):
+    pool = serializers.CharField(allow_null=True)
+    max_gpus = serializers.IntegerField(allow_null=True)
+    max_gpu_memory_mb = serializers.IntegerField(allow_null=True)
+    max_running_tasks = serializers.IntegerField(allow_null=True)
+    max_queued_tasks = serializers.IntegerField(allow_null=True)
+    max_priority = serializers.IntegerField()
+    fair_share_weight = serializers.FloatField()
+
+
+QuotaOut = inline_serializer(
+    "QuotaOut",
+    {
+        "tenant": serializers.CharField(),
+        "limits": LimitsOut(many=True),
+        "in_use": inline_serializer(
+            "InUse",
+            {
+                "gpus": serializers.FloatField(),
+                "gpu_memory_mb": serializers.IntegerField(),
+                "running_tasks": serializers.IntegerField(),
+                "queued_tasks": serializers.IntegerField(),
+            },
+        ),
+        "fair_share": inline_serializer(
+            "FairShare",
+            {
+                "recent_gpus": serializers.FloatField(),
+                "weight": serializers.FloatField(),
+                "half_life_s": serializers.IntegerField(),
+            },
+        ),
+    },
+)
+
+
+class QuotaView(APIView):
+    """Your tenant's limits, what it uses now, and its fair-share standing."""
+
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(responses=QuotaOut)
+    def get(self, request: Request) -> Response:
+        tenant = request_tenant(request).tenant
+        quotas = list(Quota.objects.filter(tenant=tenant).select_related("pool"))
+        active = Allocation.objects.filter(released_at__isnull=True, task__tenant=tenant)
+        gpus = 0.0
+        memory = 0
+        for allocation in active.select_related("gpu"):
+            memory += allocation.memory_mb
+            gpus += 1.0 if allocation.exclusive else allocation.memory_mb / allocation.gpu.memory_mb
+        counts = Task.objects.filter(tenant=tenant).aggregate(
+            running=Count("id", filter=Q(state__in=HOLDS_GPUS)),
+            queued=Count("id", filter=Q(state=TaskState.PENDING)),
+        )
+        half_life = estate.config().scheduling.fair_share_half_life_s
+        cluster_wide = next((q for q in quotas if q.pool_id is None), None)
+        return Response(
+            {
+                "tenant": tenant.name,
+                "limits": [
+                    {
+                        "pool": q.pool.name if q.pool else None,
+                        "max_gpus": q.max_gpus,
+                        "max_gpu_memory_mb": q.max_gpu_memory_mb,
+                        "max_running_tasks": q.max_running_tasks,
+                        "max_queued_tasks": q.max_queued_tasks,
+                        "max_priority": q.max_priority,
+                        "fair_share_weight": q.fair_share_weight,
+                    }
+                    for q in quotas
+                ],
+                "in_use": {
+                    "gpus": round(gpus, 3),
+                    "gpu_memory_mb": memory,
+                    "running_tasks": counts["running"],
+                    "queued_tasks": counts["queued"],
+                },
+                "fair_share": {
+                    "recent_gpus": round(
+                        recent_gpus(timezone.now(), half_life).get(tenant.pk, 0), 3
+                    ),
+                    "weight": cluster_wide.fair_share_weight if cluster_wide else 1.0,
+                    "half_life_s": half_life,
+                },
+            }
+        )
+
+
+UsageOut = inline_serializer(
+    "UsageOut",
+    {
+        "tenant": serializers.CharField(),
+        "days": inline_serializer(
+            "UsageDay",
+            {"day": serializers.DateField(), "gpu_hours": serializers.FloatField()},
+            many=True,
+        ),
+        "total_gpu_hours": serializers.FloatField(),
+    },
+)
+
+
+class UsageView(APIView):
+    """GPU-hours your tenant used per day (shared GPUs count their fraction)."""
+
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("days", int, description="default 30")], responses=UsageOut
+    )
+    def get(self, request: Request) -> Response:
+        raw = request.query_params.get("days", "30")
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_USAGE_DAYS:
+            return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
+        tenant = request_tenant(request).tenant
+        days = gpu_hours_per_day(tenant.pk, int(raw))
+        return Response(
+            {
+                "tenant": tenant.name,
+                "days": days,
+                "total_gpu_hours": round(sum(d["gpu_hours"] for d in days), 3),
+            }
+        )
+
+
+def gpu_hours_per_day(tenant_id: int, days: int) -> list[dict]:
+    """Each UTC day's GPU-hours: every allocation's overlap with the day, times its share."""
+    sql = """
+        WITH day AS (
+            SELECT generate_series(date_trunc('day', now() AT TIME ZONE 'UTC') - (%(days)s - 1)
+                                   * interval '1 day', date_trunc('day', now() AT TIME ZONE 'UTC'),
+                                   interval '1 day') AS start
+        )
+        SELECT day.start::date,
+               COALESCE(SUM(
+                   (CASE WHEN a.exclusive THEN 1.0 ELSE a.memory_mb::float / g.memory_mb END)
+                   * GREATEST(0, EXTRACT(EPOCH FROM
+                       LEAST(COALESCE(a.released_at, now()) AT TIME ZONE 'UTC',
+                             day.start + interval '1 day')
+                       - GREATEST(a.started_at AT TIME ZONE 'UTC', day.start))) / 3600.0
+               ), 0)
+          FROM day
+          LEFT JOIN scheduling_allocation a
+                 ON a.started_at AT TIME ZONE 'UTC' < day.start + interval '1 day'
+                AND COALESCE(a.released_at, now()) AT TIME ZONE 'UTC' > day.start
+                AND a.task_id IN (SELECT id FROM scheduling_task WHERE tenant_id = %(tenant)s)
+          LEFT JOIN scheduling_gpu g ON g.id = a.gpu_id
+         GROUP BY day.start
+         ORDER BY day.start
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"days": days, "tenant": tenant_id})
+        return [
+            {"day": day, "gpu_hours": round(float(hours), 4)} for day, hours in cursor.fetchall()
+        ]
+
+
+# --- Operators ---------------------------------------------------------------------------------
+
+
+class TenantOut(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = [
+            "id",
+            "name",
+            "display_name",
+            "description",
+            "is_active",
+            "unix_user",
+            "created_at",
+        ]
+        read_only_fields = ["id", "created_at"]
+
+
+class OperatorTenantList(generics.ListCreateAPIView):
+    """All tenants; create one."""
+
+    permission_classes = [IsOperator]
+    serializer_class = TenantOut
+    queryset = Tenant.objects.all()
+
+
+class OperatorTenantDetail(generics.RetrieveUpdateAPIView):
+    """One tenant: rename its display name, deactivate it (its tokens stop working)."""
+
+    permission_classes = [IsOperator]
+    serializer_class = TenantOut
+    queryset = Tenant.objects.all()
+    lookup_field = "name"
+
+
+class MemberOut(serializers.ModelSerializer):
+    username = serializers.SlugRelatedField(
+        source="user", slug_field="username", queryset=get_user_model().objects.all()
+    )
+
+    class Meta:
+        model = Membership
+        fields = ["id", "username", "role", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class OperatorMemberList(generics.ListCreateAPIView):
+    """A tenant's members; add (or change the role of) one."""
+
+    permission_classes = [IsOperator]
+    serializer_class = MemberOut
+
+    def tenant(self) -> Tenant:
+        return get_object_or_404(Tenant, name=self.kwargs["name"])
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Membership.objects.none()
+        return Membership.objects.filter(tenant=self.tenant()).select_related("user")
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        serializer.instance = services.membership_set(
+            user=data["user"], tenant=self.tenant(), role=data.get("role", Role.MEMBER)
+        )
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all())
+    pool = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Quota._meta.get_field("pool").related_model.objects.all(),
+        allow_null=True,
+        required=False,
+    )
+
+    class Meta:
+        model = Quota
+        fields = [
+            "id",
+            "tenant",
+            "pool",
+            "max_gpus",
+            "max_gpu_memory_mb",
+            "max_running_tasks",
+            "max_queued_tasks",
+            "max_priority",
+            "fair_share_weight",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "updated_at"]
+
+    def validate(self, data):
+        weight = data.get("fair_share_weight")
+        if weight is not None and weight <= 0:
+            raise serializers.ValidationError({"fair_share_weight": ["must be above 0"]})
+        if data.get("max_priority", 0) > 100:
+            raise serializers.ValidationError({"max_priority": ["must be 0-100"]})
+        tenant, pool = data.get("tenant"), data.get("pool")
+        clash = Quota.objects.filter(tenant=tenant, pool=pool)
+        if self.instance is not None:
+            clash = clash.exclude(pk=self.instance.pk)
+        if tenant is not None and clash.exists():
+            raise serializers.ValidationError({"pool": ["this tenant already has a quota here"]})
+        return data
+
+
+class OperatorQuotaList(generics.ListCreateAPIView):
+    """All quotas; create one (cluster-wide when pool is empty)."""
+
+    permission_classes = [IsOperator]
+    serializer_class = QuotaSerializer
+    queryset = Quota.objects.select_related("tenant", "pool")
+
+    def perform_create(self, serializer):
+        serializer.save()
+        passes.request_pass()
+
+
+class OperatorQuotaDetail(generics.RetrieveUpdateDestroyAPIView):
+    """One quota: change or remove it; waiting tasks are reconsidered at once."""
+
+    permission_classes = [IsOperator]
+    serializer_class = QuotaSerializer
+    queryset = Quota.objects.select_related("tenant", "pool")
+
+    def perform_update(self, serializer):
+        serializer.save()
+        passes.request_pass()
+
+    def perform_destroy(self, instance):
+        instance.delete()
+        passes.request_pass()

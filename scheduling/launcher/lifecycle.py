@@ -22,7 +22,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from gpuplatform.dburl import current_database_url
-from scheduling import services
+from scheduling import passes, services
 from scheduling.launcher import paths
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import Allocation, StopRequest, Task, TaskAttempt
@@ -324,6 +324,28 @@ def task_resume(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
     )
     transaction.on_commit(lambda: dispatch("control", task, task.attempt, "resume"))
     return task
+
+
+def task_retry(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
+    """Run a task that ended without success again, or release one held after repeated
+    infrastructure failures."""
+    if task.state == TaskState.PENDING and task.hold_reason:
+        Task.objects.filter(pk=task.pk).update(
+            hold_reason="", infra_requeues=0, reason=_by("released", by)
+        )
+        passes.request_pass()
+        task.refresh_from_db()
+        return task
+    return services.task_transition(
+        task=task,
+        to_state=TaskState.PENDING,
+        actor=by,
+        reason=_by("retried", by),
+        not_before=None,
+        hold_reason="",
+        infra_requeues=0,
+        exit_code=None,
+    )
 
 
 SIGNALS = {"stop": signal.SIGTERM, "pause": signal.SIGUSR1, "resume": signal.SIGUSR2}

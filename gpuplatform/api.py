@@ -1,0 +1,126 @@
+"""What every API view shares: the caller's tenant, roles, errors, paging and throttling.
+
+One choke point for tenant scoping: views get the tenant from ``request_tenant()`` and build
+every query from it; another tenant's object is simply not found (404), never forbidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.http import Http404
+from rest_framework import exceptions, permissions, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from scheduling.spec import SpecError
+from tenants.authentication import TokenContext
+from tenants.models import Membership, Role, Tenant
+
+TENANT_HEADER = "HTTP_X_TENANT"
+WRITE_ROLES = (Role.ADMIN, Role.MEMBER)
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: Tenant
+    role: str
+
+    @property
+    def can_write(self) -> bool:
+        return self.role in WRITE_ROLES
+
+
+def request_tenant(request: Request) -> Caller:
+    """The tenant a request acts for: the token's, or for a browser session the one named in
+    ``X-Tenant`` (or ``?tenant=``), or the user's only one."""
+    cached = getattr(request, "_caller", None)
+    if cached is not None:
+        return cached
+    if isinstance(request.auth, TokenContext):
+        caller = Caller(request.auth.tenant, request.auth.role)
+    else:
+        memberships = Membership.objects.filter(
+            user=request.user, tenant__is_active=True
+        ).select_related("tenant")
+        name = request.META.get(TENANT_HEADER) or request.query_params.get("tenant")
+        if name:
+            memberships = memberships.filter(tenant__name=name)
+        found = list(memberships[:2])
+        if not found:
+            where = f"tenant {name}" if name else "any active tenant"
+            raise exceptions.PermissionDenied(f"you are not a member of {where}")
+        if len(found) > 1:
+            raise exceptions.ValidationError(
+                {"tenant": ["you belong to several tenants: name one with the X-Tenant header"]}
+            )
+        caller = Caller(found[0].tenant, found[0].role)
+    request._caller = caller
+    return caller
+
+
+class IsTenantMember(permissions.BasePermission):
+    """Anyone in the tenant may read; viewers may not write."""
+
+    message = "your role in this tenant may only read"
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        caller = request_tenant(request)
+        return request.method in permissions.SAFE_METHODS or caller.can_write
+
+
+class IsOperator(permissions.BasePermission):
+    message = "operators only"
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+
+
+def errors_response(errors: dict[str, list[str]], code: int = 400) -> Response:
+    return Response({"detail": _summary(errors), "errors": errors}, status=code)
+
+
+def _summary(errors: dict[str, list[str]]) -> str:
+    field, reasons = next(iter(errors.items()))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{field}: {reasons[0]}{more}"
+
+
+def _flatten(data, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error lists and dicts, as {field path: [reasons]}."""
+    if isinstance(data, dict):
+        flat: dict[str, list[str]] = {}
+        for key, value in data.items():
+            name = "" if key == "non_field_errors" else str(key)
+            flat.update(_flatten(value, f"{prefix}.{name}" if prefix and name else prefix or name))
+        return flat
+    if isinstance(data, list) and data and all(isinstance(item, (dict, list)) for item in data):
+        flat = {}
+        for i, item in enumerate(data):
+            flat.update(_flatten(item, f"{prefix}[{i}]"))
+        return flat
+    reasons = [str(item) for item in data] if isinstance(data, list) else [str(data)]
+    return {prefix or "request": reasons}
+
+
+def handle_exception(exc, context):
+    """Every 4xx answers ``{"detail": "...", "errors": {field: [reasons]}}``."""
+    if isinstance(exc, SpecError):
+        return errors_response(exc.errors)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound("not found")
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        errors = _flatten(response.data)
+        response.data = {"detail": _summary(errors), "errors": errors}
+    else:
+        detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
+        response.data = {"detail": str(detail), "errors": {}}
+    if response.status_code == status.HTTP_429_TOO_MANY_REQUESTS and "Retry-After" not in response:
+        response["Retry-After"] = "1"
+    return response
