@@ -13,8 +13,9 @@ def current_database_url() -> str:
     auth = quote(db["USER"] or "")
     if db.get("PASSWORD"):
         auth += ":" + quote(db["PASSWORD"])
-    host = db.get("HOST") or ""
-    if host.startswith("/"):  # a Unix socket directory (the embedded server)
-        return f"postgres://{auth}@/{db['NAME']}?host={quote(host)}"
+    # A Unix socket directory (the embedded server) may sit in HOST or in OPTIONS["host"].
+    host = db.get("HOST") or db.get("OPTIONS", {}).get("host") or ""
+    if host.startswith("/"):
+        return f"postgres://{auth}@{quote(host, safe='')}/{db['NAME']}"
     port = f":{db['PORT']}" if db.get("PORT") else ""
     return f"postgres://{auth}@{host}{port}/{db['NAME']}"
