@@ -16,7 +16,7 @@ from django.db import DatabaseError, close_old_connections
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend
-from scheduling.launcher import lifecycle
+from scheduling.launcher import gpuwatch, lifecycle
 from scheduling.launcher.cluster import NodeCluster
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class NodeAgent:
             self.register()
         if self.ticks % RECONCILE_EVERY == 0:
             self.reconcile()
+        gpuwatch.check_gpu_memory(self.name, self.backend)
         self.ticks += 1
 
     def reconcile(self) -> dict[str, int]:

@@ -6,7 +6,7 @@ one line each, as "<file>: <key path>: <problem>", so the operator can fix them 
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
@@ -123,6 +123,8 @@ class SchedulingConfig(_Strict):
     preemption: bool = True
     starvation_after_s: DurationS = Field(default=2 * 3600, alias="starvation_after")
     preempt_max_runtime_s: DurationS = Field(default=3600, alias="preempt_max_runtime")
+    # A task using more GPU memory than it reserved: raise an alert, or also stop it (failed).
+    gpu_memory_overuse: Literal["alert", "kill"] = "alert"
 
     def policy_settings(self) -> PolicySettings:
         share = self.online_share / 100

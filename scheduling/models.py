@@ -226,6 +226,7 @@ class StopRequest(models.TextChoices):
     NONE = "", "none"
     CANCEL = "cancel", "cancel"
     PREEMPT = "preempt", "preempt"
+    VIOLATION = "violation", "violation"  # broke a limit (GPU memory): fails with the reason
 
 
 class TaskAttempt(models.Model):

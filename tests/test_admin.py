@@ -17,6 +17,7 @@ from django_q.models import OrmQ, Schedule
 from django_q.models import Task as QTask
 from django_q.signing import SignedPackage
 
+from monitoring.services import alert_raise
 from scheduling import services
 from scheduling.models import (
     GPU,
@@ -73,6 +74,8 @@ def estate(owner, workstation):
     QuotaFactory(tenant=owner.tenant)
     QuotaFactory(tenant=owner.tenant, pool=workstation.pool, max_priority=90)
     SchedulerState.objects.get_or_create(pk=1)  # transactional tests may have flushed it
+    alert_raise(kind="gpu_memory_overuse", severity="warning", message="qwen-sft over",
+                gpu=gpu, task=task)  # fmt: skip
     Group.objects.create(name="operators").user_set.add(owner.user)
 
     now = timezone.now()

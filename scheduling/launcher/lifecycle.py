@@ -174,6 +174,8 @@ def attempt_finished(
         if attempt.outcome:
             return attempt.outcome
         task = Task.objects.select_for_update().get(pk=task_id)
+        if attempt.stop_requested == StopRequest.VIOLATION:
+            problem = problem or task.reason
         outcome = _outcome(attempt, exit_code, timed_out, problem)
         attempt.exit_code, attempt.outcome, attempt.ended_at = exit_code, outcome, timezone.now()
         attempt.save(update_fields=["exit_code", "outcome", "ended_at"])
@@ -308,6 +310,18 @@ def task_preempt(*, task: Task, reason: str) -> None:
         return
     TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.PREEMPT)
     transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
+
+
+def task_stop_for_violation(*, task: Task, reason: str) -> bool:
+    """Stop a task that broke a limit; it fails with ``reason`` (no retry: it would again)."""
+    with transaction.atomic():
+        attempt = _current_attempt(task)
+        if attempt is None or attempt.outcome or attempt.stop_requested:
+            return False
+        TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.VIOLATION)
+        Task.objects.filter(pk=task.pk).update(reason=reason)
+        transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
+    return True
 
 
 def task_pause(*, task: Task, by: AbstractBaseUser | None = None) -> Task:

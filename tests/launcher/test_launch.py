@@ -251,3 +251,16 @@ def test_reconciliation_requeues_an_attempt_whose_supervisor_died(launcher, node
     task.refresh_from_db()
     assert task.infra_requeues == 1 and task.attempt == 2  # placed again at once
     os.kill(attempt.pid, 9)  # the orphan (its supervisor is dead, nobody else will)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_tasks_run_as_the_tenants_unix_user_when_configured(launcher, node, lab, monkeypatch):
+    # pytest makes its temporary directories private; the task's user must reach its workdir.
+    for directory in (launcher, *list(launcher.parents)[:2]):
+        directory.chmod(0o755)
+    monkeypatch.setenv("RUN_AS_TENANT_USER", "1")
+    lab.unix_user = "nobody"
+    lab.save()
+    task = start(lab, "id -un")
+    wait_for(state_of(task, "succeeded"))
+    assert log_of(task).strip() == "nobody"

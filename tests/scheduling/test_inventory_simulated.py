@@ -182,3 +182,27 @@ def test_it_passes_on_the_driver_problem_when_nvml_is_demanded() -> None:
 def test_it_rejects_an_unknown_backend_kind() -> None:
     with pytest.raises(ValueError, match="unknown GPU backend 'cuda'; expected one of: auto, nvml"):
         open_backend("cuda", node_name="workstation-1", simulate=spec())
+
+
+def test_it_runs_no_processes_unless_told() -> None:
+    assert SimulatedBackend("workstation-1", spec()).processes() == []
+
+
+def test_it_reports_the_fake_processes_it_is_given_as_they_change() -> None:
+    from scheduling.inventory.base import GpuProcess
+
+    backend = SimulatedBackend("workstation-1", spec(count=2))
+    uuid = backend.discover()[1].uuid
+    notebook = GpuProcess(gpu_uuid=uuid, pid=4242, used_mb=3000)
+    shared = [notebook]
+    backend = SimulatedBackend("workstation-1", spec(count=2), fake_processes=shared)
+
+    assert backend.processes() == [notebook]
+
+    shared.append(GpuProcess(gpu_uuid=uuid, pid=4243, used_mb=None))
+    backend.fake_processes.remove(notebook)
+
+    assert backend.processes() == [GpuProcess(gpu_uuid=uuid, pid=4243, used_mb=None)]
+    # A copy: the caller cannot change the backend's list through the answer.
+    backend.processes().clear()
+    assert len(backend.fake_processes) == 1
