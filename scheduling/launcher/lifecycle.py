@@ -25,7 +25,7 @@ from gpuplatform.dburl import current_database_url
 from scheduling import passes, services
 from scheduling.launcher import paths
 from scheduling.launcher.procs import ProcessId
-from scheduling.models import Allocation, StopRequest, Task, TaskAttempt
+from scheduling.models import GPU, Allocation, GpuState, StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TaskState
 
 logger = logging.getLogger(__name__)
@@ -177,11 +177,31 @@ def attempt_finished(
         if attempt.stop_requested == StopRequest.VIOLATION:
             problem = problem or task.reason
         outcome = _outcome(attempt, exit_code, timed_out, problem)
+        broken = _broken_gpu(attempt) if outcome == "failed" and not problem else None
+        if broken is not None:
+            outcome = "lost"  # the GPU failed under it: not the user's fault
         attempt.exit_code, attempt.outcome, attempt.ended_at = exit_code, outcome, timezone.now()
         attempt.save(update_fields=["exit_code", "outcome", "ended_at"])
         if task.attempt == attempt_no and task.state in HOLDS_GPUS:
-            _move_on(task, attempt, outcome, exit_code, problem)
+            if broken is not None:
+                requeue_lost(
+                    task,
+                    f"GPU {broken} became {broken.state} during the attempt (exit {exit_code})",
+                )
+            else:
+                _move_on(task, attempt, outcome, exit_code, problem)
     return outcome
+
+
+def _broken_gpu(attempt: TaskAttempt) -> GPU | None:
+    """A GPU of the attempt that failed or dropped off the node: the exit is the hardware's."""
+    return (
+        GPU.objects.filter(
+            uuid__in=attempt.gpu_uuids, state__in=[GpuState.FAILED, GpuState.OFFLINE]
+        )
+        .select_related("node")
+        .first()
+    )
 
 
 def _outcome(attempt: TaskAttempt, exit_code: int | None, timed_out: bool, problem: str) -> str:
@@ -253,7 +273,7 @@ def requeue_lost(task: Task, reason: str) -> None:
             return
         TaskAttempt.objects.filter(task=task, number=task.attempt, outcome="").update(
             outcome="lost", ended_at=timezone.now()
-        )
+        )  # (an attempt already settled, e.g. lost to a failed GPU, keeps its record)
         services.task_transition(task=task, to_state=TaskState.LOST, reason=reason)
         requeues = task.infra_requeues + 1
         hold = ""

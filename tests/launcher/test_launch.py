@@ -264,3 +264,18 @@ def test_tasks_run_as_the_tenants_unix_user_when_configured(launcher, node, lab,
     task = start(lab, "id -un")
     wait_for(state_of(task, "succeeded"))
     assert log_of(task).strip() == "nobody"
+
+
+def test_a_task_whose_gpu_fails_under_it_is_requeued_not_failed(launcher, node, lab):
+    task = start(lab, "sleep 1; exit 1")
+    attempt = running(task)
+    type(node.gpus.first()).objects.filter(uuid__in=attempt.gpu_uuids).update(
+        state="failed", state_reason="XID 79: fallen off the bus"
+    )
+    wait_for(lambda: attempt_of(task).outcome)
+    assert attempt_of(task).outcome == "lost"
+    requeue = task.events.get(from_state="lost")
+    assert "became failed during the attempt (exit 1)" in requeue.reason
+    task.refresh_from_db()
+    assert task.infra_requeues == 1
+    assert task.retries == 0 and task.state in ("pending", "scheduled", "running")
