@@ -15,12 +15,13 @@ help:
 	@echo "make test   set up everything and run lint, Django checks and the test suite"
 	@echo "make bench  print the benchmark figures"
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "gpuplatform needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -e .   # the gpuctl command, as .venv/bin/gpuctl
 	touch $(STAMP)
 
 # The secret key of a local installation, made once and kept out of git (var/ is ignored).

@@ -30,7 +30,7 @@ from scheduling.models import (
     TaskEvent,
 )
 from scheduling.spec import MAX_SWEEP_TASKS, SpecError, parse_specs, parse_yaml
-from scheduling.states import IllegalTransition
+from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
 
 MAX_BATCH = MAX_SWEEP_TASKS
@@ -188,7 +188,7 @@ class TaskList(generics.ListAPIView):
         params = self.request.query_params
         tasks = tenant_tasks(self.request).select_related("node", "owner")
         if params.get("state"):
-            tasks = tasks.filter(state__in=params["state"].split(","))
+            tasks = tasks.filter(state__in=_states(params["state"]))
         if params.get("queue"):
             tasks = tasks.filter(queue=params["queue"])
         if params.get("name"):
@@ -237,6 +237,18 @@ class TaskList(generics.ListAPIView):
         if len(specs) > MAX_BATCH:
             raise SpecError({"tasks": [f"at most {MAX_BATCH} tasks at once, got {len(specs)}"]})
         return specs
+
+
+def _states(raw: str) -> list[str]:
+    """The ``state`` filter: a typo is a 400 naming it, not a silently empty list."""
+    wanted = raw.split(",")
+    known = [s.value for s in TaskState]
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise serializers.ValidationError(
+            {"state": [f"unknown state {unknown[0]!r}; expected some of {', '.join(known)}"]}
+        )
+    return wanted
 
 
 def _idempotent_replay(tenant, key: str, body: bytes) -> Response | None:
@@ -312,7 +324,8 @@ class TaskLog(APIView):
             raw = request.query_params.get(name)
             if raw is None:
                 continue
-            if not raw.isdigit():
+            # isdigit() alone lets "²" through, which int() refuses.
+            if not (raw.isascii() and raw.isdigit()):
                 return errors_response({name: ["must be a non-negative integer"]})
             params[name] = int(raw)
         try:
@@ -466,10 +479,18 @@ class PoolList(generics.ListAPIView):
 # --- Operators ---------------------------------------------------------------------------------
 
 
+class OperatorTaskOut(TaskOut):
+    tenant = serializers.CharField(source="tenant.name")
+
+    class Meta(TaskOut.Meta):
+        fields = ["id", "tenant", *TaskOut.Meta.fields[1:]]
+
+
 class OperatorTaskList(TaskList):
     """Every tenant's tasks (operators only)."""
 
     permission_classes = [IsOperator]
+    serializer_class = OperatorTaskOut
     http_method_names = ["get", "head", "options"]
 
     def get_queryset(self):
@@ -477,7 +498,7 @@ class OperatorTaskList(TaskList):
         if self.request.query_params.get("tenant"):
             tasks = tasks.filter(tenant__name=self.request.query_params["tenant"])
         if self.request.query_params.get("state"):
-            tasks = tasks.filter(state__in=self.request.query_params["state"].split(","))
+            tasks = tasks.filter(state__in=_states(self.request.query_params["state"]))
         return tasks.order_by("-id")
 
 

@@ -69,7 +69,9 @@ class IllegalTransition(Exception):
     def __init__(self, from_state: str, to_state: str) -> None:
         self.from_state = from_state
         self.to_state = to_state
-        allowed = ", ".join(sorted(TRANSITIONS.get(TaskState(from_state), ()))) or "none"
+        known = from_state in TaskState._value2member_map_
+        allowed = ", ".join(sorted(TRANSITIONS[TaskState(from_state)])) if known else ""
+        allowed = allowed or "none"
         super().__init__(
             f"a task cannot go from {from_state} to {to_state} (allowed from {from_state}: "
             f"{allowed})"

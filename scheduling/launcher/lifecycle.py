@@ -26,7 +26,7 @@ from scheduling import passes, services
 from scheduling.launcher import paths
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import GPU, Allocation, GpuState, StopRequest, Task, TaskAttempt
-from scheduling.states import HOLDS_GPUS, TaskState
+from scheduling.states import HOLDS_GPUS, IllegalTransition, TaskState
 
 logger = logging.getLogger(__name__)
 
@@ -353,6 +353,8 @@ def task_pause(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
 
 
 def task_resume(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
+    if task.state != TaskState.PAUSED:  # scheduled -> running is the launcher's move, not ours
+        raise IllegalTransition(task.state, "resumed (only a paused task can be)")
     task = services.task_transition(
         task=task, to_state=TaskState.RUNNING, actor=by, reason=_by("resumed", by)
     )
