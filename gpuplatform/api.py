@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import DataError
 from django.http import Http404
 from rest_framework import exceptions, permissions, status
+from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -72,6 +76,17 @@ class IsTenantMember(permissions.BasePermission):
         return request.method in permissions.SAFE_METHODS or caller.can_write
 
 
+class IsTenantMemberAnyRole(permissions.BasePermission):
+    """Any role, writes included: for what concerns only the caller (its own API tokens; a
+    viewer needs a token to read from scripts, and must be able to revoke a leaked one)."""
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        request_tenant(request)
+        return True
+
+
 class IsOperator(permissions.BasePermission):
     message = "operators only"
 
@@ -106,17 +121,41 @@ def _flatten(data, prefix: str = "") -> dict[str, list[str]]:
     return {prefix or "request": reasons}
 
 
+def _raised_by_a_parser(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if isinstance(tb.tb_frame.f_locals.get("self"), BaseParser):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def handle_exception(exc, context):
     """Every 4xx answers ``{"detail": "...", "errors": {field: [reasons]}}``."""
     if isinstance(exc, SpecError):
         return errors_response(exc.errors)
+    if isinstance(exc, DataError) and "NUL (0x00)" in str(exc):
+        # PostgreSQL text cannot hold NUL: a query parameter, path part or related field that
+        # carries one is the client's mistake (400), not the server's (500).
+        return errors_response({"request": ["text must not contain NUL (0x00) characters"]})
+    if isinstance(exc, RequestDataTooBig):
+        # Django would answer its own HTML 400; clients read JSON.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return errors_response({"request": [f"the body is larger than {limit} bytes"]}, code=413)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("not found")
+    if isinstance(exc, RecursionError) and _raised_by_a_parser(exc):
+        # json.loads refuses "[[[[...]]]]" this way; it is bad input, not a server fault.
+        exc = exceptions.ParseError("the request body is nested too deeply")
     response = exception_handler(exc, context)
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
         errors = _flatten(response.data)
+        response.data = {"detail": _summary(errors), "errors": errors}
+    elif isinstance(exc, exceptions.ParseError):
+        # A body that cannot be read at all: the field at fault is the request itself.
+        errors = {"request": [str(exc.detail)]}
         response.data = {"detail": _summary(errors), "errors": errors}
     else:
         detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""

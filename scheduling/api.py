@@ -205,7 +205,9 @@ class TaskList(generics.ListAPIView):
 
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},
-        responses={201: TaskOut(many=True)},
+        # The answer is a plain array: TaskOut(many=True) would, on this list view, document
+        # the GET's page ({count, next, previous, results}) and its limit/offset parameters.
+        responses={201: {"type": "array", "items": {"$ref": "#/components/schemas/TaskOut"}}},
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
     )
     def post(self, request: Request) -> Response:

@@ -72,7 +72,9 @@ def schedule_pass() -> PassResult:
         result.failed = fail_broken_dependencies()
         snapshot = build_snapshot(now)
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
-        result.placed = apply_placements(decision, now)
+        # Stamped after the snapshot: an allocation released while it was taken must not
+        # appear to overlap the one that replaces it.
+        result.placed = apply_placements(decision, timezone.now())
         if result.placed:
             placed = list(result.placed)
             transaction.on_commit(lambda: lifecycle.dispatch_launches(placed))

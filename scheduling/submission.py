@@ -67,6 +67,11 @@ def _feasibility(spec: TaskSpec, shapes: list[_Shape], prefix: str) -> dict[str,
         add("resources.node", f"unknown node {spec.node!r}")
         return errors
     if spec.gpus_max == 0:
+        nodes = Node.objects.all()
+        if spec.pool:
+            nodes = nodes.filter(pool__name=spec.pool)
+        if not nodes.exists():
+            add("resources.pool", f"pool {spec.pool!r} has no nodes to run the task on")
         return errors
     candidates = [
         s

@@ -16,7 +16,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
+from gpuplatform.api import (
+    IsOperator,
+    IsTenantMember,
+    IsTenantMemberAnyRole,
+    errors_response,
+    request_tenant,
+)
 from scheduling import estate, passes
 from scheduling.models import Allocation, Task
 from scheduling.scheduler import recent_gpus
@@ -96,9 +102,10 @@ class TokenCreated(TokenOut):
 
 
 class TokenList(generics.ListAPIView):
-    """Your API tokens in this tenant; create one (its secret is shown once)."""
+    """Your API tokens in this tenant; create one (its secret is shown once). A token acts with
+    your role, so viewers may have them too."""
 
-    permission_classes = [IsTenantMember]
+    permission_classes = [IsTenantMemberAnyRole]
     serializer_class = TokenOut
 
     def get_queryset(self):
@@ -127,7 +134,7 @@ class TokenList(generics.ListAPIView):
 class TokenRevoke(APIView):
     """Revoke one of your tokens; it is refused from the next request on."""
 
-    permission_classes = [IsTenantMember]
+    permission_classes = [IsTenantMemberAnyRole]
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, pk: int) -> Response:
@@ -254,7 +261,8 @@ class UsageView(APIView):
     )
     def get(self, request: Request) -> Response:
         raw = request.query_params.get("days", "30")
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_USAGE_DAYS:
+        # isdigit() alone lets "²" through, which int() refuses.
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_USAGE_DAYS:
             return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
         tenant = request_tenant(request).tenant
         days = gpu_hours_per_day(tenant.pk, int(raw))
@@ -390,6 +398,9 @@ class QuotaSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["id", "updated_at"]
+        # DRF derives a unique-together validator from the (conditional) unique constraints,
+        # which makes `pool` required; validate() checks the clash itself, pool empty or not.
+        validators: list = []
 
     def validate(self, data):
         weight = data.get("fair_share_weight")
@@ -397,7 +408,9 @@ class QuotaSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError({"fair_share_weight": ["must be above 0"]})
         if data.get("max_priority", 0) > 100:
             raise serializers.ValidationError({"max_priority": ["must be 0-100"]})
-        tenant, pool = data.get("tenant"), data.get("pool")
+        # A PATCH may name only one of the two: the other is the quota's own.
+        tenant = data.get("tenant", getattr(self.instance, "tenant", None))
+        pool = data.get("pool", getattr(self.instance, "pool", None))
         clash = Quota.objects.filter(tenant=tenant, pool=pool)
         if self.instance is not None:
             clash = clash.exclude(pk=self.instance.pk)

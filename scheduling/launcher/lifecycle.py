@@ -13,11 +13,12 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -86,8 +87,16 @@ def launch(task_id: int, attempt_no: int) -> str:
 
 
 def spawn_supervisor(attempt: TaskAttempt) -> None:
-    """Start the supervisor fully detached: its own session, not our child once we return."""
+    """Start the supervisor fully detached: its own session, not our child once we return.
+
+    By default this process forks it (Django is loaded already: ~40 ms instead of the seconds a
+    fresh interpreter spends importing); ``SUPERVISOR_START=exec`` starts a new interpreter.
+    """
     out = paths.attempt_dir(attempt.task.tenant.name, attempt.task_id)
+    sink = out / f"supervisor-{attempt.number}.log"
+    if settings.SUPERVISOR_START == "fork":
+        _fork_supervisor(attempt.task_id, attempt.number, sink)
+        return
     argv = [
         sys.executable,
         "-m",
@@ -96,18 +105,60 @@ def spawn_supervisor(attempt: TaskAttempt) -> None:
         str(attempt.number),
     ]
     environ = {**os.environ, "DATABASE_URL": current_database_url(), "PYTHONUNBUFFERED": "1"}
-    with open(out / f"supervisor-{attempt.number}.log", "ab") as sink:
-        # setsid -f forks, so the supervisor is re-parented to init at once and never lingers
-        # as a zombie of this worker; its session also keeps it out of our process group.
+    with open(sink, "ab") as handle:
+        # setsid -f forks, so the supervisor is re-parented at once and never lingers as a
+        # zombie of this worker; its session also keeps it out of our process group.
         subprocess.run(  # noqa: S603 - fixed argv
             ["setsid", "-f", *argv],  # noqa: S607
             cwd=settings.BASE_DIR,
             env=environ,
             stdin=subprocess.DEVNULL,
-            stdout=sink,
+            stdout=handle,
             stderr=subprocess.STDOUT,
             check=True,
         )
+
+
+def _fork_supervisor(task_id: int, attempt_no: int, sink) -> None:
+    """Double fork: the first child starts a new session and exits at once (we reap it), so
+    the supervisor, its child, is nobody's zombie and in nobody's process group."""
+    connections.close_all()  # the children must open their own connection, never share ours
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    code = 1
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            _be_supervisor(task_id, attempt_no, sink)  # never returns
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _be_supervisor(task_id: int, attempt_no: int, sink) -> None:
+    from scheduling.launcher.supervisor import Supervisor
+
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        output = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        os.dup2(devnull, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)  # whatever our parent process had set
+        logging.basicConfig(
+            level=logging.INFO, force=True, format="%(asctime)s %(levelname)s %(message)s"
+        )
+        code = Supervisor(task_id, attempt_no).run()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 # --- Reports from the supervisor -----------------------------------------------------------------
