@@ -1,0 +1,529 @@
+"""The task API over HTTP: POST /api/v1/tasks/ and GET ?limit=50, daphne against gunicorn.
+
+The web server runs as `make run` starts it (daphne, one process, ``gpuplatform.asgi``) on a
+free loopback port against the bench database, with ``Q_SYNC=0`` (a submission's pass request
+is queued in the broker, as in production; no scheduler runs, so nothing is placed) and
+``LAUNCH_TASKS=0``, the throttle raised out of the way. One node of 8 simulated GPUs makes a
+1-GPU spec acceptable. CLIENTS processes, one tenant and token each, send their share of the
+requests over one keep-alive ``http.client.HTTPConnection`` apiece: a warm-up, then POSTS
+submissions, then GETS listings (a phase stops at PHASE_LIMIT_S, so a slow server cannot
+stretch the run); each request's latency is recorded. The same load then goes to daphne with
+Django's PostgreSQL connection pool patched in (a diagnostic: under ASGI every request opens a
+new database connection), and to the WSGI app (``gpuplatform.wsgi``) under gunicorn with sync
+workers, the alternative NOTES.md suggests, when gunicorn is installed. Tasks, the broker queue
+and the cache (throttle history) are emptied between servers. Clients share the CPUs with the
+server and PostgreSQL; CPU time per request is measured for each, and the number of database
+connections each server opened.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.client
+import importlib.util
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django_q.models import OrmQ
+
+from bench.common import percentile, table, verdict
+from gpuplatform.dburl import current_database_url
+from scheduling.inventory import simulated_uuid
+from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState, Task, TaskEvent
+from tenants import services as tenant_services
+from tenants.models import Membership, Role, Tenant
+
+NEEDS_DATABASE = True
+
+CLIENTS = 6  # client processes = connections = tenants
+POSTS = 2_000
+GETS = 2_000
+WARMUP = 120  # of each kind, not recorded
+PHASE_LIMIT_S = 7.0  # a phase stops early here, so a slow server cannot stretch the run
+WARMUP_LIMIT_S = 1.0
+GET_PATH = "/api/v1/tasks/?limit=50"
+POST_PATH = "/api/v1/tasks/"
+GUNICORN_WORKERS = (2, 4)
+TARGET_SUBMITS_PER_S = 500
+TARGET_P99_S = 0.050
+STARTUP_TIMEOUT_S = 30.0
+STOP_GRACE_S = 10.0
+ROOT = Path(__file__).resolve().parent.parent
+CPUS = os.cpu_count() or 1
+
+
+# --- Clients (forked child processes that never touch the database) -----------------------------
+
+
+def _client(job: tuple) -> dict:
+    """Send ``count`` requests on one keep-alive connection; one latency per request."""
+    port, token, method, path, count, start_at, limit_s, tag = job
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    if method == "POST":
+        headers["Content-Type"] = "application/json"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    sample = ""
+    connects = 0
+    while (wait := start_at - time.perf_counter()) > 0:
+        time.sleep(wait)
+    began, cpu = time.perf_counter(), time.process_time()
+    deadline = began + limit_s
+    for n in range(count):
+        if time.perf_counter() > deadline:
+            break
+        body = None
+        if method == "POST":
+            spec = {"name": f"{tag}-{n}", "command": "python train.py --epochs 1",
+                    "resources": {"gpus": 1}}  # fmt: skip
+            body = json.dumps(spec)
+        t0 = time.perf_counter()
+        try:
+            if conn.sock is None:
+                connects += 1
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            status = response.status
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            status, data = 0, repr(exc).encode()
+        latencies.append(time.perf_counter() - t0)
+        statuses[status] += 1
+        if not 200 <= status < 300 and not sample:
+            sample = f"{status}: {data[:300].decode(errors='replace')}"
+    ended, cpu = time.perf_counter(), time.process_time() - cpu
+    conn.close()
+    return {"latencies": latencies, "statuses": dict(statuses), "began": began, "ended": ended,
+            "sample": sample, "connects": connects, "cpu_s": cpu}  # fmt: skip
+
+
+# --- Servers -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_env() -> dict[str, str]:
+    environ = dict(os.environ)
+    environ.pop("DEBUG", None)
+    environ.update(
+        DATABASE_URL=current_database_url(),
+        DJANGO_SETTINGS_MODULE="gpuplatform.settings",
+        GPUPLATFORM_TESTING="1",
+        Q_SYNC="0",
+        LAUNCH_TASKS="0",
+        API_THROTTLE_RATE="1000000/min",
+    )
+    return environ
+
+
+# Daphne as `make run` starts it, with Django's PostgreSQL connection pool (Django >= 5.1,
+# psycopg_pool) patched into the server's settings before Django loads them. A diagnostic:
+# under ASGI each request runs in a thread of its own, so persistent connections
+# (CONN_MAX_AGE) do not outlive it and every request opens a new PostgreSQL connection; a pool
+# keeps them.
+POOLED_DAPHNE = """
+from gpuplatform import settings
+db = settings.DATABASES["default"]
+db.update(CONN_MAX_AGE=0, OPTIONS={**db.get("OPTIONS", {}), "pool": {"min_size": 2, "max_size": 8}})
+from daphne.cli import CommandLineInterface
+CommandLineInterface.entrypoint()
+"""
+
+
+def server_argv(kind: str, port: int, workers: int) -> list[str]:
+    daphne_args = ["-b", "127.0.0.1", "-p", str(port), "--proxy-headers",
+                   "gpuplatform.asgi:application"]  # fmt: skip
+    if kind == "daphne":  # as scripts/run.py starts it
+        return [sys.executable, "-m", "daphne", *daphne_args]
+    if kind == "daphne-pool":
+        return [sys.executable, "-c", POOLED_DAPHNE, *daphne_args]
+    return [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers),
+            "-b", f"127.0.0.1:{port}", "gpuplatform.wsgi:application"]  # fmt: skip
+
+
+@contextmanager
+def web_server(kind: str, workers: int, tmp: Path) -> Iterator[tuple[int, subprocess.Popen]]:
+    """Start the server in its own process group, output to a file; always stop it."""
+    port = free_port()
+    log = tmp / f"{kind}-{workers}.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(  # noqa: S603 - fixed argv
+            server_argv(kind, port, workers),
+            cwd=ROOT,
+            env=server_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {proc.returncode}:\n{tail(log)}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):  # noqa: S310
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{kind} did not answer in {STARTUP_TIMEOUT_S:.0f} s:\n"
+                                       f"{tail(log)}") from None  # fmt: skip
+                time.sleep(0.2)
+        yield port, proc
+    finally:
+        stop(kind, proc)
+
+
+def stop(kind: str, proc: subprocess.Popen) -> None:
+    """SIGTERM the server, SIGKILL it after STOP_GRACE_S, then any of its workers left."""
+    try:
+        workers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        workers = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        print(f"{kind} did not stop within {STOP_GRACE_S:.0f} s: killing it", flush=True)
+        proc.kill()
+        proc.wait()
+    # psutil checks each is still the process it was (not a reused pid) before killing it.
+    _, alive = psutil.wait_procs(workers, timeout=2)
+    for worker in alive:
+        try:
+            worker.kill()
+        except psutil.Error:
+            pass
+
+
+def tail(log: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def cpu_by_pid(proc: subprocess.Popen) -> tuple[dict[int, float], dict[int, float]]:
+    """CPU seconds so far of the server's processes, and of PostgreSQL's backends serving the
+    bench database (their titles name it)."""
+    server: dict[int, float] = {}
+    try:
+        parent = psutil.Process(proc.pid)
+        for p in [parent, *parent.children(recursive=True)]:
+            server[p.pid] = sum(p.cpu_times()[:2])
+    except psutil.Error:
+        pass
+    database: dict[int, float] = {}
+    title = f" {connection.settings_dict['NAME']} "
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info["cmdline"] or [""]
+        if cmdline[0].startswith("postgres:") and title in cmdline[0]:
+            try:
+                database[p.pid] = sum(p.cpu_times()[:2])
+            except psutil.Error:
+                pass
+    return server, database
+
+
+def _spent(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def machine_busy() -> tuple[float, float]:
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return sum(times) - idle, sum(times)
+
+
+# --- The estate and the load -------------------------------------------------------------------
+
+
+def build_estate() -> list[str]:
+    """One node of 8 GPUs; CLIENTS tenants, each with a member and a token. Returns tokens."""
+    pool, _ = Pool.objects.get_or_create(name="default")
+    node = Node.objects.create(name="bench-api-0", pool=pool, backend="simulated")
+    GPU.objects.bulk_create(
+        GPU(node=node, index=i, uuid=simulated_uuid(node.name, i),
+            model="NVIDIA GeForce RTX 4090", gpu_type="rtx4090-24g", memory_mb=24 * 1024)
+        for i in range(8)
+    )  # fmt: skip
+    secrets = []
+    user_model = get_user_model()
+    for i in range(CLIENTS):
+        tenant = Tenant.objects.create(name=f"bench-api-{i}")
+        user = user_model.objects.create_user(username=f"bench-api-{i}", password=None)
+        Membership.objects.create(user=user, tenant=tenant, role=Role.MEMBER)
+        _, secret = tenant_services.apitoken_create(user=user, tenant=tenant, name="bench")
+        secrets.append(secret)
+    return secrets
+
+
+def reset() -> None:
+    """Empty tasks, the broker's queue, the scheduler's flag and the cache between servers."""
+    tables = [
+        Allocation._meta.db_table,
+        TaskEvent._meta.db_table,
+        Task.depends_on.through._meta.db_table,
+        Task._meta.db_table,
+        SchedulerState._meta.db_table,
+        OrmQ._meta.db_table,
+        settings.CACHES["default"]["LOCATION"],
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")  # noqa: S608 - model names
+    connection.close()  # no connection of ours crosses a fork
+
+
+def run_phase(pool, port: int, secrets: list[str], method: str, path: str, total: int,
+              proc: subprocess.Popen, label: str, limit_s: float) -> dict:  # fmt: skip
+    start_at = time.perf_counter() + 0.2
+    jobs = [
+        (port, secrets[i % len(secrets)], method, path,
+         total // CLIENTS + (i < total % CLIENTS), start_at, limit_s, f"{label}-{i}")
+        for i in range(CLIENTS)
+    ]  # fmt: skip
+    result = pool.map_async(_client, jobs)
+    time.sleep(max(0.0, start_at - time.perf_counter()))
+    (server_before, db_before), (busy_before, all_before) = cpu_by_pid(proc), machine_busy()
+    parts = result.get()
+    (server_after, db_after), (busy_after, all_after) = cpu_by_pid(proc), machine_busy()
+
+    latencies = sorted(lat for part in parts for lat in part["latencies"])
+    statuses: Counter[int] = Counter()
+    for part in parts:
+        statuses.update(part["statuses"])
+    wall = max(p["ended"] for p in parts) - min(p["began"] for p in parts)
+    errors = sum(n for status, n in statuses.items() if not 200 <= status < 300)
+    return {
+        "requests": len(latencies),
+        "planned": total,
+        "wall_s": wall,
+        "per_s": len(latencies) / wall,
+        "p50_s": percentile(latencies, 50),
+        "p90_s": percentile(latencies, 90),
+        "p99_s": percentile(latencies, 99),
+        "max_s": latencies[-1],
+        "errors": errors,
+        "statuses": dict(statuses),
+        "error_sample": next((p["sample"] for p in parts if p["sample"]), ""),
+        "connects": sum(p["connects"] for p in parts),
+        "server_cpu_ms_per_request": _spent(server_before, server_after) * 1000 / len(latencies),
+        "db_cpu_ms_per_request": _spent(db_before, db_after) * 1000 / len(latencies),
+        "client_cpu_ms_per_request": sum(p["cpu_s"] for p in parts) * 1000 / len(latencies),
+        "machine_busy_pct": 100 * (busy_after - busy_before) / max(1e-9, all_after - all_before),
+    }
+
+
+def check_tasks(expected: int) -> dict:
+    """What the submissions left in the database: all pending, passes only queued."""
+    states = dict(Counter(Task.objects.values_list("state", flat=True)))
+    queued = OrmQ.objects.count()
+    connection.close()
+    return {"tasks": sum(states.values()), "expected": expected, "states": states,
+            "passes_queued": queued}  # fmt: skip
+
+
+def measure_server(pool, kind: str, workers: int, secrets: list[str], tmp: Path) -> dict:
+    reset()
+    sessions = db_sessions()
+    began = time.perf_counter()
+    with web_server(kind, workers, tmp) as (port, proc):
+        startup_s = time.perf_counter() - began
+        phase = functools.partial(run_phase, pool, port, secrets, proc=proc)
+        warm = phase("POST", POST_PATH, WARMUP, label="warm", limit_s=WARMUP_LIMIT_S)
+        warm_get = phase("GET", GET_PATH, WARMUP, label="warm", limit_s=WARMUP_LIMIT_S)
+        post = phase("POST", POST_PATH, POSTS, label="bench", limit_s=PHASE_LIMIT_S)
+        get = phase("GET", GET_PATH, GETS, label="bench", limit_s=PHASE_LIMIT_S)
+        requests = sum(p["requests"] for p in (warm, warm_get, post, get))
+    sessions = db_sessions() - sessions  # the server has exited: its backends' stats are in
+    db = check_tasks(expected=sum(p["requests"] - p["errors"] for p in (warm, post)))
+    db["sessions"], db["sessions_per_request"] = sessions, sessions / requests
+    return {"server": kind, "workers": workers, "startup_s": startup_s, "post": post,
+            "get": get, "database": db}  # fmt: skip
+
+
+def db_sessions() -> int:
+    """Connections ever opened to the bench database (PostgreSQL >= 14 counts them)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def gunicorn_version() -> str | None:
+    if importlib.util.find_spec("gunicorn") is None:
+        return None
+    from importlib.metadata import version
+
+    return version("gunicorn")
+
+
+def label_of(run: dict) -> str:
+    if run["server"] == "daphne":
+        return "daphne (ASGI, 1 process)"
+    if run["server"] == "daphne-pool":
+        return "daphne + DB pool (diagnostic)"
+    return f"gunicorn -w {run['workers']} (WSGI, sync)"
+
+
+def met_targets(run: dict) -> bool:
+    post, get = run["post"], run["get"]
+    return (
+        post["errors"] == 0
+        and get["errors"] == 0
+        and post["per_s"] >= TARGET_SUBMITS_PER_S
+        and post["p99_s"] < TARGET_P99_S
+        and get["p99_s"] < TARGET_P99_S
+    )
+
+
+def main() -> dict:
+    secrets = build_estate()
+    servers: list[tuple[str, int]] = [("daphne", 1)]
+    if importlib.util.find_spec("psycopg_pool") is not None:
+        servers.append(("daphne-pool", 1))
+    else:
+        print("daphne with a connection pool skipped: psycopg_pool is not installed")
+    version = gunicorn_version()
+    if version:
+        servers += [("gunicorn", w) for w in GUNICORN_WORKERS]
+    skipped = None if version else "gunicorn is not installed (pip install gunicorn)"
+
+    load = os.getloadavg()[0]
+    connection.close()  # the client processes are forked: they must not share it
+    runs = []
+    context = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp, context.Pool(CLIENTS) as pool:
+        for kind, workers in servers:
+            runs.append(measure_server(pool, kind, workers, secrets, Path(tmp)))
+
+    print(f"{CLIENTS} client processes (one keep-alive connection and one tenant each), "
+          f"{WARMUP} + {WARMUP} warm-up requests, then {POSTS:,} POST {POST_PATH} (1-GPU JSON "
+          f"spec) and {GETS:,} GET {GET_PATH}; {CPUS} CPUs shared by clients, server "
+          f"and PostgreSQL; database {connection.settings_dict['NAME']}")  # fmt: skip
+    print("server environment: Q_SYNC=0 (a pass is queued, not run), LAUNCH_TASKS=0, no "
+          "scheduler, API_THROTTLE_RATE=1000000/min")  # fmt: skip
+    busy = " (other work is running: figures are pessimistic)" if load > 0.5 * CPUS else ""
+    print(f"load average before the run: {load:.2f}{busy}")
+    if version:
+        print(f"gunicorn {version}: sync workers answer 'Connection: close', so each gunicorn "
+              "request includes a new TCP connect (counted in its latency)")  # fmt: skip
+    print()
+    header = ["server", "request", "requests", "req/s", "p50", "p90", "p99", "max", "errors",
+              "connects", "target"]  # fmt: skip
+    rows = []
+    for run in runs:
+        for name, phase, target in (
+            ("POST", run["post"], f">= {TARGET_SUBMITS_PER_S}/s, p99 < 50 ms"),
+            ("GET", run["get"], "p99 < 50 ms"),
+        ):
+            met = phase["errors"] == 0 and phase["p99_s"] < TARGET_P99_S
+            if name == "POST":
+                met = met and phase["per_s"] >= TARGET_SUBMITS_PER_S
+            phase["target_met"] = met
+            done = f"{phase['requests']:,}" + ("*" if phase["requests"] < phase["planned"] else "")
+            rows.append([label_of(run), name, done, f"{phase['per_s']:,.0f}",
+                         _ms(phase["p50_s"]), _ms(phase["p90_s"]), _ms(phase["p99_s"]),
+                         _ms(phase["max_s"]), f"{phase['errors']:,}", f"{phase['connects']:,}",
+                         f"{target}: {verdict(met)}"])  # fmt: skip
+    print(table(header, rows, left=2))
+    if any(run[n]["requests"] < run[n]["planned"] for run in runs for n in ("post", "get")):
+        print(f"* stopped at the {PHASE_LIMIT_S:.0f} s limit of a phase before all its requests")
+    print()
+    print(f"CPU per request (user + system) and the ceiling it implies on {CPUS} CPUs if the "
+          f"clients ran elsewhere; {TARGET_SUBMITS_PER_S}/s leaves "
+          f"{CPUS * 1000 / TARGET_SUBMITS_PER_S:.1f} ms of CPU per request in all")  # fmt: skip
+    rows = []
+    unseen = False
+    for run in runs:
+        # Backends that live for one request come and go between the samples: not counted.
+        fleeting = run["database"]["sessions_per_request"] >= 0.5
+        unseen = unseen or fleeting
+        for name in ("post", "get"):
+            phase = run[name]
+            own = phase["server_cpu_ms_per_request"] + phase["db_cpu_ms_per_request"]
+            phase["ceiling_per_s"] = CPUS * 1000 / own if own > 0 else float("nan")
+            db_ms = "n/a +" if fleeting else f"{phase['db_cpu_ms_per_request']:.2f}"
+            ceiling = f"{'< ' if fleeting else ''}{phase['ceiling_per_s']:,.0f}"
+            rows.append([label_of(run), name.upper(), f"{phase['server_cpu_ms_per_request']:.2f}",
+                         db_ms, f"{phase['client_cpu_ms_per_request']:.2f}",
+                         f"{phase['machine_busy_pct']:.0f}%", ceiling])  # fmt: skip
+    header = ["server", "request", "server ms", "PostgreSQL ms", "clients ms", "machine busy",
+              "ceiling req/s"]  # fmt: skip
+    print(table(header, rows, left=2))
+    if unseen:
+        print("+ a new PostgreSQL connection per request: each backend lives for one request "
+              "and its CPU (connection start included) is not counted")  # fmt: skip
+    print()
+    for run in runs:
+        db = run["database"]
+        states = ", ".join(f"{n:,} {s}" for s, n in sorted(db["states"].items()))
+        print(f"{label_of(run)}: up in {run['startup_s']:.1f} s; {db['tasks']:,} tasks in the "
+              f"database ({states}; {db['expected']:,} accepted); {db['passes_queued']} pass "
+              f"request(s) queued in the broker, none run; {db['sessions']:,} PostgreSQL "
+              f"connections opened ({db['sessions_per_request']:.2f} per request)")  # fmt: skip
+        for name in ("post", "get"):
+            if run[name]["errors"]:
+                print(f"  {name.upper()} errors {run[name]['statuses']}, e.g. "
+                      f"{run[name]['error_sample']}")  # fmt: skip
+    if skipped:
+        print(f"WSGI comparison skipped: {skipped}")
+
+    for run in runs:
+        run["target_met"] = met_targets(run)
+    winners = [label_of(run) for run in runs if run["target_met"]]
+    best = max(runs, key=lambda run: run["post"]["per_s"])
+    daphne = runs[0]
+    line = (
+        f"conclusion: target (>= {TARGET_SUBMITS_PER_S} submissions/s, p99 < 50 ms) met by "
+        f"{', '.join(winners) if winners else 'no server measured'}; fastest submissions: "
+        f"{label_of(best)} at {best['post']['per_s']:,.0f}/s"
+    )
+    if best is not daphne:
+        line += f" ({best['post']['per_s'] / daphne['post']['per_s']:.1f}x daphne)"
+    print(line)
+    cost = best["post"]["server_cpu_ms_per_request"] + best["post"]["db_cpu_ms_per_request"]
+    budget = CPUS * 1000 / TARGET_SUBMITS_PER_S
+    if not winners and cost > budget:
+        print(f"  a submission costs {cost:.1f} ms of server + PostgreSQL CPU even there; "
+              f"{TARGET_SUBMITS_PER_S}/s on {CPUS} CPUs allows {budget:.1f} ms: the request "
+              "path, not the server, is the limit")  # fmt: skip
+    return {
+        "clients": CLIENTS,
+        "posts": POSTS,
+        "gets": GETS,
+        "gunicorn": version,
+        "skipped": skipped,
+        "target_submits_per_s": TARGET_SUBMITS_PER_S,
+        "target_p99_s": TARGET_P99_S,
+        "load_average": load,
+        "met_by": winners,
+        "runs": runs,
+    }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms"
