@@ -3,7 +3,10 @@ while its own settings load, so they must not import DRF's views)."""
 
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
+from django.db import connection
 from rest_framework import pagination, throttling
 
 from tenants.authentication import TokenContext
@@ -14,18 +17,57 @@ class Page(pagination.LimitOffsetPagination):
     max_limit = 500
 
 
-class TenantThrottle(throttling.SimpleRateThrottle):
-    """Requests per tenant (all its users and tokens together), shared by every web process
-    through the database cache. Answers 429 with Retry-After."""
+class TenantThrottle(throttling.BaseThrottle):
+    """Requests per tenant (all its users and tokens together; per user for browser sessions)
+    in fixed windows, counted in PostgreSQL so every web process shares the count. Answers
+    429 with Retry-After: the seconds left in the window."""
 
-    scope = "tenant"
+    def allow_request(self, request, view) -> bool:
+        key = self.key(request)
+        if key is None:
+            return True
+        limit, seconds = parse_rate(settings.API_THROTTLE_RATE)
+        now = time.time()
+        window = int(now // seconds)
+        self.wait_s = seconds - (now % seconds)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO tenants_requestcount (key, slot, count) VALUES (%s, %s, 1) "
+                "ON CONFLICT (key, slot) DO UPDATE "
+                "SET count = tenants_requestcount.count + 1 RETURNING count",
+                [key, window],
+            )
+            (count,) = cursor.fetchone()
+            if count == 1:  # a new window: forget this key's old ones
+                cursor.execute(
+                    "DELETE FROM tenants_requestcount WHERE key = %s AND slot < %s",
+                    [key, window],
+                )
+        return count <= limit
 
-    def get_rate(self) -> str:
-        return settings.API_THROTTLE_RATE
+    def wait(self) -> float:
+        return self.wait_s
 
-    def get_cache_key(self, request, view) -> str | None:
+    @staticmethod
+    def key(request) -> str | None:
         if not (request.user and request.user.is_authenticated):
             return None
         if isinstance(request.auth, TokenContext):
-            return f"throttle-tenant-{request.auth.tenant.pk}"
-        return f"throttle-user-{request.user.pk}"
+            return f"tenant-{request.auth.tenant.pk}"
+        return f"user-{request.user.pk}"
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """'6000/min' -> (6000, 60). Periods: s, min, h, day (DRF's spelling)."""
+    count, _, period = rate.partition("/")
+    seconds = {
+        "s": 1,
+        "sec": 1,
+        "m": 60,
+        "min": 60,
+        "h": 3600,
+        "hour": 3600,
+        "d": 86400,
+        "day": 86400,
+    }[period]
+    return int(count), seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -161,6 +162,11 @@ REST_FRAMEWORK = {
 }
 # Requests per tenant (or per user for browser sessions), shared by every web process.
 API_THROTTLE_RATE = env.string("API_THROTTLE_RATE", "6000/min")
+if not re.fullmatch(r"\d+/(s|sec|m|min|h|hour|d|day)", API_THROTTLE_RATE):
+    raise ImproperlyConfigured(
+        f"API_THROTTLE_RATE: expected requests/period such as 6000/min (periods: s, min, h, "
+        f"day), got {API_THROTTLE_RATE!r}"
+    )
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuplatform API",
     "VERSION": "1",

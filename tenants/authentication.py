@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
@@ -19,10 +20,10 @@ LAST_USED_PRECISION = timedelta(minutes=1)
 class TokenContext:
     """What `request.auth` holds for token requests: the token and the caller's tenant role."""
 
-    def __init__(self, token: ApiToken, membership: Membership) -> None:
+    def __init__(self, token: ApiToken, role: str) -> None:
         self.token = token
         self.tenant = token.tenant
-        self.role = membership.role
+        self.role = role
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -42,8 +43,13 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_token(self, secret: str):
         prefix = tokens.prefix_of(secret)
+        # One query: the token, its user and tenant, and the owner's role in that tenant.
+        role = Membership.objects.filter(user=OuterRef("user"), tenant=OuterRef("tenant"))
         token = (
-            ApiToken.objects.select_related("user", "tenant").filter(prefix=prefix).first()
+            ApiToken.objects.select_related("user", "tenant")
+            .annotate(role=Subquery(role.values("role")[:1]))
+            .filter(prefix=prefix)
+            .first()
             if prefix
             else None
         )
@@ -56,12 +62,11 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("token expired")
         if not token.user.is_active or not token.tenant.is_active:
             raise exceptions.AuthenticationFailed("user or tenant inactive")
-        membership = Membership.objects.filter(user=token.user, tenant=token.tenant).first()
-        if membership is None:
+        if token.role is None:
             raise exceptions.AuthenticationFailed("token owner is no longer a member of the tenant")
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_PRECISION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        return token.user, TokenContext(token, membership)
+        return token.user, TokenContext(token, token.role)
 
     def authenticate_header(self, request) -> str:
         # Makes DRF answer 401 (with WWW-Authenticate) instead of 403.

@@ -147,3 +147,20 @@ class ApiToken(models.Model):
         if self.revoked_at is not None:
             return False
         return self.expires_at is None or self.expires_at > now
+
+
+class RequestCount(models.Model):
+    """API requests per throttling key and time window: one UPSERT a request, shared by every
+    web process (the database cache needs six round trips for the same)."""
+
+    key = models.CharField(max_length=64)
+    slot = models.BigIntegerField(help_text="Time window number: epoch seconds // its length.")
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["key", "slot"], name="requestcount_unique_slot")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}@{self.slot}: {self.count}"
