@@ -2,6 +2,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.utils.html import format_html
 
+from gpuplatform.admin import ReadOnlyAdmin
 from monitoring import services
 from monitoring.models import Alert, Severity
 
@@ -28,7 +29,7 @@ class OpenFilter(admin.SimpleListFilter):
 
 
 @admin.register(Alert)
-class AlertAdmin(admin.ModelAdmin):
+class AlertAdmin(ReadOnlyAdmin):
     list_display = [
         "opened_at",
         "kind",
@@ -59,14 +60,6 @@ class AlertAdmin(admin.ModelAdmin):
     actions = ["resolve"]
 
     # Alerts are opened and closed by what the platform observes; operators only resolve them.
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def has_resolve_permission(self, request) -> bool:
         return request.user.has_perm("monitoring.change_alert")

@@ -3,6 +3,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.html import format_html
 
+from gpuplatform.admin import ReadOnlyAdmin
 from gpuplatform.units import format_memory_mb
 from scheduling import scheduler, services
 from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState, Task, TaskEvent
@@ -238,40 +239,23 @@ class AllocationAdmin(admin.ModelAdmin):
 
 
 @admin.register(TaskEvent)
-class TaskEventAdmin(admin.ModelAdmin):
+class TaskEventAdmin(ReadOnlyAdmin):
     list_display = ["at", "task", "from_state", "to_state", "attempt", "actor", "reason"]
     list_filter = ["to_state", "from_state"]
     search_fields = ["=task__id", "task__name", "reason"]
     list_select_related = ["task", "actor"]
     date_hierarchy = "at"
 
-    # The audit trail is append-only.
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+    # The audit trail is append-only (ReadOnlyAdmin).
 
 
 @admin.register(SchedulerState)
-class SchedulerStateAdmin(admin.ModelAdmin):
+class SchedulerStateAdmin(ReadOnlyAdmin):
     """How scheduling passes go: read-only, with an action to run one now."""
 
     list_display = ["passes", "last_pass_at", "last_pass_ms", "last_placed", "last_preempted",
                     "last_waiting", "pass_queued"]  # fmt: skip
     actions = ["run_pass_now"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     @admin.action(description="Run a scheduling pass now")
     def run_pass_now(self, request, queryset):

@@ -1,0 +1,19 @@
+"""Admin pieces shared by the apps."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the platform writes itself (audit trails, observed state): operators look, and act
+    only through the admin actions a subclass adds."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
