@@ -17,8 +17,12 @@ def main() -> None:
     try:
         import psycopg
 
-        with psycopg.connect(LOCAL.format(name="postgres"), connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
+        with psycopg.connect(
+            LOCAL.format(name="postgres"), connect_timeout=2, autocommit=True
+        ) as conn:
+            # Django's checks look at the database itself (pytest makes its own test_ one).
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                conn.execute(f'CREATE DATABASE "{name}"')
     except Exception:  # noqa: BLE001 - any failure means "no usable local server"
         return
     print(LOCAL.format(name=name))
