@@ -419,6 +419,7 @@ def main() -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp, context.Pool(CLIENTS) as pool:
         for kind, workers in servers:
             runs.append(measure_server(pool, kind, workers, secrets, Path(tmp)))
+    reset()  # leave an empty queue behind: the next benchmark wants an idle cluster
 
     print(f"{CLIENTS} client processes (one keep-alive connection and one tenant each), "
           f"{WARMUP} + {WARMUP} warm-up requests, then {POSTS:,} POST {POST_PATH} (1-GPU JSON "

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import psutil
 
+PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
+# The name a supervisor shows in ps/top (a forked one would otherwise look like its parent).
+SUPERVISOR_NAME = "gpup-supervisor"
 
 
 def become_subreaper() -> bool:
@@ -25,6 +28,24 @@ def become_subreaper() -> bool:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
+        return False
+
+
+def set_name(name: str) -> None:
+    """The process name ps, top and psutil show (Linux: 15 bytes at most)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def is_supervisor(proc: psutil.Process) -> bool:
+    try:
+        return proc.name() == SUPERVISOR_NAME or (
+            "scheduling.launcher.supervisor" in (proc.cmdline() or [])
+        )
+    except psutil.Error:
         return False
 
 

@@ -88,6 +88,7 @@ class Supervisor:
         from scheduling.models import TaskAttempt
 
         procs.become_subreaper()
+        procs.set_name(procs.SUPERVISOR_NAME)
         self.install_signals()
         me = procs.ProcessId.of(os.getpid())
         TaskAttempt.objects.filter(pk=self.attempt.pk).update(

@@ -8,7 +8,8 @@ import psutil
 import pytest
 from django.db import connection
 
-from scheduling.models import Task
+from scheduling.launcher import procs
+from scheduling.models import Task, TaskAttempt
 from tests.factories import NodeFactory, TenantFactory, make_gpus
 
 
@@ -54,13 +55,17 @@ def stop_supervisors() -> None:
 
 
 def _kill_supervisors() -> int:
+    """Kill the supervisors of this test's attempts (recorded in its database), with their
+    task trees. Supervisors of anything else on the machine are left alone."""
     found = 0
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "scheduling.launcher.supervisor" not in cmdline:
+    for pid, started in TaskAttempt.objects.exclude(supervisor_pid=None).values_list(
+        "supervisor_pid", "supervisor_started"
+    ):
+        if not procs.ProcessId(pid, started).alive():
             continue
         try:
-            tree = [proc, *proc.children(recursive=True)]
+            supervisor = psutil.Process(pid)
+            tree = [supervisor, *supervisor.children(recursive=True)]
         except psutil.Error:
             continue
         found += 1
