@@ -21,6 +21,7 @@ from scheduling.policy import (
     RunningView,
     Snapshot,
     TenantView,
+    occupied,
     schedule,
 )
 from scheduling.replay import check_decision
@@ -152,28 +153,17 @@ def _running(rng: random.Random, gpu_count: int) -> list[RunningView]:
 
 
 def _gpus(gpu_count: int, running: list[RunningView]) -> tuple[GpuView, ...]:
-    reserved: dict[int, int] = {}
-    holders: dict[int, int] = {}
-    exclusive: set[int] = set()
-    for task in running:
-        for gpu_id, mb in task.gpus:
-            reserved[gpu_id] = reserved.get(gpu_id, 0) + mb
-            holders[gpu_id] = holders.get(gpu_id, 0) + 1
-            if task.exclusive:
-                exclusive.add(gpu_id)
-    return tuple(
+    idle = (
         GpuView(
             id=gpu_id,
             node=f"node-{(gpu_id - 1) // GPUS_PER_NODE:03d}",
             pool=POOL,
             gpu_type=GPU_TYPE,
             memory_mb=GPU_MB,
-            reserved_mb=reserved.get(gpu_id, 0),
-            holders=holders.get(gpu_id, 0),
-            exclusive=gpu_id in exclusive,
         )
         for gpu_id in range(1, gpu_count + 1)
     )
+    return occupied(idle, running)
 
 
 def build_snapshot(pending: int, gpu_count: int, *, half_busy: bool) -> Snapshot:

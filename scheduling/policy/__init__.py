@@ -14,6 +14,7 @@ from scheduling.policy.model import (
     RunningView,
     Snapshot,
     TenantView,
+    occupied,
 )
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "RunningView",
     "Snapshot",
     "TenantView",
+    "occupied",
     "schedule",
     "schedule_fifo",
 ]

@@ -7,7 +7,8 @@ apply the Decision. Times are seconds (floats) on whatever clock the caller uses
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 BATCH = "batch"
 ONLINE = "online"
@@ -151,3 +152,28 @@ class Decision:
     placements: list[Placement] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     waiting: dict[int, str] = field(default_factory=dict)  # task id -> reason it waits
+
+
+def occupied(gpus: Iterable[GpuView], running: Iterable[RunningView]) -> tuple[GpuView, ...]:
+    """The GPUs as the running tasks leave them: reserved memory, holders, exclusive use.
+
+    What the service reads from its allocations, for callers that build snapshots by hand
+    (benchmarks, tests)."""
+    reserved: dict[int, int] = {}
+    holders: dict[int, int] = {}
+    exclusive: set[int] = set()
+    for task in running:
+        for gpu_id, mb in task.gpus:
+            reserved[gpu_id] = reserved.get(gpu_id, 0) + mb
+            holders[gpu_id] = holders.get(gpu_id, 0) + 1
+            if task.exclusive:
+                exclusive.add(gpu_id)
+    return tuple(
+        replace(
+            gpu,
+            reserved_mb=gpu.reserved_mb + reserved.get(gpu.id, 0),
+            holders=gpu.holders + holders.get(gpu.id, 0),
+            exclusive=gpu.exclusive or gpu.id in exclusive,
+        )
+        for gpu in gpus
+    )

@@ -14,6 +14,7 @@ from scheduling.policy import (
     RunningView,
     Snapshot,
     TenantView,
+    occupied,
     schedule,
     schedule_fifo,
 )
@@ -63,34 +64,6 @@ def running(
         gpus=reserved,
         exclusive=shared_mb is None,
         **fields,
-    )
-
-
-def occupied(gpu_views, holders: list[RunningView]) -> tuple[GpuView, ...]:
-    """The GPU views as the service would build them with ``holders`` running."""
-    reserved: dict[int, int] = {}
-    count: dict[int, int] = {}
-    exclusive: set[int] = set()
-    for r in holders:
-        for gpu_id, mb in r.gpus:
-            reserved[gpu_id] = reserved.get(gpu_id, 0) + mb
-            count[gpu_id] = count.get(gpu_id, 0) + 1
-            if r.exclusive:
-                exclusive.add(gpu_id)
-    return tuple(
-        GpuView(
-            id=g.id,
-            node=g.node,
-            pool=g.pool,
-            gpu_type=g.gpu_type,
-            memory_mb=g.memory_mb,
-            reserved_mb=reserved.get(g.id, 0),
-            holders=count.get(g.id, 0),
-            exclusive=g.id in exclusive,
-            foreign_mb=g.foreign_mb,
-            schedulable=g.schedulable,
-        )
-        for g in gpu_views
     )
 
 
