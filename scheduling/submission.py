@@ -52,26 +52,36 @@ def _cluster_shapes() -> list[_Shape]:
     ]
 
 
-def _feasibility(spec: TaskSpec, shapes: list[_Shape], prefix: str) -> dict[str, list[str]]:
+@dataclass(frozen=True)
+class _Estate:
+    """Pools and nodes, read once per submission however many tasks it holds."""
+
+    pools: dict[str, Pool]
+    nodes: set[str]
+    nodes_by_pool: set[str]  # pools that have at least one node
+
+
+def _feasibility(
+    spec: TaskSpec, shapes: list[_Shape], estate: _Estate, prefix: str
+) -> dict[str, list[str]]:
     """Could any node of the cluster ever run this task? Field -> reasons if not."""
     errors: dict[str, list[str]] = {}
 
     def add(field: str, reason: str) -> None:
         errors.setdefault(f"{prefix}{field}", []).append(reason)
 
-    if spec.pool and not Pool.objects.filter(name=spec.pool).exists():
-        known = ", ".join(Pool.objects.values_list("name", flat=True)) or "none"
+    if spec.pool and spec.pool not in estate.pools:
+        known = ", ".join(sorted(estate.pools)) or "none"
         add("resources.pool", f"unknown pool {spec.pool!r} (pools: {known})")
         return errors
-    if spec.node and not Node.objects.filter(name=spec.node).exists():
+    if spec.node and spec.node not in estate.nodes:
         add("resources.node", f"unknown node {spec.node!r}")
         return errors
     if spec.gpus_max == 0:
-        nodes = Node.objects.all()
-        if spec.pool:
-            nodes = nodes.filter(pool__name=spec.pool)
-        if not nodes.exists():
+        if spec.pool and spec.pool not in estate.nodes_by_pool:
             add("resources.pool", f"pool {spec.pool!r} has no nodes to run the task on")
+        elif not estate.nodes:
+            add("resources.gpus", "the cluster has no nodes to run the task on")
         return errors
     candidates = [
         s
@@ -124,19 +134,21 @@ def _quota_errors(
 
 
 def _resolve_after(
-    spec: TaskSpec, tenant: Tenant, earlier: dict[str, Task]
-) -> tuple[list[Task], list[str]]:
-    """Tasks named in ``after``: by id, by a name earlier in this batch, or by the tenant's
-    latest task of that name."""
-    found: list[Task] = []
+    spec: TaskSpec, tenant: Tenant, batch: set[str]
+) -> tuple[list[Task | str], list[str]]:
+    """Tasks named in ``after``: by id, by the name of a task earlier in this batch (kept as
+    the name: it exists once the batch is created), or by the tenant's latest task of that
+    name."""
+    found: list[Task | str] = []
     problems: list[str] = []
     for ref in spec.after:
+        if isinstance(ref, str) and ref in batch:
+            found.append(ref)
+            continue
         if isinstance(ref, int):
             task = Task.objects.filter(tenant=tenant, pk=ref).first()
         else:
-            task = earlier.get(ref) or (
-                Task.objects.filter(tenant=tenant, name=ref).order_by("-id").first()
-            )
+            task = Task.objects.filter(tenant=tenant, name=ref).order_by("-id").first()
         if task is None:
             # Same words whether the task does not exist or belongs to someone else.
             problems.append(f"no task {'#' if isinstance(ref, int) else ''}{ref} in this tenant")
@@ -159,28 +171,33 @@ def tasks_submit(
     quota = Quota.objects.filter(tenant=tenant, pool__isnull=True).first()
     queued = Task.objects.filter(tenant=tenant, state__in=QUEUED_STATES).count() + len(specs)
     shapes = _cluster_shapes()
+    estate = _Estate(
+        pools={pool.name: pool for pool in Pool.objects.all()},
+        nodes=set(Node.objects.values_list("name", flat=True)),
+        nodes_by_pool=set(Node.objects.values_list("pool__name", flat=True)),
+    )
     errors: dict[str, list[str]] = {}
     many = len(specs) > 1
-    resolved: list[list[Task]] = []
-    earlier: dict[str, Task] = {}
-    placeholders: dict[str, Task] = {}
+    resolved: list[list[Task | str]] = []
+    batch: set[str] = set()
     for i, spec in enumerate(specs):
         prefix = f"[{i}]." if many else ""
-        errors.update(_feasibility(spec, shapes, prefix))
+        errors.update(_feasibility(spec, shapes, estate, prefix))
         errors.update(_quota_errors(spec, quota, prefix, queued))
         try:
             paths.workdir(tenant.name, spec.workdir)
         except paths.PathEscape as exc:
             errors[f"{prefix}workdir"] = [str(exc).removeprefix("workdir: ")]
-        deps, problems = _resolve_after(spec, tenant, placeholders)
+        deps, problems = _resolve_after(spec, tenant, batch)
         if problems:
             errors[f"{prefix}policy.after"] = problems
         resolved.append(deps)
-        placeholders[spec.name] = Task(name=spec.name)  # resolvable by later documents
+        batch.add(spec.name)
     if errors:
         raise SubmitError(errors)
 
     created: list[Task] = []
+    earlier: dict[str, Task] = {}
     for spec, deps in zip(specs, resolved, strict=True):
         task = Task.objects.create(
             tenant=tenant,
@@ -198,15 +215,14 @@ def tasks_submit(
             gpus_max=spec.gpus_max,
             gpu_memory_mb=spec.gpu_memory_mb,
             gpu_type=spec.gpu_type,
-            pool=Pool.objects.filter(name=spec.pool).first() if spec.pool else None,
+            pool=estate.pools.get(spec.pool),
             required_node=spec.node,
             timeout_s=spec.timeout_s,
             retries=spec.retries,
             reason="submitted; waiting for the scheduler",
         )
-        real_deps = [earlier[d.name] if d.pk is None else d for d in deps]
-        if real_deps:
-            task.depends_on.set(real_deps)
+        if deps:
+            task.depends_on.set([earlier[d] if isinstance(d, str) else d for d in deps])
         earlier[spec.name] = task
         created.append(task)
     TaskEvent.objects.bulk_create(

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
     processes = backend.processes()
+    for problem in getattr(backend, "process_problems", ()):
+        logger.warning("node %s: %s (its GPU memory is not checked this time)", node_name, problem)
     node = Node.objects.get(name=node_name)
     gpus = {gpu.uuid: gpu for gpu in GPU.objects.filter(node=node).exclude(state="offline")}
     readable = set(gpus) - set(getattr(backend, "unlisted_gpus", ()))

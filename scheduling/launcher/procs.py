@@ -40,15 +40,6 @@ def set_name(name: str) -> None:
         pass
 
 
-def is_supervisor(proc: psutil.Process) -> bool:
-    try:
-        return proc.name() == SUPERVISOR_NAME or (
-            "scheduling.launcher.supervisor" in (proc.cmdline() or [])
-        )
-    except psutil.Error:
-        return False
-
-
 @dataclass(frozen=True)
 class ProcessId:
     """A pid plus its start time: a reused pid never passes for the original process."""

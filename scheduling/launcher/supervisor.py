@@ -21,6 +21,7 @@ import sys
 import time
 
 import django
+from django.conf import settings  # lazy: read after django.setup()
 
 logger = logging.getLogger("scheduling.supervisor")
 
@@ -115,14 +116,14 @@ class Supervisor:
         finally:
             os.close(log)
         if not lifecycle.attempt_started(self.attempt, procs.ProcessId.of(child.pid)):
-            procs.kill_tree(settings().TASK_STOP_GRACE, keep=child.pid)
+            procs.kill_tree(settings.TASK_STOP_GRACE, keep=child.pid)
             return self.finish(child.wait())
         return self.watch(child)
 
     def run_as(self) -> dict:
         """Run as the tenant's Unix user when configured and we are root."""
         name = self.task.tenant.unix_user
-        if not (settings().RUN_AS_TENANT_USER and name and os.geteuid() == 0):
+        if not (settings.RUN_AS_TENANT_USER and name and os.geteuid() == 0):
             return {}
         entry = pwd.getpwnam(name)
         return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
@@ -152,11 +153,11 @@ class Supervisor:
                 timed_out = True
                 self.stop_asked = True
             if self.stop_asked:
-                procs.kill_tree(settings().TASK_STOP_GRACE, keep=child.pid)
+                procs.kill_tree(settings.TASK_STOP_GRACE, keep=child.pid)
                 code = child.wait()
                 break
         # The main process is done; nothing it started may outlive it.
-        procs.kill_tree(min(5, settings().TASK_STOP_GRACE), keep=None)
+        procs.kill_tree(min(5, settings.TASK_STOP_GRACE), keep=None)
         procs.reap()
         return self.finish(code, timed_out=timed_out)
 
@@ -218,12 +219,6 @@ class Supervisor:
             logger.warning("database unavailable (%s); will retry", exc)
             close_old_connections()
             return default
-
-
-def settings():
-    from django.conf import settings as django_settings
-
-    return django_settings
 
 
 def main(argv: list[str]) -> int:

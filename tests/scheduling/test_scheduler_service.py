@@ -293,3 +293,17 @@ def test_drained_gpus_and_silent_nodes_get_no_work(lab, workstation):
     scheduler.schedule_pass()
     assert state(task) == TaskState.SCHEDULED
     assert TaskEvent.objects.filter(task=task, to_state="scheduled").count() == 1
+
+
+def test_a_batch_reads_the_estate_once_however_many_tasks_it_holds(lab, workstation):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(count: int) -> int:
+        specs = [spec(f"s{count}-{i}", pool="default") for i in range(count)]
+        with CaptureQueriesContext(connection) as captured:
+            tasks_submit(tenant=lab, specs=specs)
+        return len(captured)
+
+    # Each extra task costs its own INSERT and nothing else.
+    assert queries(10) - queries(1) == 9
