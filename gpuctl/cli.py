@@ -508,19 +508,30 @@ def get_gpus(ctx: Context) -> int:
             rows.append(row)
         return out.table(headers, rows, fit=not ctx.wide)
 
-    if not gpus and not ctx.structured:
-        out.note("no GPUs registered")
+    return show_listing(ctx, gpus, human, "no GPUs registered")
+
+
+def named(ctx: Context, items: list[dict], noun: str) -> list[dict]:
+    """The listed items the command line named (all when it named none); none found is 404."""
+    if not ctx.args.names:
+        return items
+    wanted = set(ctx.args.names)
+    found = [item for item in items if item["name"] in wanted]
+    if not found:
+        raise CliError(f"no {noun} {', '.join(ctx.args.names)}", EXIT_NOT_FOUND)
+    return found
+
+
+def show_listing(ctx: Context, items: list[dict], human, empty: str) -> int:
+    if not items and not ctx.structured:
+        out.note(empty)
         return EXIT_OK
-    ctx.show(gpus, human)
+    ctx.show(items, human)
     return EXIT_OK
 
 
 def get_nodes(ctx: Context) -> int:
-    nodes, _ = ctx.client.list("nodes/")
-    if ctx.args.names:
-        nodes = [n for n in nodes if n["name"] in set(ctx.args.names)]
-        if not nodes:
-            raise CliError(f"no node {', '.join(ctx.args.names)}", EXIT_NOT_FOUND)
+    nodes = named(ctx, ctx.client.list("nodes/")[0], "node")
 
     def human() -> str:
         headers = ["NAME", "POOL", "STATE", "BACKEND", "GPUS", "HEARTBEAT", "REASON"]
@@ -538,19 +549,11 @@ def get_nodes(ctx: Context) -> int:
         ]
         return out.table(headers, rows, fit=not ctx.wide)
 
-    if not nodes and not ctx.structured:
-        out.note("no nodes registered")
-        return EXIT_OK
-    ctx.show(nodes, human)
-    return EXIT_OK
+    return show_listing(ctx, nodes, human, "no nodes registered")
 
 
 def get_pools(ctx: Context) -> int:
-    pools, _ = ctx.client.list("pools/")
-    if ctx.args.names:
-        pools = [p for p in pools if p["name"] in set(ctx.args.names)]
-        if not pools:
-            raise CliError(f"no pool {', '.join(ctx.args.names)}", EXIT_NOT_FOUND)
+    pools = named(ctx, ctx.client.list("pools/")[0], "pool")
     headers = ["NAME", "NODES", "GPUS", "DESCRIPTION"]
     rows = [
         [p["name"], p.get("node_count"), p.get("gpu_count"), p.get("description")] for p in pools

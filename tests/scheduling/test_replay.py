@@ -373,6 +373,13 @@ def gpu(gpu_id: int, node: str = "n1", **kwargs) -> GpuView:
     return GpuView(id=gpu_id, node=node, pool="default", gpu_type="sim", memory_mb=MEM, **kwargs)
 
 
+def holder(**kwargs) -> RunningView:
+    """Task 1, running exclusively on GPU 0 of node n1."""
+    fields = {"id": 1, "tenant": "t", "node": "n1", "gpus": ((0, MEM),), "exclusive": True,
+              "started_at": 0} | kwargs  # fmt: skip
+    return RunningView(**fields)
+
+
 def pending(task_id: int, gpus: int = 1, memory_mb: int | None = None) -> PendingView:
     return PendingView(
         id=task_id,
@@ -441,17 +448,7 @@ def test_the_checker_catches_placing_a_task_that_is_not_pending() -> None:
 
 
 def test_the_checker_catches_preempting_an_online_task() -> None:
-    running = RunningView(
-        id=1,
-        tenant="t",
-        priority=90,
-        task_class=ONLINE,
-        preemptible=False,
-        node="n1",
-        gpus=((0, MEM),),
-        exclusive=True,
-        started_at=0,
-    )
+    running = holder(priority=90, task_class=ONLINE, preemptible=False)
     snapshot = Snapshot(
         now=0,
         gpus=(gpu(0, reserved_mb=MEM, holders=1, exclusive=True),),
@@ -464,17 +461,7 @@ def test_the_checker_catches_preempting_an_online_task() -> None:
 
 
 def test_the_checker_frees_a_victims_gpus_for_placements_in_the_same_decision() -> None:
-    running = RunningView(
-        id=1,
-        tenant="t",
-        priority=10,
-        task_class=BATCH,
-        preemptible=True,
-        node="n1",
-        gpus=((0, MEM),),
-        exclusive=True,
-        started_at=0,
-    )
+    running = holder(priority=10, task_class=BATCH, preemptible=True)
     snapshot = Snapshot(
         now=0,
         gpus=(gpu(0, reserved_mb=MEM, holders=1, exclusive=True),),
