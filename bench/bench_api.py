@@ -42,10 +42,10 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django_q.models import OrmQ
 
-from bench.common import percentile, table, verdict
+from bench.common import clear_tasks, percentile, table, verdict
 from gpuplatform.dburl import current_database_url
 from scheduling.inventory import simulated_uuid
-from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState, Task, TaskEvent
+from scheduling.models import GPU, Node, Pool, Task
 from tenants import services as tenant_services
 from tenants.models import Membership, Role, Tenant
 
@@ -283,17 +283,7 @@ def build_estate() -> list[str]:
 
 def reset() -> None:
     """Empty tasks, the broker's queue, the scheduler's flag and the cache between servers."""
-    tables = [
-        Allocation._meta.db_table,
-        TaskEvent._meta.db_table,
-        Task.depends_on.through._meta.db_table,
-        Task._meta.db_table,
-        SchedulerState._meta.db_table,
-        OrmQ._meta.db_table,
-        settings.CACHES["default"]["LOCATION"],
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")  # noqa: S608 - model names
+    clear_tasks(OrmQ._meta.db_table, settings.CACHES["default"]["LOCATION"])
     connection.close()  # no connection of ours crosses a fork
 
 

@@ -15,9 +15,9 @@ import time
 
 from django.db import connection
 
-from bench.common import table, verdict
+from bench.common import clear_tasks, table, verdict
 from scheduling.inventory import simulated_uuid
-from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState, Task, TaskEvent
+from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState
 from scheduling.scheduler import schedule_pass
 from scheduling.spec import TaskSpec
 from scheduling.submission import task_submit, tasks_submit
@@ -81,18 +81,6 @@ def hold_passes() -> None:
     would run a whole pass inline and the timed pass below would find nothing to place.
     """
     SchedulerState.objects.update_or_create(pk=1, defaults={"pass_queued": True})
-
-
-def clear_tasks() -> None:
-    tables = [
-        Allocation._meta.db_table,
-        TaskEvent._meta.db_table,
-        Task.depends_on.through._meta.db_table,
-        Task._meta.db_table,
-        SchedulerState._meta.db_table,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")  # noqa: S608 - model names
 
 
 def one_round(tenants: list[Tenant], rng: random.Random) -> dict:

@@ -45,3 +45,22 @@ def verdict(met: bool | None) -> str:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f} ms"
+
+
+def clear_tasks(*extra_tables: str) -> None:
+    """Empty every task table (and ``extra_tables``) between benchmark rounds."""
+    from django.db import connection
+
+    from scheduling.models import Allocation, SchedulerState, Task, TaskAttempt, TaskEvent
+
+    tables = [
+        Allocation._meta.db_table,
+        TaskEvent._meta.db_table,
+        TaskAttempt._meta.db_table,
+        Task.depends_on.through._meta.db_table,
+        Task._meta.db_table,
+        SchedulerState._meta.db_table,
+        *extra_tables,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")  # noqa: S608 - model names
