@@ -236,8 +236,19 @@ TASKS_ROOT = Path(env.string("GPUPLATFORM_TASKS_ROOT", str(VAR_DIR / "tasks"))).
 TASK_LOG_DIR = Path(env.string("GPUPLATFORM_TASK_LOG_DIR", str(VAR_DIR / "logs"))).resolve()
 # Seconds between SIGTERM and SIGKILL when a task is cancelled, preempted or times out.
 TASK_STOP_GRACE = env.integer("TASK_STOP_GRACE", 30, minimum=0)
-# When the platform runs as root, run each tenant's tasks as the tenant's unix_user.
-RUN_AS_TENANT_USER = env.boolean("RUN_AS_TENANT_USER", False)
+# When the node agent runs as root, each tenant's tasks run as its own Unix user: the
+# tenant's unix_user, or one the platform creates named TENANT_USER_PREFIX + tenant name.
+TENANT_USER_PREFIX = env.string("TENANT_USER_PREFIX", "gpu-")
+if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,15}", TENANT_USER_PREFIX):
+    raise ImproperlyConfigured(
+        f"TENANT_USER_PREFIX: lowercase letters, digits, '_' and '-' (at most 16, not starting "
+        f"with a digit or '-'), got {TENANT_USER_PREFIX!r}"
+    )
+# One cgroup per attempt, under <CGROUP_NAME>/<node> in each cgroup hierarchy (root only).
+USE_CGROUPS = env.boolean("USE_CGROUPS", True)
+CGROUP_NAME = env.string("CGROUP_NAME", "gpuplatform")
+if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", CGROUP_NAME) or CGROUP_NAME in (".", ".."):
+    raise ImproperlyConfigured(f"CGROUP_NAME: a plain directory name, got {CGROUP_NAME!r}")
 # User failures are retried after RETRY_BACKOFF * 2^(n-1) seconds (at most an hour).
 RETRY_BACKOFF = env.integer("RETRY_BACKOFF", 10, minimum=0)
 # Infrastructure failures (node lost, supervisor gone) requeue a task this many times, then

@@ -12,6 +12,7 @@ class AlertKind(models.TextChoices):
     GPU_FAILED = "gpu_failed", "GPU failed"
     NODE_OFFLINE = "node_offline", "node offline"
     TASK_LOST = "task_lost", "task lost"
+    TASK_LOG_IO = "task_log_io", "task log cannot be written"
 
 
 class Severity(models.TextChoices):

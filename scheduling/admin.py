@@ -6,6 +6,7 @@ from django.utils.html import format_html
 from gpuplatform.admin import ReadOnlyAdmin
 from gpuplatform.units import format_memory_mb
 from scheduling import scheduler, services
+from scheduling.launcher.identity import SINGLE_USER_NOTE
 from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState, Task, TaskEvent
 
 
@@ -43,17 +44,36 @@ class NodeAdmin(admin.ModelAdmin):
         "backend",
         "hostname",
         "heartbeat_age",
+        "isolation",
         "state_reason",
     ]
     list_filter = ["state", "pool", "backend"]
     search_fields = ["name", "hostname"]
     list_select_related = ["pool"]
-    readonly_fields = ["registered_at", "last_heartbeat", "backend", "hostname"]
+    readonly_fields = [
+        "registered_at",
+        "last_heartbeat",
+        "backend",
+        "hostname",
+        "isolation",
+        "process_tracking",
+    ]
     inlines = [GpuInline]
     actions = ["drain", "undrain"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(gpu_count=Count("gpus"))
+
+    def changelist_view(self, request, extra_context=None):
+        shared = Node.objects.filter(isolation=SINGLE_USER_NOTE).values_list("name", flat=True)
+        if shared:
+            self.message_user(
+                request,
+                f"{', '.join(shared)}: {SINGLE_USER_NOTE} (its node agent does not run as "
+                "root, so every task runs as the platform's own user).",
+                messages.WARNING,
+            )
+        return super().changelist_view(request, extra_context)
 
     @admin.display(ordering="gpu_count", description="GPUs")
     def gpu_count(self, obj: Node) -> int:

@@ -10,18 +10,20 @@ import logging
 import signal
 import socket
 import threading
+import time
 
 from django.db import DatabaseError, close_old_connections
 
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend
-from scheduling.launcher import gpuwatch, lifecycle
+from scheduling.launcher import gpuwatch, identity, lifecycle, tracking
 from scheduling.launcher.cluster import NodeCluster
 
 logger = logging.getLogger(__name__)
 
 RECONCILE_EVERY = 6  # heartbeats
+WATCH_EVERY_S = 1.0  # how soon a dead supervisor is noticed
 
 
 class AgentError(Exception):
@@ -78,13 +80,19 @@ class NodeAgent:
             hostname=socket.gethostname(),
             backend=self.backend.name,
             gpus=gpus,
+            isolation=identity.isolation_mode(),
+            process_tracking=tracking.describe(),
         )
         self._last_seen = tuple(gpus)
         return gpus
 
     def tick(self) -> None:
-        """One heartbeat. Re-registers when discovery changed or the node row went missing;
-        reconciles this node's tasks on the first tick and every RECONCILE_EVERY after."""
+        """One heartbeat. Reconciles this node's tasks on the first tick and every
+        RECONCILE_EVERY after, before the heartbeat: what must not run here is gone before the
+        node's GPUs are offered. Re-registers when discovery changed or the node row went
+        missing."""
+        if self.ticks % RECONCILE_EVERY == 0:
+            self.reconcile()
         gpus = tuple(self.backend.discover())
         if gpus != self._last_seen:
             logger.info("node %s: GPU set changed, registering %d GPU(s)", self.name, len(gpus))
@@ -92,15 +100,13 @@ class NodeAgent:
         elif not services.node_heartbeat(name=self.name):
             logger.warning("node %s: unknown to the database, registering again", self.name)
             self.register()
-        if self.ticks % RECONCILE_EVERY == 0:
-            self.reconcile()
         gpuwatch.check_gpu_memory(self.name, self.backend)
         self.ticks += 1
 
     def reconcile(self) -> dict[str, int]:
         """Tasks the database thinks run here: re-adopt, finish from their exit file, or mark
         lost and requeue (see scheduling.launcher.lifecycle.reconcile_node)."""
-        counts = lifecycle.reconcile_node(self.name)
+        counts = lifecycle.reconcile_node(self.name, startup=self.ticks == 0)
         if any(counts.values()):
             logger.info("node %s reconciled its tasks: %s", self.name, counts)
         return counts
@@ -109,27 +115,39 @@ class NodeAgent:
         """Heartbeat until stopped; with ``launcher``, also run this node's django-q2 cluster,
         which launches and controls the tasks placed here."""
         self._install_signal_handlers()
+        identity.secure_platform_dirs()
+        if not identity.privileged():
+            logger.warning(
+                "node %s: %s (the agent is not root: every task runs as this user)",
+                self.name,
+                identity.SINGLE_USER_NOTE,
+            )
         cluster = NodeCluster(self.name) if launcher else None
         if cluster is not None:
             cluster.start()
         interval = self.config.heartbeat.interval_s
         logger.info(
-            "node agent %s starting: GPUs via %s, heartbeat every %ss",
+            "node agent %s starting: GPUs via %s, heartbeat every %ss, tasks tracked by %s",
             self.name,
             self.backend.name,
             interval,
+            tracking.describe(),
         )
+        next_tick = 0.0
         while not self.stopping.is_set():
             try:
                 close_old_connections()
-                self.tick()  # the first tick registers
+                if time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + interval
+                    self.tick()  # the first tick registers
+                lifecycle.watch_supervisors(self.name)
                 if cluster is not None:
                     cluster.keep_alive()
             except DatabaseError as exc:
                 # The database may be restarting: keep the agent alive and try again next tick.
                 logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
                 close_old_connections()
-            self.stopping.wait(interval)
+            self.stopping.wait(min(WATCH_EVERY_S, interval))
         if cluster is not None:
             cluster.stop()
         self.backend.close()

@@ -42,6 +42,18 @@ class Node(models.Model):
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
     hostname = models.CharField(max_length=255, blank=True)
     backend = models.CharField(max_length=16, blank=True, help_text="nvml or simulated")
+    isolation = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="How tenants are separated on this host: their own Unix users, or "
+        "single-user mode (the agent is not root: tenants are not isolated on this host).",
+    )
+    process_tracking = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="How an attempt's processes are tracked and killed: cgroups, or the "
+        "supervisor's process tree.",
+    )
     state = models.CharField(
         max_length=16, choices=NodeState.choices, default=NodeState.AVAILABLE, db_index=True
     )

@@ -107,6 +107,8 @@ def node_register(
     backend: str,
     gpus: Iterable[GpuInfo],
     pool_description: str = "",
+    isolation: str = "",
+    process_tracking: str = "",
 ) -> Node:
     """Record a node and the GPUs its agent discovered. Idempotent: safe on every restart.
 
@@ -117,10 +119,18 @@ def node_register(
     pool = pool_ensure(name=pool_name, description=pool_description)
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,
-        defaults={"pool": pool, "hostname": hostname, "backend": backend, "last_heartbeat": now},
+        defaults={
+            "pool": pool,
+            "hostname": hostname,
+            "backend": backend,
+            "last_heartbeat": now,
+            "isolation": isolation,
+            "process_tracking": process_tracking,
+        },
     )
     if not created:
         node.pool, node.hostname, node.backend, node.last_heartbeat = pool, hostname, backend, now
+        node.isolation, node.process_tracking = isolation, process_tracking
         if node.state == NodeState.OFFLINE and node.state_reason == NODE_SILENT:
             _resume(node, NodeState.AVAILABLE)
         node.save()

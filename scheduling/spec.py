@@ -30,6 +30,9 @@ MAX_WORKDIR = 1024  # characters in a workdir (Task.workdir)
 MAX_SWEEP_TASKS = 1000  # tasks one sweep may expand to
 MAX_GPUS = 64  # GPUs one task may ask for
 MAX_GPU_MEMORY_MB = 1024 * 1024  # 1 TiB per GPU: no card comes near, so more is a typo
+MAX_MEMORY_MB = 64 * 1024 * 1024  # 64 TiB of host memory: more is a typo
+MAX_CPUS = 1024
+MAX_PIDS = 4_194_304  # the kernel's own pid_max ceiling
 MAX_TIMEOUT_S = 365 * 86400  # a year; longer is a typo, and stays inside Task.timeout_s
 MAX_RETRIES = 10
 MAX_AFTER = 50  # tasks one task may wait for
@@ -70,7 +73,7 @@ _RESERVED_NAMES = {
 }
 
 _TASK_KEYS = tuple("kind name queue priority class command workdir env resources policy".split())
-_RESOURCE_KEYS = ("gpus", "gpu_memory", "gpu_type", "pool", "node")
+_RESOURCE_KEYS = ("gpus", "gpu_memory", "gpu_type", "pool", "node", "memory", "cpus", "pids")
 _POLICY_KEYS = ("timeout", "retries", "preemptible", "after")
 _SWEEP_KEYS = ("kind", "name", "parameters", "template")
 
@@ -93,6 +96,10 @@ class TaskSpec:
     gpu_type: str = ""
     pool: str = ""
     node: str = ""
+    # Host limits, enforced by the attempt's cgroup where the node has cgroups.
+    memory_mb: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
     timeout_s: int | None = None
     retries: int = 0
     after: tuple[str | int, ...] = ()
@@ -121,6 +128,9 @@ class TaskSpec:
                 "gpu_type": self.gpu_type,
                 "pool": self.pool,
                 "node": self.node,
+                "memory": None if self.memory_mb is None else f"{self.memory_mb}Mi",
+                "cpus": self.cpus,
+                "pids": self.pids,
             },
             "policy": {
                 "timeout": None if self.timeout_s is None else format_duration_s(self.timeout_s),
@@ -426,7 +436,7 @@ def _env_value(value: object) -> str:
 
 def _resources(value: object, problems: _Problems, path: str) -> dict[str, Any]:
     fields: dict[str, Any] = {"gpus_min": 1, "gpus_max": 1, "gpu_memory_mb": None}
-    fields.update(gpu_type="", pool="", node="")
+    fields.update(gpu_type="", pool="", node="", memory_mb=None, cpus=None, pids=None)
     data = None if value is None else _mapping(value, problems, path, _RESOURCE_KEYS)
     if data is None:
         return fields
@@ -436,6 +446,9 @@ def _resources(value: object, problems: _Problems, path: str) -> dict[str, Any]:
     fields["gpu_type"] = read.get("gpu_type", _slug(_GPU_TYPE_RE, "'.'"), "")
     fields["pool"] = read.get("pool", _slug(_SLUG_RE), "")
     fields["node"] = read.get("node", _slug(_SLUG_RE), "")
+    fields["memory_mb"] = read.get("memory", _host_memory, None)
+    fields["cpus"] = read.get("cpus", _cpus, None)
+    fields["pids"] = read.get("pids", _pids, None)
     if fields["gpus_max"] == 0:
         for key, given in (
             ("gpu_memory", fields["gpu_memory_mb"]),
@@ -460,6 +473,29 @@ def _gpus(value: object) -> tuple[int, int]:
     if ranged and not 1 <= low <= high:
         raise ValueError(f'a range must go from at least 1 up, like "1-4", got {_got(value)}')
     return low, high
+
+
+def _host_memory(value: object) -> int:
+    mb = parse_memory_mb(value, field="")
+    if mb > MAX_MEMORY_MB:
+        raise ValueError(f"must be at most 64Ti, got {_got(value)}")
+    return mb
+
+
+def _cpus(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"must be a number of CPUs such as 4 or 0.5, got {_got(value)}")
+    if not 0.01 <= value <= MAX_CPUS:
+        raise ValueError(f"must be from 0.01 to {MAX_CPUS}, got {_got(value)}")
+    return float(value)
+
+
+def _pids(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be a whole number of processes, got {_got(value)}")
+    if not 1 <= value <= MAX_PIDS:
+        raise ValueError(f"must be from 1 to {MAX_PIDS}, got {_got(value)}")
+    return value
 
 
 def _gpu_memory(value: object) -> int:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import signal
 import subprocess
 import sys
 import time
 
 from django.conf import settings
+
+from scheduling.launcher.environ import platform_environment
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ class NodeCluster:
         self.started_at = 0.0
 
     def start(self) -> None:
-        environ = {**os.environ, "Q_CLUSTER_NAME": self.node_name}
+        # No secret in its environment: supervisors are forked from its workers.
+        environ = platform_environment(Q_CLUSTER_NAME=self.node_name)
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv
             [sys.executable, "manage.py", "qcluster"],
             cwd=settings.BASE_DIR,

@@ -7,7 +7,6 @@ supervisor changes nothing the second time.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -15,16 +14,18 @@ import subprocess
 import sys
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connections, transaction
+from django.db.models import F
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from gpuplatform.dburl import current_database_url
 from scheduling import passes, services
-from scheduling.launcher import paths
+from scheduling.launcher import cgroups, paths, tracking
+from scheduling.launcher.environ import platform_environment
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import GPU, Allocation, GpuState, StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, IllegalTransition, TaskState
@@ -81,7 +82,9 @@ def launch(task_id: int, attempt_no: int) -> str:
         )
     except IntegrityError:
         return "duplicate: already launched"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    Path(settings.TASK_LOG_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+    log.parent.parent.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
+    log.parent.mkdir(mode=0o700, exist_ok=True)
     spawn_supervisor(attempt)
     return "launched"
 
@@ -104,7 +107,7 @@ def spawn_supervisor(attempt: TaskAttempt) -> None:
         str(attempt.task_id),
         str(attempt.number),
     ]
-    environ = {**os.environ, "DATABASE_URL": current_database_url(), "PYTHONUNBUFFERED": "1"}
+    environ = platform_environment(PYTHONUNBUFFERED="1")
     with open(sink, "ab") as handle:
         # setsid -f forks, so the supervisor is re-parented at once and never lingers as a
         # zombie of this worker; its session also keeps it out of our process group.
@@ -208,11 +211,13 @@ def attempt_finished(
     *,
     timed_out: bool = False,
     problem: str = "",
+    note: str = "",
 ) -> str:
     """Record how an attempt ended and move the task on: done, retried, requeued or failed.
 
-    Idempotent: the first report wins (the supervisor's, or reconciliation's from the exit
-    file). Returns the outcome.
+    ``note`` is something the user should know that did not change the outcome (output dropped
+    on a full log disk); it ends the task's reason. Idempotent: the first report wins (the
+    supervisor's, or reconciliation's from the exit file). Returns the outcome.
     """
     with transaction.atomic():
         attempt = (
@@ -241,6 +246,8 @@ def attempt_finished(
                 )
             else:
                 _move_on(task, attempt, outcome, exit_code, problem)
+                if note:
+                    Task.objects.filter(pk=task.pk).update(reason=f"{task.reason}; {note}")
     return outcome
 
 
@@ -461,27 +468,56 @@ def _supervisor(attempt: TaskAttempt) -> ProcessId | None:
 
 
 def reconcile_attempt(attempt: TaskAttempt) -> str:
-    """Settle an attempt whose supervisor is not running: from its exit file, or as lost."""
+    """Settle an attempt whose supervisor is not running: from its exit record, or as lost once
+    every process it left is proven gone (its GPUs are offered again only then)."""
     task = attempt.task
-    exit_file = paths.exit_path(task.tenant.name, task.pk, attempt.number)
-    if exit_file.exists():
-        record = json.loads(exit_file.read_text())
+    record = paths.read_exit_record(paths.exit_path(task.tenant.name, task.pk, attempt.number))
+    if record is not None:
         return attempt_finished(
             task.pk,
             attempt.number,
             record.get("exit_code"),
             timed_out=record.get("timed_out", False),
             problem=record.get("problem", ""),
+            note=record.get("note", ""),
         )
     if attempt.supervisor_pid is None and timezone.now() - attempt.created_at < LAUNCH_PATIENCE:
         return "launching"
+    main = ProcessId(attempt.pid, attempt.pid_started) if attempt.pid else None
+    if not tracking.kill_orphaned_attempt(attempt.node.name, task.pk, attempt.number, main):
+        _unkillable(attempt)
+        return "stuck"
     requeue_lost(task, f"supervisor of attempt {attempt.number} on {attempt.node.name} is gone")
     return "lost"
 
 
-def reconcile_node(node_name: str) -> dict[str, int]:
-    """What the database thinks runs on this node, checked against what really runs here."""
-    counts = {"adopted": 0, "finished": 0, "lost": 0, "relaunched": 0}
+def _unkillable(attempt: TaskAttempt) -> None:
+    """Processes that survive SIGKILL: the node is unhealthy; the task keeps its GPUs (nothing
+    else may start there) until they are gone, and a person is told."""
+    from monitoring import services as alerts
+    from monitoring.models import AlertKind, Severity
+
+    message = (
+        f"node {attempt.node.name}: processes of task {attempt.task_id} attempt "
+        f"{attempt.number} survive SIGKILL after their supervisor died; its GPUs stay held"
+    )
+    logger.error(message)
+    alerts.alert_raise(
+        kind=AlertKind.TASK_LOST,
+        severity=Severity.CRITICAL,
+        message=message,
+        task=attempt.task,
+        node=attempt.node,
+    )
+
+
+def reconcile_node(node_name: str, *, startup: bool = False) -> dict[str, int]:
+    """What the database thinks runs on this node, checked against what really runs here.
+
+    Also kills what must not run: the cgroups of attempts that are over or unknown, and (at
+    start-up, where the fallback has no cgroups to look at) supervisors of finished attempts.
+    """
+    counts = {"adopted": 0, "finished": 0, "lost": 0, "relaunched": 0, "stuck": 0}
     tasks = Task.objects.filter(node__name=node_name, state__in=HOLDS_GPUS).select_related(
         "tenant", "node"
     )
@@ -500,11 +536,78 @@ def reconcile_node(node_name: str) -> dict[str, int]:
             counts["adopted"] += 1
             continue
         result = reconcile_attempt(attempt)
-        if result == "lost":
-            counts["lost"] += 1
+        if result in ("lost", "stuck"):
+            counts[result] += 1
         elif result != "launching":
             counts["finished"] += 1
+    counts["swept"] = sweep_stale_attempts(node_name, startup=startup)
     return counts
+
+
+def watch_supervisors(node_name: str) -> int:
+    """The node agent's quick look (every second): the running attempts of this node whose
+    supervisor died are settled now, not at the next reconciliation. One query when all is well.
+    Returns how many were settled."""
+    rows = TaskAttempt.objects.filter(
+        node__name=node_name,
+        outcome="",
+        number=F("task__attempt"),
+        task__state__in=HOLDS_GPUS,
+        supervisor_pid__isnull=False,
+    ).values_list("pk", "supervisor_pid", "supervisor_started")
+    dead = [pk for pk, pid, started in rows if not ProcessId(pid, started).alive()]
+    for attempt in TaskAttempt.objects.filter(pk__in=dead).select_related("task__tenant", "node"):
+        if not attempt.outcome and _supervisor(attempt) is None:
+            reconcile_attempt(attempt)
+    return len(dead)
+
+
+def sweep_stale_attempts(node_name: str, *, startup: bool = False) -> int:
+    """No process of a finished (or unknown) attempt outlives it. Returns how many were killed."""
+    found = tracking.hierarchy()
+    if found is None:
+        return _stop_stale_supervisors(node_name) if startup else 0
+    names = cgroups.list_children(found, settings.CGROUP_NAME, node_name)
+    keys = {key: name for name in names if (key := tracking.parse_cgroup_name(name))}
+    if not keys:
+        return 0
+    live = {
+        (task_id, number)
+        for task_id, number, pid, started, created in TaskAttempt.objects.filter(
+            node__name=node_name, task_id__in={t for t, _ in keys}, outcome=""
+        ).values_list("task_id", "number", "supervisor_pid", "supervisor_started", "created_at")
+        if (pid and ProcessId(pid, started).alive())
+        or (pid is None and timezone.now() - created < LAUNCH_PATIENCE)
+    }
+    killed = 0
+    for key, name in keys.items():
+        if key in live:
+            continue
+        group = cgroups.AttemptCgroup.find(found, settings.CGROUP_NAME, node_name, name)
+        if group is None:
+            continue
+        if not group.is_empty():
+            logger.warning("node %s: killing the processes left in cgroup %s", node_name, name)
+            killed += 1
+        if group.kill():
+            group.remove()
+    return killed
+
+
+def _stop_stale_supervisors(node_name: str) -> int:
+    """Supervisors still alive for attempts that are over (requeued while this node was cut
+    off): they would stop themselves at their next fence; make it now."""
+    stale = TaskAttempt.objects.filter(
+        node__name=node_name,
+        supervisor_pid__isnull=False,
+        ended_at__gte=timezone.now() - timedelta(days=1),
+    ).exclude(outcome="")
+    stopped = 0
+    for pid, started in stale.values_list("supervisor_pid", "supervisor_started"):
+        if ProcessId(pid, started).alive():
+            os.kill(pid, signal.SIGTERM)
+            stopped += 1
+    return stopped
 
 
 def requeue_tasks_of_silent_nodes(lost_after: timedelta) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -47,10 +48,50 @@ def exit_path(tenant_name: str, task_id: int, attempt: int) -> Path:
     return attempt_dir(tenant_name, task_id) / f"attempt-{attempt}.exit.json"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+EXIT_RECORD_SIZE = 4096
+
+
+def reserve_exit_record(path: Path) -> bool:
+    """Claim the exit file's blocks before the task starts: a record written later overwrites
+    them in place and needs no new space, so a full disk cannot stop it. False when even this
+    fails (the status then reaches the database only, which the supervisor waits for)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b" " * EXIT_RECORD_SIZE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def write_exit_record(path: Path, record: dict) -> bool:
+    """Write the exit record over its reserved blocks (or as a new file if none were
+    reserved). False when it could not be written; never raises."""
+    data = json.dumps(record).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, data.ljust(max(EXIT_RECORD_SIZE, len(data))), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def read_exit_record(path: Path) -> dict | None:
+    """The record, or None when there is none yet (no file, or blocks reserved but unwritten)."""
+    try:
+        text = path.read_bytes().strip()
+    except FileNotFoundError:
+        return None
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None  # torn by a crash while writing: as if never written

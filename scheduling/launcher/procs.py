@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
+PR_SET_DUMPABLE = 4
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 # The name a supervisor shows in ps/top (a forked one would otherwise look like its parent).
@@ -27,6 +28,16 @@ def become_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def hide_from_same_user() -> bool:
+    """Not dumpable: ``/proc/<pid>/environ``, ``mem`` and ptrace are closed even to processes
+    of the same user (a task in single-user mode), as ssh-agent does. Reset by exec."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -80,15 +91,25 @@ def signal_all(procs: list[psutil.Process], sig: int) -> None:
             pass
 
 
-def reap() -> None:
-    """Collect exited children (including adopted orphans) so they do not linger as zombies."""
+def reap(*, keep: int | None = None) -> None:
+    """Collect exited children (adopted orphans included) so they do not linger as zombies.
+
+    ``keep`` is the child whose status the caller collects itself: a ``waitpid(-1)`` here would
+    take it first, and Popen would then see exit status 0 for a task that failed. So each
+    exited child is looked at first (``WNOWAIT``) and only then collected; called often, this
+    must stay cheap (no scan of /proc).
+    """
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if info is None or info.si_pid == keep:
             return
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def kill_tree(grace_s: float, *, keep: int | None = None) -> None:
@@ -103,12 +124,12 @@ def kill_tree(grace_s: float, *, keep: int | None = None) -> None:
     signal_all(live, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not [p for p in descendants() if _running(p)]:
+        if not [p for p in descendants() if running(p)]:
             break
         time.sleep(0.05)
         _reap_except(keep)
     for _ in range(100):  # SIGKILL until nothing is left; new forks get caught next round
-        left = [p for p in descendants() if _running(p)]
+        left = [p for p in descendants() if running(p)]
         if not left:
             break
         signal_all(left, signal.SIGKILL)
@@ -116,7 +137,7 @@ def kill_tree(grace_s: float, *, keep: int | None = None) -> None:
         _reap_except(keep)
 
 
-def _running(proc: psutil.Process) -> bool:
+def running(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

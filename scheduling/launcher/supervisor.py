@@ -1,24 +1,32 @@
 """The supervisor of one task attempt: ``python -m scheduling.launcher.supervisor TASK ATTEMPT``.
 
-Started detached by the node's launch task. It runs the command with ``/bin/sh -c`` in the
-tenant's work directory, appends its output to the attempt's log file (a file, not a pipe: the
-task keeps writing whatever happens to us), and reports to the database. Signals from the
-node's control task: SIGTERM stops the task (SIGTERM, grace, SIGKILL to every descendant),
-SIGUSR1 pauses it (SIGSTOP), SIGUSR2 resumes it. It enforces the timeout itself, kills what the
-command left behind, and writes the exit status to a file before telling the database, so the
-status survives a database outage and restarts of every other platform process.
+Started detached by the node's launch task (forked from it, or as a fresh interpreter). It runs
+the command with ``/bin/sh -c`` in the tenant's work directory, as the tenant's Unix user when
+it is root, inside the attempt's own cgroup (see ``tracking``); it copies the task's output
+into the attempt's log, and reports to the database. Signals from the node's control task:
+SIGTERM stops the task (SIGTERM, grace, then the whole cgroup or process tree is killed),
+SIGUSR1 pauses it (freeze), SIGUSR2 resumes it (thaw). It enforces the timeout itself, and
+writes the exit status to a file reserved in advance before telling the database, so the status
+survives a full disk, a database outage and restarts of every other platform process.
+
+Faults in the platform's own plumbing never become reruns: output that cannot be written (a
+full log disk) is dropped and marked, the task goes on; if neither the exit file nor the
+database can take the status, the supervisor stays alive and keeps trying, so the node agent
+never mistakes the attempt for a lost one. It holds no database connection between reports.
 """
 
 from __future__ import annotations
 
-import json
+import errno
+import fcntl
 import logging
 import os
-import pwd
+import select
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import django
 from django.conf import settings  # lazy: read after django.setup()
@@ -27,29 +35,110 @@ logger = logging.getLogger("scheduling.supervisor")
 
 POLL_S = 0.1
 FENCE_EVERY_S = 5.0
-REPORT_TRIES = 120  # one report a second for two minutes, then leave it to reconciliation
+REPORT_TRIES = 120  # with an exit file: a report a second for two minutes, then reconciliation
+PIPE_SIZE = 1 << 20
+CHUNK = 1 << 16
+DRAIN_S = 5.0
+F_SETPIPE_SZ = 1031
 
 
-def task_environment(task, attempt) -> dict[str, str]:
-    """A clean environment: the platform's own (DATABASE_URL, SECRET_KEY, ...) never leaks."""
-    gpus = ",".join(attempt.gpu_uuids)
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "HOME": os.environ.get("HOME", "/"),
-    }
-    env.update(task.env)  # names that could subvert the platform were refused at submission
-    env.update(
-        CUDA_VISIBLE_DEVICES=gpus,
-        CUDA_DEVICE_ORDER="PCI_BUS_ID",
-        NVIDIA_VISIBLE_DEVICES=gpus or "void",
-        GPUPLATFORM_TASK_ID=str(task.pk),
-        GPUPLATFORM_TASK_NAME=task.name,
-        GPUPLATFORM_ATTEMPT=str(attempt.number),
-        GPUPLATFORM_GPUS=gpus,
-        GPUPLATFORM_TENANT=task.tenant.name,
-    )
-    return env
+class LogRelay:
+    """Copies the task's output (one pipe for stdout and stderr) into its log file.
+
+    The task writes to a pipe, never to the log itself: a full disk then costs output, not the
+    task (a Python program whose final flush fails exits with 120). Lost output is counted and
+    marked in the log as soon as writing works again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.read_fd, self.write_fd = os.pipe()
+        try:
+            fcntl.fcntl(self.read_fd, F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass  # the default 64 KiB pipe works, with more wake-ups
+        os.set_blocking(self.read_fd, False)
+        self.dropped = 0  # since the last marker
+        self.dropped_total = 0
+        self.error: OSError | None = None
+        self.on_first_error = None
+        try:
+            self.log_fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        except OSError as exc:
+            self.log_fd = None
+            self._failed(exc)
+
+    def pump(self, timeout: float) -> bool:
+        """Copy what the task wrote, waiting up to ``timeout``; False once every writer is gone."""
+        ready, _, _ = select.select([self.read_fd], [], [], timeout)
+        if not ready:
+            return True
+        for _ in range(16):  # at most 1 MiB per call, so signals and timeouts are not starved
+            try:
+                chunk = os.read(self.read_fd, CHUNK)
+            except BlockingIOError:
+                return True
+            if not chunk:
+                return False
+            self._write(chunk)
+        return True
+
+    def drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.pump(0.05):
+            pass
+
+    def close(self) -> None:
+        if self.dropped:
+            self._write(b"")  # one last try at the marker
+        for fd in (self.read_fd, self.log_fd):
+            if fd is not None:
+                os.close(fd)
+
+    def note(self) -> str:
+        if not self.dropped_total:
+            return ""
+        return (
+            f"{self.dropped_total} bytes of output were dropped: cannot write {self.path}: "
+            f"{self.error.strerror if self.error else 'error'}"
+        )
+
+    def _write(self, data: bytes) -> None:
+        if self.log_fd is None:
+            self.dropped += len(data)
+            self.dropped_total += len(data)
+            return
+        if self.dropped:
+            marker = f"\n[gpuplatform] {self.dropped} bytes of output dropped here: " + (
+                f"{self.error.strerror if self.error else 'write error'}\n"
+            )
+            if not self._write_all(marker.encode()):
+                self.dropped += len(data)
+                self.dropped_total += len(data)
+                return
+            self.dropped = 0
+        if not self._write_all(data):
+            self.dropped += len(data)
+            self.dropped_total += len(data)
+
+    def _write_all(self, data: bytes) -> bool:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self.log_fd, view)
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                self._failed(exc)
+                return False
+            view = view[written:]
+        return True
+
+    def _failed(self, exc: OSError) -> None:
+        first = self.error is None
+        self.error = exc
+        if first and self.on_first_error is not None:
+            self.on_first_error(self)
 
 
 class Supervisor:
@@ -64,6 +153,8 @@ class Supervisor:
         self.pause_asked: bool | None = None
         self.paused_since: float | None = None
         self.paused_total = 0.0
+        self.tracker = None
+        self.relay: LogRelay | None = None
 
     # -- signals from the control task --
 
@@ -85,48 +176,61 @@ class Supervisor:
     # -- the run --
 
     def run(self) -> int:
-        from scheduling.launcher import lifecycle, paths, procs
+        from scheduling.launcher import environ, identity, lifecycle, paths, procs, tracking
         from scheduling.models import TaskAttempt
 
         procs.become_subreaper()
+        procs.hide_from_same_user()
         procs.set_name(procs.SUPERVISOR_NAME)
+        environ.drop_secrets_from_environ()
         self.install_signals()
         me = procs.ProcessId.of(os.getpid())
-        TaskAttempt.objects.filter(pk=self.attempt.pk).update(
-            supervisor_pid=me.pid, supervisor_started=me.started
+        self.db(
+            lambda: TaskAttempt.objects.filter(pk=self.attempt.pk).update(
+                supervisor_pid=me.pid, supervisor_started=me.started
+            ),
+            forever=True,
         )
+        tenant = self.task.tenant
+        exit_file = paths.exit_path(tenant.name, self.task.pk, self.attempt.number)
+        self.exit_reserved = paths.reserve_exit_record(exit_file)
         try:
-            cwd = paths.workdir(self.task.tenant.name, self.task.workdir, create=True)
-        except (paths.PathEscape, OSError) as exc:
-            return self.finish(None, problem=f"cannot use the work directory: {exc}")
-        log = os.open(self.attempt.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            who = identity.tenant_identity(tenant.name, tenant.unix_user)
+            if who is None:
+                paths.tenant_root(tenant.name).mkdir(mode=0o700, parents=True, exist_ok=True)
+            cwd = paths.workdir(tenant.name, self.task.workdir)
+        except (identity.IdentityError, paths.PathEscape, OSError) as exc:
+            return self.finish(None, problem=f"cannot run as the tenant: {exc}")
+        try:
+            self.tracker = tracking.for_attempt(
+                self.attempt.node.name, self.task.pk, self.attempt.number, task_limits(self.task)
+            )
+        except Exception as exc:  # noqa: BLE001 - any cgroup failure fails the attempt clearly
+            return self.finish(None, problem=f"cannot set up the attempt's cgroup: {exc}")
+        self.relay = LogRelay(Path(self.attempt.log_path))
+        self.relay.on_first_error = self.log_trouble
         try:
             child = subprocess.Popen(  # noqa: S603 - the tenant's command is the point
                 ["/bin/sh", "-c", self.task.command],
-                cwd=cwd,
-                env=task_environment(self.task, self.attempt),
+                env=environ.task_environment(self.task, self.attempt, who),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=self.relay.write_fd,
+                stderr=self.relay.write_fd,
                 start_new_session=True,
-                **self.run_as(),
+                preexec_fn=enter_attempt(self.tracker, who, str(cwd)),  # noqa: PLW1509
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             return self.finish(None, problem=f"cannot start the command: {exc}")
         finally:
-            os.close(log)
-        if not lifecycle.attempt_started(self.attempt, procs.ProcessId.of(child.pid)):
-            procs.kill_tree(settings.TASK_STOP_GRACE, keep=child.pid)
+            os.close(self.relay.write_fd)  # the task holds the only writing end now
+        started = self.db(
+            lambda: lifecycle.attempt_started(self.attempt, procs.ProcessId.of(child.pid)),
+            forever=True,
+        )
+        if not started:
+            self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
             return self.finish(child.wait())
         return self.watch(child)
-
-    def run_as(self) -> dict:
-        """Run as the tenant's Unix user when configured and we are root."""
-        name = self.task.tenant.unix_user
-        if not (settings.RUN_AS_TENANT_USER and name and os.geteuid() == 0):
-            return {}
-        entry = pwd.getpwnam(name)
-        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
     def watch(self, child: subprocess.Popen) -> int:
         from scheduling.launcher import lifecycle, procs
@@ -135,46 +239,71 @@ class Supervisor:
         next_fence = started + FENCE_EVERY_S
         timeout = self.task.timeout_s
         timed_out = False
+        open_pipe = True
         while True:
-            try:
-                code = child.wait(timeout=POLL_S)
+            if open_pipe:
+                open_pipe = self.relay.pump(POLL_S)
+            else:
+                time.sleep(POLL_S)
+            code = child.poll()
+            if code is not None:
                 break
-            except subprocess.TimeoutExpired:
-                pass
-            procs.reap()
+            procs.reap(keep=child.pid)
             self.apply_pause()
             now = time.monotonic()
             if now >= next_fence:
                 next_fence = now + FENCE_EVERY_S
-                if not self.safe(lifecycle.still_wanted, self.attempt.pk, default=True):
+                if not self.db(lambda: lifecycle.still_wanted(self.attempt.pk), default=True):
                     self.stop_asked = True  # superseded (lost and requeued): never run twice
             running_for = now - started - self.paused_total
             if timeout and running_for > timeout and self.paused_since is None:
                 timed_out = True
                 self.stop_asked = True
             if self.stop_asked:
-                procs.kill_tree(settings.TASK_STOP_GRACE, keep=child.pid)
+                self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
                 code = child.wait()
                 break
         # The main process is done; nothing it started may outlive it.
-        procs.kill_tree(min(5, settings.TASK_STOP_GRACE), keep=None)
+        self.tracker.stop(min(5, settings.TASK_STOP_GRACE), keep=child.pid)
         procs.reap()
+        self.relay.drain(DRAIN_S)
         return self.finish(code, timed_out=timed_out)
 
     def apply_pause(self) -> None:
-        from scheduling.launcher import procs
-
         if self.pause_asked is None:
             return
-        tree = procs.descendants()
         if self.pause_asked and self.paused_since is None:
-            procs.signal_all(tree, signal.SIGSTOP)
+            self.tracker.pause()
             self.paused_since = time.monotonic()
         elif not self.pause_asked and self.paused_since is not None:
-            procs.signal_all(tree, signal.SIGCONT)
+            self.tracker.resume()
             self.paused_total += time.monotonic() - self.paused_since
             self.paused_since = None
         self.pause_asked = None
+
+    # -- trouble with the log --
+
+    def log_trouble(self, relay: LogRelay) -> None:
+        """The first failed write to the log: an alert naming the node and the path."""
+        from monitoring import services as alerts
+        from monitoring.models import AlertKind, Severity
+
+        node = self.attempt.node
+        message = (
+            f"node {node.name}: cannot write {relay.path}: {relay.error}; "
+            f"output of task {self.task.pk} is being dropped (the task goes on)"
+        )
+        logger.error(message)
+        self.db(
+            lambda: alerts.alert_raise(
+                kind=AlertKind.TASK_LOG_IO,
+                severity=Severity.WARNING,
+                message=message,
+                task=self.task,
+                node=node,
+            ),
+            default=None,
+        )
 
     # -- the end --
 
@@ -184,41 +313,99 @@ class Supervisor:
         exit_code = (
             None if returncode is None else (returncode if returncode >= 0 else 128 - returncode)
         )
+        if self.tracker is not None:
+            if not problem and exit_code == 137 and self.tracker.oom_kills():
+                problem = "killed by the kernel: out of memory (over resources.memory)"
+            self.tracker.close()
+        note = ""
+        if self.relay is not None:
+            self.relay.close()
+            note = self.relay.note()
         record = {
             "exit_code": exit_code,
             "timed_out": timed_out,
             "problem": problem,
+            "note": note,
             "ended_at": time.time(),
         }
         exit_file = paths.exit_path(self.task.tenant.name, self.task.pk, self.attempt.number)
-        paths.write_atomically(exit_file, json.dumps(record))
-        for _ in range(REPORT_TRIES):
-            outcome = self.safe(
-                lifecycle.attempt_finished,
+        kept = paths.write_exit_record(exit_file, record)
+        if not kept:
+            logger.error(
+                "cannot write the exit file %s; the database is the only record", exit_file
+            )
+        outcome = self.db(
+            lambda: lifecycle.attempt_finished(
                 self.task.pk,
                 self.attempt.number,
                 exit_code,
                 timed_out=timed_out,
                 problem=problem,
-                default=None,
-            )
-            if outcome is not None:
-                logger.info("attempt %s ended: %s (exit %s)", self.attempt, outcome, exit_code)
-                return 0
-            time.sleep(1)
-        logger.error("could not report %s; the exit file %s keeps it", self.attempt, exit_file)
-        return 1
+                note=note,
+            ),
+            default=None,
+            tries=REPORT_TRIES,
+            forever=not kept,  # nothing else keeps the status: never give up on it
+        )
+        if outcome is None:
+            logger.error("could not report %s; the exit file %s keeps it", self.attempt, exit_file)
+            return 1
+        logger.info("attempt %s ended: %s (exit %s)", self.attempt, outcome, exit_code)
+        return 0
 
-    def safe(self, func, *args, default, **kwargs):
-        """Call a database service, surviving a database that is down for a while."""
-        from django.db import DatabaseError, close_old_connections
+    def db(self, func, *, default=None, tries: int = 1, forever: bool = False):
+        """Call a database service, surviving a database that is down for a while, and hold no
+        connection afterwards (a running task's supervisor costs the server nothing)."""
+        from django.db import DatabaseError, connections
 
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return func()
+            except DatabaseError as exc:
+                logger.warning("database unavailable (%s); will retry", exc)
+                if not forever and attempt >= tries:
+                    return default
+                time.sleep(1)
+            finally:
+                connections.close_all()
+
+
+def task_limits(task):
+    """The cgroup limits in the task's spec (``resources.memory``, ``cpus``, ``pids``)."""
+    from gpuplatform.units import parse_memory_mb
+    from scheduling.launcher.cgroups import Limits
+
+    wanted = (task.spec or {}).get("resources") or {}
+    memory = wanted.get("memory")
+    return Limits(
+        memory_bytes=None if memory is None else parse_memory_mb(memory) * 1024 * 1024,
+        cpus=wanted.get("cpus"),
+        pids=wanted.get("pids"),
+    )
+
+
+def enter_attempt(tracker, who, cwd: str):
+    """What the task's process does between fork and exec: join the attempt's cgroup while
+    still root, become the tenant's user, then make and enter its work directory as that user
+    (so a tenant can never have root create something for it). A failure is written to the
+    log and the process exits 126, as a shell does for a command it cannot run."""
+    from scheduling.launcher import identity
+
+    def prepare() -> None:
         try:
-            return func(*args, **kwargs)
-        except DatabaseError as exc:
-            logger.warning("database unavailable (%s); will retry", exc)
-            close_old_connections()
-            return default
+            tracker.join()
+            if who is not None:
+                identity.drop_privileges(who)
+            os.umask(0o077)
+            os.makedirs(cwd, exist_ok=True)
+            os.chdir(cwd)
+        except Exception as exc:  # noqa: BLE001 - reported in the task's own log
+            os.write(2, f"gpuplatform: cannot prepare the task: {exc}\n".encode())
+            os._exit(126)
+
+    return prepare
 
 
 def main(argv: list[str]) -> int:

@@ -1,14 +1,19 @@
-"""Launcher tests run real supervisors and real task processes against the test database."""
+"""Launcher tests run real supervisors and real task processes against the test database.
+
+Run as root (CI), tasks run as their tenant's own Unix user in their own cgroup, as in
+production; the cgroups of this test run live under a name of their own.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
 import pytest
 from django.db import connection
 
-from scheduling.launcher import procs
+from scheduling.launcher import cgroups, procs
 from scheduling.models import Task, TaskAttempt
 from tests.factories import NodeFactory, TenantFactory, make_gpus
 
@@ -19,7 +24,11 @@ def launcher(transactional_db, tmp_path, monkeypatch, settings):
 
     Supervisors read their settings from the environment, so both are set.
     """
+    # pytest keeps its temporary directories private; tenant users must pass through them.
+    for directory in (tmp_path, *list(tmp_path.parents)[:2]):
+        directory.chmod(0o711)
     values = {
+        "CGROUP_NAME": TEST_CGROUP,
         "GPUPLATFORM_TASKS_ROOT": tmp_path / "tasks",
         "GPUPLATFORM_TASK_LOG_DIR": tmp_path / "logs",
         "TASK_STOP_GRACE": 2,
@@ -31,6 +40,7 @@ def launcher(transactional_db, tmp_path, monkeypatch, settings):
     for name, value in values.items():
         monkeypatch.setenv(name, str(value))
     monkeypatch.setenv("GPUPLATFORM_TESTING", "1")
+    settings.CGROUP_NAME = TEST_CGROUP
     settings.TASKS_ROOT = values["GPUPLATFORM_TASKS_ROOT"]
     settings.TASK_LOG_DIR = values["GPUPLATFORM_TASK_LOG_DIR"]
     settings.TASK_STOP_GRACE = 2
@@ -38,6 +48,17 @@ def launcher(transactional_db, tmp_path, monkeypatch, settings):
     settings.LAUNCH_TASKS = True
     yield tmp_path
     stop_supervisors()
+    remove_test_cgroups()
+
+
+TEST_CGROUP = f"gpuplatform-test-{os.getpid()}"
+
+
+def remove_test_cgroups() -> None:
+    found = cgroups.detect()
+    group = found and cgroups.AttemptCgroup.find(found, TEST_CGROUP)
+    if group is not None:
+        assert group.remove(), "processes of a test's attempts survived it"
 
 
 def stop_supervisors() -> None:

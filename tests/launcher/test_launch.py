@@ -107,7 +107,7 @@ def test_a_long_task_is_started_exactly_once_however_often_the_launch_arrives(
 ):
     # Hold the first delivery back so several arrive together, like django-q2 re-deliveries.
     monkeypatch.setattr(lifecycle, "dispatch_launches", lambda ids: None)
-    marker = launcher / "starts"
+    marker = launcher / "tasks" / "vision-lab" / "starts"
     task = start(lab, f"echo started >> {marker}; sleep 2")
     results = []
 
@@ -137,7 +137,7 @@ STUBBORN = (
 
 
 def test_cancel_leaves_nothing_behind_even_a_stubborn_setsid_grandchild(launcher, node, lab):
-    pidfile = launcher / "grandchild.pid"
+    pidfile = launcher / "tasks" / "vision-lab" / "grandchild.pid"
     task = start(lab, STUBBORN.format(pidfile=pidfile))
     attempt = running(task)
     grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
@@ -150,7 +150,7 @@ def test_cancel_leaves_nothing_behind_even_a_stubborn_setsid_grandchild(launcher
 
 
 def test_a_timeout_stops_the_task_and_its_descendants(launcher, node, lab):
-    pidfile = launcher / "grandchild.pid"
+    pidfile = launcher / "tasks" / "vision-lab" / "grandchild.pid"
     task = start(lab, STUBBORN.format(pidfile=pidfile), timeout_s=1)
     wait_for(state_of(task, "timed_out"))
     assert task.reason == "timed out after 1 s"

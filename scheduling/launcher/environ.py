@@ -1,0 +1,77 @@
+"""Environments: the task's (clean, built from nothing) and the node's own child processes'
+(the platform's, with every secret replaced by a file that tasks cannot read).
+
+A task could once read ``DATABASE_URL`` from ``/proc/$PPID/environ``: its supervisor had been
+forked with the platform's whole environment. Now the node agent starts its launch cluster, and
+so every supervisor, with ``DATABASE_URL_FILE`` and ``SECRET_KEY_FILE`` pointing into the
+node's runtime directory (0700, files 0600), and supervisors drop even those names from their
+own copy of the environment before a task starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+from gpuplatform.dburl import current_database_url
+from scheduling.launcher.identity import Identity, runtime_dir
+
+SECRET_NAMES = ("DATABASE_URL", "SECRET_KEY")
+TASK_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def task_environment(task, attempt, identity: Identity | None) -> dict[str, str]:
+    """Nothing of the platform's own environment reaches a task."""
+    gpus = ",".join(attempt.gpu_uuids)
+    env = {"PATH": TASK_PATH, "LANG": "C.UTF-8"}
+    if identity is None:  # single-user mode: the platform's user, with its own home
+        env["HOME"] = os.environ.get("HOME", "/")
+    else:
+        env.update(HOME=str(identity.home), USER=identity.user, LOGNAME=identity.user)
+    env.update(task.env)  # names that could subvert the platform were refused at submission
+    env.update(
+        CUDA_VISIBLE_DEVICES=gpus,
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        NVIDIA_VISIBLE_DEVICES=gpus or "void",
+        GPUPLATFORM_TASK_ID=str(task.pk),
+        GPUPLATFORM_TASK_NAME=task.name,
+        GPUPLATFORM_ATTEMPT=str(attempt.number),
+        GPUPLATFORM_GPUS=gpus,
+        GPUPLATFORM_TENANT=task.tenant.name,
+    )
+    return env
+
+
+def platform_environment(**extra: str) -> dict[str, str]:
+    """For the node's own children: this process's environment without secrets in it."""
+    env = {name: value for name, value in os.environ.items() if name not in SECRET_NAMES}
+    env["DATABASE_URL_FILE"] = str(_secret_file("database_url", current_database_url()))
+    if not os.environ.get("SECRET_KEY_FILE"):
+        env["SECRET_KEY_FILE"] = str(_secret_file("secret_key", settings.SECRET_KEY))
+    env.update(extra)
+    return env
+
+
+def drop_secrets_from_environ() -> None:
+    """In a supervisor: what it passes on (it builds the task's environment from nothing, but
+    a helper it runs inherits) must not name or hold a secret."""
+    for name in SECRET_NAMES:
+        os.environ.pop(name, None)
+        os.environ.pop(f"{name}_FILE", None)
+
+
+def _secret_file(name: str, value: str) -> Path:
+    directory = runtime_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    path = directory / name
+    tmp = directory / f".{name}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
