@@ -7,16 +7,20 @@ reason; CI runs them as root.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from django.db import connections
 
 from gpuplatform.dburl import current_database_url
 from monitoring.models import Alert, AlertKind
@@ -288,3 +292,92 @@ def test_a_task_on_a_full_log_disk_runs_once_and_keeps_its_exit_status(small_log
     wait_for(state_of(second, "failed"), timeout=60)
     assert second.exit_code == 3
     assert TaskAttempt.objects.filter(task=second).count() == 1
+
+
+def fill(path: Path) -> None:
+    with open(path, "wb") as handle:
+        with contextlib.suppress(OSError):
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+
+
+class DatabaseLink:
+    """A TCP relay between supervisors and PostgreSQL that a test can cut and restore."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.up = threading.Event()
+        self.up.set()
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.up.is_set():
+                client.close()  # refused, as a server that is down would
+                continue
+            upstream = socket.create_connection(self.target)
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.up.clear()
+        for sock in self.open:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.open.clear()
+
+    def restore(self) -> None:
+        self.up.set()
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()
+
+
+@needs_root
+def test_an_exit_status_survives_a_database_outage_and_an_unwritable_disk(
+    small_log_disk, node, lab
+):
+    db = connections["default"].settings_dict
+    link = DatabaseLink(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))
+    real = (db["HOST"], db["PORT"])
+    db["HOST"], db["PORT"] = "127.0.0.1", str(link.port)  # the supervisor forked next uses it
+    try:
+        task = start(lab, "sleep 3; exit 3")
+        attempt = running(task)
+        connections.close_all()
+        link.cut()
+        # Neither the exit file nor the log can be written now, nor the database reached.
+        Path(attempt.log_path).with_name("attempt-1.exit.json").unlink()
+        fill(small_log_disk / "filler")
+        wait_for(lambda: not psutil.pid_exists(attempt.pid), timeout=30)
+        time.sleep(5)  # the supervisor keeps trying meanwhile
+        assert psutil.pid_exists(attempt.supervisor_pid)
+        link.restore()
+        wait_for(state_of(task, "failed"), timeout=30)
+    finally:
+        link.close()
+        connections.close_all()
+        db["HOST"], db["PORT"] = real
+    assert task.exit_code == 3
+    assert TaskAttempt.objects.filter(task=task).count() == 1

@@ -254,14 +254,7 @@ def test_reconciliation_requeues_an_attempt_whose_supervisor_died(launcher, node
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
-def test_tasks_run_as_the_tenants_unix_user_when_configured(
-    launcher, node, lab, monkeypatch, settings
-):
-    # pytest makes its temporary directories private; the task's user must reach its workdir.
-    for directory in (launcher, *list(launcher.parents)[:2]):
-        directory.chmod(0o755)
-    monkeypatch.setenv("RUN_AS_TENANT_USER", "1")  # for a supervisor started afresh (exec)
-    settings.RUN_AS_TENANT_USER = True  # for one forked from this process
+def test_tasks_run_as_the_unix_user_an_operator_set(launcher, node, lab):
     lab.unix_user = "nobody"
     lab.save()
     task = start(lab, "id -un")
