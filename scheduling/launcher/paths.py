@@ -55,26 +55,21 @@ def reserve_exit_record(path: Path) -> bool:
     """Claim the exit file's blocks before the task starts: a record written later overwrites
     them in place and needs no new space, so a full disk cannot stop it. False when even this
     fails (the status then reaches the database only, which the supervisor waits for)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, b" " * EXIT_RECORD_SIZE)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        return False
-    return True
+    return _write_from_start(path, b" " * EXIT_RECORD_SIZE, os.O_TRUNC)
 
 
 def write_exit_record(path: Path, record: dict) -> bool:
     """Write the exit record over its reserved blocks (or as a new file if none were
     reserved). False when it could not be written; never raises."""
     data = json.dumps(record).encode()
+    return _write_from_start(path, data.ljust(EXIT_RECORD_SIZE), 0)
+
+
+def _write_from_start(path: Path, data: bytes, flags: int) -> bool:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
         try:
-            os.pwrite(fd, data.ljust(max(EXIT_RECORD_SIZE, len(data))), 0)
+            os.pwrite(fd, data, 0)
             os.fsync(fd)
         finally:
             os.close(fd)

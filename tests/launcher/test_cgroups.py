@@ -20,6 +20,7 @@ import pytest
 
 from scheduling.launcher import cgroups
 from scheduling.launcher.cgroups import AttemptCgroup, CgroupError, Limits
+from tests.launcher.conftest import wait_for as launcher_wait_for
 
 NOBODY = 65534
 _names = itertools.count(1)
@@ -200,14 +201,7 @@ def host(hierarchy):
 
 
 def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {predicate.__doc__ or predicate}")
-        time.sleep(0.02)
+    return launcher_wait_for(predicate, timeout=timeout, every=0.02)
 
 
 def gone(pid: int) -> bool:
