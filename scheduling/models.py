@@ -346,6 +346,11 @@ class SchedulerState(models.Model):
     last_placed = models.PositiveIntegerField(default=0)
     last_preempted = models.PositiveIntegerField(default=0)
     last_waiting = models.PositiveIntegerField(default=0)
+    fair_share_half_life_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The half-life the tenants' decayed usage counters are kept for.",
+    )
 
     class Meta:
         verbose_name = "scheduler state"
@@ -354,6 +359,23 @@ class SchedulerState(models.Model):
 
     def __str__(self) -> str:
         return f"scheduler: {self.passes} passes"
+
+
+class TenantUsage(models.Model):
+    """A tenant's decayed GPU use from finished allocations (see scheduling.fairshare),
+    kept by a trigger on scheduling_allocation."""
+
+    tenant = models.OneToOneField(
+        "tenants.Tenant", on_delete=models.CASCADE, primary_key=True, related_name="usage"
+    )
+    closed = models.FloatField(default=0.0, help_text="Decayed GPU use as of as_of.")
+    as_of = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "tenant usage"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.closed:.3f} as of {self.as_of}"
 
 
 class IdempotencyKey(models.Model):

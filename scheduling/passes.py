@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 from django_q.tasks import async_task
 
@@ -30,7 +31,16 @@ def _enqueue() -> None:
         _, created = SchedulerState.objects.get_or_create(pk=1, defaults={"pass_queued": True})
         if not created:
             return  # a pass is queued and has not started: it will see this change
-    async_task("scheduling.tasks.run_pass", task_name="scheduling-pass")
+    # Named, never implied: a supervisor forked from a node's launch worker inherits
+    # Q_CLUSTER_NAME=<node>, and a pass queued there would block that node's launches.
+    async_task(
+        "scheduling.tasks.run_pass", task_name="scheduling-pass", cluster=scheduler_cluster()
+    )
+
+
+def scheduler_cluster() -> str:
+    """The django-q2 cluster that runs passes (``manage.py qcluster`` with no Q_CLUSTER_NAME)."""
+    return settings.Q_CLUSTER["name"]
 
 
 def mark_started() -> None:

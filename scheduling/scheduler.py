@@ -13,13 +13,13 @@ import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
-from scheduling import estate, passes, services, states
+from scheduling import estate, fairshare, passes, services, states
 from scheduling.launcher import lifecycle
 from scheduling.models import (
     GPU,
@@ -69,6 +69,7 @@ def schedule_pass() -> PassResult:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
         passes.mark_started()
         now = timezone.now()
+        fairshare.keep_counters_for(now, estate.config().scheduling.fair_share_half_life_s)
         result.failed = fail_broken_dependencies()
         snapshot = build_snapshot(now)
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
@@ -289,29 +290,9 @@ def _tenant_views(
 
 
 def recent_gpus(now: datetime, half_life_s: float) -> dict[int, float]:
-    """Each tenant's GPU use, decayed with the half-life, in GPUs.
-
-    The exact integral of an allocation's share of a card weighted by 2^(-age/half-life),
-    divided by half-life/ln 2 so that a tenant holding n GPUs for ever tends to n.
-    Allocations released more than ten half-lives ago weigh under 0.1% and are skipped.
-    """
-    sql = """
-        SELECT t.tenant_id,
-               SUM(CASE WHEN a.exclusive THEN 1.0 ELSE a.memory_mb::float / g.memory_mb END
-                   * (POWER(2.0, -EXTRACT(EPOCH FROM (%(now)s - COALESCE(a.released_at, %(now)s)))
-                                 / %(h)s)
-                      - POWER(2.0, -LEAST(EXTRACT(EPOCH FROM (%(now)s - a.started_at)) / %(h)s,
-                                          60))))
-          FROM scheduling_allocation a
-          JOIN scheduling_task t ON t.id = a.task_id
-          JOIN scheduling_gpu g ON g.id = a.gpu_id
-         WHERE a.released_at IS NULL OR a.released_at > %(since)s
-         GROUP BY t.tenant_id
-    """
-    since = now - timedelta(seconds=10 * half_life_s)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"now": now, "h": float(half_life_s), "since": since})
-        return {tenant_id: float(value or 0.0) for tenant_id, value in cursor.fetchall()}
+    """Each tenant's GPU use, decayed with the half-life, in GPUs (see scheduling.fairshare:
+    counters kept by a trigger plus the running allocations, never a scan of the history)."""
+    return fairshare.usage(now, half_life_s)
 
 
 # --- Applying decisions --------------------------------------------------------------------------

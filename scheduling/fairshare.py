@@ -1,0 +1,120 @@
+"""Each tenant's decayed GPU use, kept as running counters instead of rescanned every pass.
+
+A tenant's use is the integral of the share of a card each of its allocations held, weighted by
+2^(-age/half-life) and scaled so that a tenant holding n GPUs for ever tends to n (Slurm's
+multifactor priority decays usage the same way). Finished allocations only ever decay, all by
+the same factor, so their sum is one number per tenant: ``TenantUsage.closed``, as of
+``as_of``. A trigger (migration 0010) adds an allocation's contribution in the transaction that
+releases it, so no release is ever missed or counted twice, whatever path released it. Running
+allocations are bounded by the number of GPUs and are summed on each read. A pass costs the
+same after a million finished allocations as after ten.
+
+The half-life the counters are kept for lives in ``SchedulerState.fair_share_half_life_s``;
+when the configuration changes it, the next pass rebuilds the counters once from the history
+(``usage_by_scan`` is also the reference the tests compare the counters with).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+
+from scheduling.models import SchedulerState
+
+# 2^-60 is 1e-18: a contribution that old is nothing, and PostgreSQL raises on float underflow.
+MAX_HALF_LIVES = 60
+
+# The share of a card an allocation holds, for the queries below.
+SHARE_SQL = "CASE WHEN a.exclusive THEN 1.0 ELSE a.memory_mb::float8 / g.memory_mb END"
+
+_OPEN = f"""
+    SELECT t.tenant_id,
+           SUM({SHARE_SQL} * (1 - POWER(2.0::float8,
+               -LEAST(GREATEST(EXTRACT(EPOCH FROM (%(now)s - a.started_at))::float8, 0) / %(h)s,
+                      {MAX_HALF_LIVES}))))
+      FROM scheduling_allocation a
+      JOIN scheduling_task t ON t.id = a.task_id
+      JOIN scheduling_gpu g ON g.id = a.gpu_id
+     WHERE a.released_at IS NULL
+     GROUP BY t.tenant_id
+"""  # noqa: S608 - built from constants; values are bound parameters
+
+_CLOSED = f"""
+    SELECT tenant_id,
+           closed * POWER(2.0::float8,
+               -LEAST(GREATEST(EXTRACT(EPOCH FROM (%(now)s - as_of))::float8, 0) / %(h)s,
+                      {MAX_HALF_LIVES}))
+      FROM scheduling_tenantusage
+"""  # noqa: S608 - built from constants; values are bound parameters
+
+_SCAN = f"""
+    SELECT t.tenant_id,
+           SUM({SHARE_SQL}
+               * (POWER(2.0::float8, -LEAST(GREATEST(EXTRACT(EPOCH FROM
+                      (%(now)s - COALESCE(a.released_at, %(now)s)))::float8, 0) / %(h)s,
+                      {MAX_HALF_LIVES}))
+                  - POWER(2.0::float8, -LEAST(GREATEST(EXTRACT(EPOCH FROM
+                      (%(now)s - a.started_at))::float8, 0) / %(h)s, {MAX_HALF_LIVES}))))
+      FROM scheduling_allocation a
+      JOIN scheduling_task t ON t.id = a.task_id
+      JOIN scheduling_gpu g ON g.id = a.gpu_id
+     WHERE a.released_at IS NULL
+        OR a.released_at > %(now)s - %(h)s * %(window)s * INTERVAL '1 second'
+     GROUP BY t.tenant_id
+"""  # noqa: S608 - built from constants; values are bound parameters
+
+_REBUILD = f"""
+    INSERT INTO scheduling_tenantusage (tenant_id, closed, as_of)
+    SELECT t.tenant_id,
+           SUM({SHARE_SQL}
+               * (POWER(2.0::float8, -LEAST(GREATEST(EXTRACT(EPOCH FROM
+                      (%(now)s - a.released_at))::float8, 0) / %(h)s, {MAX_HALF_LIVES}))
+                  - POWER(2.0::float8, -LEAST(GREATEST(EXTRACT(EPOCH FROM
+                      (%(now)s - a.started_at))::float8, 0) / %(h)s, {MAX_HALF_LIVES})))),
+           %(now)s
+      FROM scheduling_allocation a
+      JOIN scheduling_task t ON t.id = a.task_id
+      JOIN scheduling_gpu g ON g.id = a.gpu_id
+     WHERE a.released_at > %(now)s - %(h)s * %(window)s * INTERVAL '1 second'
+     GROUP BY t.tenant_id
+"""  # noqa: S608 - built from constants; values are bound parameters
+
+
+def usage(now: datetime, half_life_s: float) -> dict[int, float]:
+    """Each tenant's decayed use in GPUs: counters plus running allocations. Falls back to the
+    full scan while the counters are kept for another half-life (until the next pass)."""
+    kept_for = SchedulerState.objects.filter(pk=1).values_list("fair_share_half_life_s", flat=True)
+    if list(kept_for) != [float(half_life_s)]:
+        return usage_by_scan(now, half_life_s)
+    params = {"now": now, "h": float(half_life_s)}
+    found: dict[int, float] = {}
+    with connection.cursor() as cursor:
+        for sql in (_CLOSED, _OPEN):
+            cursor.execute(sql, params)
+            for tenant_id, value in cursor.fetchall():
+                found[tenant_id] = found.get(tenant_id, 0.0) + float(value or 0.0)
+    return found
+
+
+def usage_by_scan(now: datetime, half_life_s: float) -> dict[int, float]:
+    """The same figure from the whole history: the reference, and the fallback."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SCAN, {"now": now, "h": float(half_life_s), "window": MAX_HALF_LIVES})
+        return {tenant_id: float(value or 0.0) for tenant_id, value in cursor.fetchall()}
+
+
+def keep_counters_for(now: datetime, half_life_s: float) -> bool:
+    """In a pass (under its lock): make sure the counters are kept for this half-life,
+    rebuilding them from the history if not. True when it rebuilt them."""
+    state, _ = SchedulerState.objects.get_or_create(pk=1)
+    if state.fair_share_half_life_s == float(half_life_s):
+        return False
+    # The row lock waits for releases in flight (their trigger holds a KEY SHARE lock on it)
+    # and holds new ones back until the rebuilt counters and the new half-life commit together.
+    SchedulerState.objects.select_for_update().get(pk=1)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM scheduling_tenantusage")
+        cursor.execute(_REBUILD, {"now": now, "h": float(half_life_s), "window": MAX_HALF_LIVES})
+    SchedulerState.objects.filter(pk=1).update(fair_share_half_life_s=float(half_life_s))
+    return True

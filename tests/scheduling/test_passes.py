@@ -1,0 +1,34 @@
+"""Requests for a scheduling pass: coalesced, and always queued for the scheduler's cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling import passes
+from scheduling.models import SchedulerState
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    calls = []
+    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: calls.append(kwargs))
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_is_queued_for_the_scheduler_even_from_a_nodes_process(queued, monkeypatch):
+    # What a supervisor forked from a node's launch worker carries in its environment.
+    monkeypatch.setenv("Q_CLUSTER_NAME", "workstation-1")
+    passes.request_pass()
+    assert [call["cluster"] for call in queued] == ["gpuplatform"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requests_before_the_pass_starts_queue_one_pass(queued):
+    for _ in range(5):
+        passes.request_pass()
+    assert len(queued) == 1
+    passes.mark_started()
+    passes.request_pass()
+    assert len(queued) == 2
+    assert SchedulerState.objects.get(pk=1).pass_queued
