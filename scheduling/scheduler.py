@@ -214,40 +214,26 @@ def build_snapshot(now: datetime) -> Snapshot:
     blocks = _dependency_blocks()
     pending = [
         PendingView(
-            id=row["id"],
-            tenant=tenants[row["tenant_id"]],
-            priority=row["priority"],
-            task_class=row["task_class"],
-            submitted_at=row["submitted_at"].timestamp(),
-            gpus_min=row["gpus_min"],
-            gpus_max=row["gpus_max"],
-            gpu_memory_mb=row["gpu_memory_mb"],
-            gpu_type=row["gpu_type"],
-            pool=pool_names.get(row["pool_id"], ""),
-            node=row["required_node"],
-            queue=row["queue"],
-            timeout_s=row["timeout_s"],
-            not_before=_ts(row["not_before"]),
-            blocked=row["hold_reason"] or blocks.get(row["id"], ""),
+            id=task_id,
+            tenant=tenants[tenant_id],
+            priority=priority,
+            task_class=task_class,
+            submitted_at=submitted_at,
+            gpus_min=gpus_min,
+            gpus_max=gpus_max,
+            gpu_memory_mb=gpu_memory_mb,
+            gpu_type=gpu_type,
+            pool=pool_names.get(pool_id, ""),
+            node=required_node,
+            queue=queue,
+            timeout_s=timeout_s,
+            not_before=not_before,
+            blocked=hold_reason or blocks.get(task_id, ""),
         )
-        for row in Task.objects.filter(state=TaskState.PENDING).values(
-            "id",
-            "tenant_id",
-            "priority",
-            "task_class",
-            "submitted_at",
-            "gpus_min",
-            "gpus_max",
-            "gpu_memory_mb",
-            "gpu_type",
-            "pool_id",
-            "required_node",
-            "queue",
-            "timeout_s",
-            "not_before",
-            "hold_reason",
-        )  # fmt: skip
-    ]
+        for (task_id, tenant_id, priority, task_class, submitted_at, gpus_min, gpus_max,
+             gpu_memory_mb, gpu_type, pool_id, required_node, queue, timeout_s, not_before,
+             hold_reason) in _pending_rows()
+    ]  # fmt: skip
 
     return Snapshot(
         now=now.timestamp(),
@@ -256,6 +242,24 @@ def build_snapshot(now: datetime) -> Snapshot:
         pending=tuple(pending),
         tenants=_tenant_views(tenants, pool_names, now),
     )
+
+
+def _pending_rows() -> list[tuple]:
+    """Every pending task's fields, times as epoch seconds: with 10,000 pending tasks, reading
+    them through the ORM (model rows, datetime objects) cost more than the policy itself."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT id, tenant_id, priority, task_class,
+                   EXTRACT(EPOCH FROM submitted_at)::float8, gpus_min, gpus_max, gpu_memory_mb,
+                   gpu_type, pool_id, required_node, queue, timeout_s,
+                   EXTRACT(EPOCH FROM not_before)::float8, hold_reason
+              FROM scheduling_task
+             WHERE state = %s
+            """,
+            [TaskState.PENDING],
+        )
+        return cursor.fetchall()
 
 
 def _tenant_views(
