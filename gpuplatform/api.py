@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from gpuplatform.views import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
 from scheduling.spec import SpecError
 from tenants.authentication import TokenContext
 from tenants.models import Membership, Role, Tenant
@@ -131,7 +132,12 @@ def _raised_by_a_parser(exc: BaseException) -> bool:
 
 
 def handle_exception(exc, context):
-    """Every 4xx answers ``{"detail": "...", "errors": {field: [reasons]}}``."""
+    """Every 4xx answers ``{"detail": "...", "errors": {field: [reasons]}}``; so does a 503
+    while the database is unreachable (with Retry-After)."""
+    if database_unavailable(exc):
+        response = Response({"detail": DATABASE_UNAVAILABLE, "errors": {}}, status=503)
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        return response
     if isinstance(exc, SpecError):
         return errors_response(exc.errors)
     if isinstance(exc, DataError) and "NUL (0x00)" in str(exc):

@@ -5,6 +5,8 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+# Importing this module before the settings marks a web process: settings give it the
+# bounded database connection pool (DB_POOL_SIZE), which no forking process may have.
 # Django must be set up before anything imports models (the websocket routes do).
 django_asgi_app = get_asgi_application()
 

@@ -101,6 +101,36 @@ DATABASES = {
     # channels_postgres keeps its message table in the same database.
     "channels_postgres": {**_default_db, "TEST": {"MIRROR": "default"}},
 }
+# Web processes borrow connections from a bounded pool (psycopg_pool), so a flood of requests
+# cannot open more than DB_POOL_SIZE connections per process (under ASGI every request runs in
+# a thread of its own, and persistent per-thread connections piled up: NOTES.md). Only web
+# processes: a pool's background threads and open sockets must never be inherited across fork,
+# and qcluster, the node agent and task supervisors fork. gpuplatform.asgi and gpuplatform.wsgi
+# are the web servers' entry points and nothing else imports them before settings load, so
+# their presence in sys.modules marks a web process (no environment variable that children
+# could inherit).
+WEB_PROCESS = any(name in sys.modules for name in ("gpuplatform.asgi", "gpuplatform.wsgi"))
+DB_POOL_SIZE = env.integer("DB_POOL_SIZE", 8, minimum=0)
+# Seconds a request waits for a pooled connection (also how long it takes to answer 503 while
+# the database is unreachable).
+DB_POOL_TIMEOUT = env.integer("DB_POOL_TIMEOUT", 5, minimum=1)
+if WEB_PROCESS and DB_POOL_SIZE:
+    DATABASES["default"] = {
+        **_default_db,
+        "CONN_MAX_AGE": 0,  # Django refuses persistent connections with a pool
+        "OPTIONS": {
+            **_default_db.get("OPTIONS", {}),
+            "pool": {
+                "min_size": min(2, DB_POOL_SIZE),
+                "max_size": DB_POOL_SIZE,
+                "timeout": DB_POOL_TIMEOUT,
+                # A failed reconnection is given up after this and retried on the next
+                # request, so the pool's backoff never grows past a few seconds and the web
+                # process recovers by itself soon after the database comes back.
+                "reconnect_timeout": 10,
+            },
+        },
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
@@ -253,7 +283,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"quiet_database_outage": {"()": "gpuplatform.views.QuietDatabaseOutage"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["quiet_database_outage"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env.string("LOG_LEVEL", "INFO")},
     "loggers": {
         "django-q": {"level": env.string("Q_LOG_LEVEL", "WARNING")},
