@@ -135,6 +135,16 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="children",
+        help_text="The token whose request created this one: this one expires no later and "
+        "is refused once it (or any token above it) is revoked or expired.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
