@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import sys
 import warnings
@@ -49,6 +50,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: X-Forwarded-* are believed from TRUSTED_PROXIES only.
+    "gpuplatform.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves /static/ from the web process itself (daphne does not serve static files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -170,6 +173,14 @@ STORAGES = {
 LOGIN_URL = "admin:login"
 
 # --- Security ----------------------------------------------------------------------------------
+# Reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (addresses or
+# networks). From anyone else those headers are dropped (gpuplatform.middleware), so a client
+# cannot pick its own address for throttling, nor claim HTTPS.
+TRUSTED_PROXIES = env.string_list("TRUSTED_PROXIES", [])
+try:
+    TRUSTED_PROXY_NETWORKS = [ipaddress.ip_network(p, strict=False) for p in TRUSTED_PROXIES]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"TRUSTED_PROXIES: {exc}") from None
 SESSION_COOKIE_SECURE = env.boolean("SECURE_COOKIES", not DEBUG and not TESTING)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -190,13 +201,29 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "gpuplatform.api.handle_exception",
     "DEFAULT_THROTTLE_CLASSES": ["gpuplatform.api_defaults.TenantThrottle"],
 }
-# Requests per tenant (or per user for browser sessions), shared by every web process.
-API_THROTTLE_RATE = env.string("API_THROTTLE_RATE", "6000/min")
-if not re.fullmatch(r"\d+/(s|sec|m|min|h|hour|d|day)", API_THROTTLE_RATE):
-    raise ImproperlyConfigured(
-        f"API_THROTTLE_RATE: expected requests/period such as 6000/min (periods: s, min, h, "
-        f"day), got {API_THROTTLE_RATE!r}"
-    )
+
+
+def _rate(name: str, default: str) -> str:
+    rate = env.string(name, default)
+    if not re.fullmatch(r"[1-9]\d*/(s|sec|m|min|h|hour|d|day)", rate):
+        raise ImproperlyConfigured(
+            f"{name}: expected requests/period such as 600/min (periods: s, min, h, day), "
+            f"got {rate!r}"
+        )
+    return rate
+
+
+# Requests per tenant (or per user for browser sessions), paced evenly and shared by every web
+# process (gpuplatform/throttle.py). Measured with bench/bench_neighbours.py on the 2-core
+# reference machine: one daphne process serves 45-80 task listings a second (about 27 without
+# the connection pool). A tenant gets 5 a second, about a sixteenth of a process: then one
+# tenant flooding it keeps another's p95 latency within twice its baseline. Raise it with the
+# number of web processes and cores.
+API_THROTTLE_RATE = _rate("API_THROTTLE_RATE", "300/min")
+# Requests a key may send at once after a pause, before the even pace applies.
+API_THROTTLE_BURST = env.integer("API_THROTTLE_BURST", 10, minimum=1)
+# Requests without a valid token (none, bad, expired, revoked), per client address.
+API_ANON_THROTTLE_RATE = _rate("API_ANON_THROTTLE_RATE", "300/min")
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuplatform API",
     "VERSION": "1",

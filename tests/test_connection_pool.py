@@ -91,7 +91,10 @@ def test_a_flood_of_16_clients_stays_within_the_pool(owner, tmp_path):
                 time.sleep(0.02)
 
     with web_server(
-        log=tmp_path / "daphne.log", DB_POOL_SIZE=str(POOL_SIZE), API_THROTTLE_RATE="100000/min"
+        log=tmp_path / "daphne.log",
+        DB_POOL_SIZE=str(POOL_SIZE),
+        API_THROTTLE_RATE="100000/s",
+        API_THROTTLE_BURST="100000",
     ) as base:
         watcher = threading.Thread(target=sample)
         watcher.start()
