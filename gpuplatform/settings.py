@@ -185,6 +185,26 @@ SESSION_COOKIE_SECURE = env.boolean("SECURE_COOKIES", not DEBUG and not TESTING)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# HTTPS in production (README: "Production"): off by default because `make run` serves plain
+# HTTP on loopback. HSTS tells browsers to use HTTPS only, for this long (seconds).
+SECURE_HSTS_SECONDS = env.integer("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env.boolean("SECURE_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env.boolean("SECURE_SSL_REDIRECT", False)
+# Probes (kubelet, load balancers) speak plain HTTP to the process: never redirect them.
+SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$", r"^healthz$"]
+# The header a TLS-terminating proxy sets to "https" (e.g. X-Forwarded-Proto). Believed only
+# from TRUSTED_PROXIES: the middleware drops it from anyone else.
+_proxy_ssl_header = env.string("SECURE_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.strip().upper().replace("-", "_"), "https")
+    if _proxy_ssl_header.strip()
+    else None
+)
+if SECURE_PROXY_SSL_HEADER and not TRUSTED_PROXIES:
+    raise ImproperlyConfigured(
+        "SECURE_PROXY_SSL_HEADER: needs TRUSTED_PROXIES (the proxies allowed to set it)"
+    )
 
 # --- REST API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {
