@@ -11,7 +11,7 @@ FLOOD_S (after a FLOOD_LEAD_S head start, past the flood's first burst), FLOOD_C
 processes of the flooding tenant send without pause and without honouring Retry-After while
 the quiet tenant goes on as before. Printed: the quiet tenant's
 baseline p95, its p95 under the flood, the ratio (target at most 2), and how the flood's
-requests were answered. All traffic stays on 127.0.0.1; the run takes about 30 s.
+requests were answered. All traffic stays on 127.0.0.1; the run takes about 36 s.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ each window; its accepted requests are spread out, so neighbours see an even, bo
 
 Refused keys are remembered in the process (``Pacer``) for a few seconds. While remembered, the
 web server's ASGI entry answers their requests 429 itself (no Django, no database), except one
-request per pace interval that goes on to the shared check. The refusal is sent after the
-second its Retry-After announces: a client that ignores Retry-After cannot make the server
+request per pace interval that goes on to the shared check, and that one first waits (briefly)
+until no other client's request is in progress: neighbours go first. The refusal is sent after
+the second its Retry-After announces: a client that ignores Retry-After cannot make the server
 spin, it waits as a sleeping coroutine.
 """
 
@@ -33,6 +34,9 @@ PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 8
 REMEMBER_S = 5.0
 # Refusals answered by the entry point are held this long (their Retry-After).
 MAX_HOLD_S = 1.0
+# A remembered key's allowed request waits at most this long for neighbours to finish.
+MAX_YIELD_S = 0.5
+YIELD_STEP_S = 0.005
 _MAX_KEYS = 10_000
 
 
@@ -116,7 +120,15 @@ class Pacer:
             if now >= next_at:
                 self._refused[key] = (until, now + step, step)
                 return None
+            # Still over its pace: remember it for as long as it keeps trying, or its clients
+            # would all reach the shared check together each time the memory lapsed.
+            self._refused[key] = (now + REMEMBER_S, next_at, step)
             return next_at - now
+
+    def remembered(self, key: str, now: float) -> bool:
+        with self._lock:
+            entry = self._refused.get(key)
+            return entry is not None and entry[0] >= now
 
     def clear(self) -> None:
         with self._lock:
@@ -164,10 +176,13 @@ def too_many_requests_body(wait_s: float) -> tuple[bytes, int]:
 
 class EarlyThrottle:
     """ASGI wrapper (HTTP only, /api/ only): answers 429 for keys this process remembers as
-    over their rate, before Django sees the request."""
+    over their rate, before Django sees the request; and lets the request a remembered key
+    may still send wait (up to MAX_YIELD_S) until no other client's request is in progress, so
+    neighbours go first."""
 
     def __init__(self, app) -> None:
         self.app = app
+        self.neighbours_in_flight = 0  # requests of keys not remembered (event loop only)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
@@ -176,9 +191,20 @@ class EarlyThrottle:
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         peer = (scope.get("client") or ("",))[0]
         address = client_address(peer, headers.get(b"x-forwarded-for", b"").decode("latin-1"))
-        wait_s = PACER.hold(early_key(address, authorization), time.time())
+        key = early_key(address, authorization)
+        now = time.time()
+        wait_s = PACER.hold(key, now)
         if wait_s is None:
-            return await self.app(scope, receive, send)
+            if PACER.remembered(key, now):
+                deadline = now + MAX_YIELD_S
+                while self.neighbours_in_flight and time.time() < deadline:
+                    await asyncio.sleep(YIELD_STEP_S)
+                return await self.app(scope, receive, send)
+            self.neighbours_in_flight += 1
+            try:
+                return await self.app(scope, receive, send)
+            finally:
+                self.neighbours_in_flight -= 1
         # Hold the refusal as long as Retry-After says (a sleeping coroutine costs nothing):
         # a client that ignores it still sends at most one request a second per connection.
         wait_s = max(1.0, wait_s)

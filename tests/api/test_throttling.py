@@ -111,3 +111,38 @@ def test_the_entry_point_refuses_a_known_offender_without_calling_django(setting
     assert (b"retry-after", b"5") in sent[0]["headers"]
     # Held as long as MAX_HOLD_S: a client ignoring Retry-After cannot spin the server.
     assert time.monotonic() - began >= throttle.MAX_HOLD_S * 0.9
+
+
+def test_a_remembered_clients_allowed_request_lets_neighbours_go_first():
+    flooder, neighbour = "gpup_FLOODxxx", "gpup_QUIETxxx"
+    for prefix in (flooder, neighbour):
+        throttle.PACER.authenticated(prefix)
+    # Over its pace a moment ago, and its next slot has come: this request may go on.
+    verdict = throttle.Verdict(False, 0.0, time.time() - 1)
+    throttle.PACER.refused(throttle.token_key(flooder), verdict, "1/s")
+    events = []
+
+    async def django(scope, receive, send):
+        who = scope["who"]
+        events.append(f"{who} starts")
+        await asyncio.sleep(0.1)
+        events.append(f"{who} ends")
+
+    async def send(message):
+        pass
+
+    app = throttle.EarlyThrottle(django)
+
+    def scope(who: str, prefix: str) -> dict:
+        header = f"Bearer {prefix}_{'x' * 40}".encode()
+        return {"type": "http", "path": ME, "client": ("127.0.0.1", 5000), "who": who,
+                "headers": [(b"authorization", header)]}  # fmt: skip
+
+    async def both():
+        first = asyncio.create_task(app(scope("neighbour", neighbour), None, send))
+        await asyncio.sleep(0.01)
+        await app(scope("flooder", flooder), None, send)
+        await first
+
+    asyncio.run(both())
+    assert events == ["neighbour starts", "neighbour ends", "flooder starts", "flooder ends"]
