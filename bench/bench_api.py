@@ -134,6 +134,7 @@ def server_env() -> dict[str, str]:
         Q_SYNC="0",
         LAUNCH_TASKS="0",
         API_THROTTLE_RATE="1000000/min",
+        API_THROTTLE_BURST="1000000",  # the pace allows this many at once
     )
     return environ
 

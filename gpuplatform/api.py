@@ -6,6 +6,7 @@ every query from it; another tenant's object is simply not found (404), never fo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -18,6 +19,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from gpuplatform import throttle
+from gpuplatform.views import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
 from scheduling.spec import SpecError
 from tenants.authentication import TokenContext
 from tenants.models import Membership, Role, Tenant
@@ -131,7 +134,16 @@ def _raised_by_a_parser(exc: BaseException) -> bool:
 
 
 def handle_exception(exc, context):
-    """Every 4xx answers ``{"detail": "...", "errors": {field: [reasons]}}``."""
+    """Every 4xx answers ``{"detail": "...", "errors": {field: [reasons]}}``; so does a 503
+    while the database is unreachable (with Retry-After)."""
+    if database_unavailable(exc):
+        response = Response({"detail": DATABASE_UNAVAILABLE, "errors": {}}, status=503)
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        return response
+    if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
+        refused = _pace_by_address(context["request"])
+        if refused is not None:
+            return refused
     if isinstance(exc, SpecError):
         return errors_response(exc.errors)
     if isinstance(exc, DataError) and "NUL (0x00)" in str(exc):
@@ -162,4 +174,20 @@ def handle_exception(exc, context):
         response.data = {"detail": str(detail), "errors": {}}
     if response.status_code == status.HTTP_429_TOO_MANY_REQUESTS and "Retry-After" not in response:
         response["Retry-After"] = "1"
+    return response
+
+
+def _pace_by_address(request) -> Response | None:
+    """Requests without a valid token are paced per client address (API_ANON_THROTTLE_RATE):
+    a 429 instead of the 401 once an address is over its rate, and from then on this process
+    refuses that address's tokenless requests before any work (gpuplatform.throttle)."""
+    address = request.META.get("REMOTE_ADDR", "")
+    rate = settings.API_ANON_THROTTLE_RATE
+    verdict = throttle.consume(throttle.address_key(address), rate)
+    if verdict.allowed:
+        return None
+    throttle.PACER.refused(throttle.address_key(address), verdict, rate)
+    body, retry_after = throttle.too_many_requests_body(verdict.wait_s)
+    response = Response(json.loads(body), status=status.HTTP_429_TOO_MANY_REQUESTS)
+    response["Retry-After"] = str(retry_after)
     return response

@@ -3,13 +3,13 @@ while its own settings load, so they must not import DRF's views)."""
 
 from __future__ import annotations
 
-import time
-
 from django.conf import settings
-from django.db import connection
 from rest_framework import pagination, throttling
 
+from gpuplatform.throttle import PACER, consume, parse_rate, token_key
 from tenants.authentication import TokenContext
+
+__all__ = ["Page", "TenantThrottle", "parse_rate"]
 
 
 class Page(pagination.LimitOffsetPagination):
@@ -18,32 +18,31 @@ class Page(pagination.LimitOffsetPagination):
 
 
 class TenantThrottle(throttling.BaseThrottle):
-    """Requests per tenant (all its users and tokens together; per user for browser sessions)
-    in fixed windows, counted in PostgreSQL so every web process shares the count. Answers
-    429 with Retry-After: the seconds left in the window."""
+    """Requests per tenant (all its users and tokens together; per user for browser sessions),
+    paced evenly (gpuplatform.throttle) and counted in PostgreSQL so every web process shares
+    the pace. Answers 429 with Retry-After. DRF runs throttles after authentication and
+    permissions and before the view, so before the body is parsed and before any query of the
+    view; requests without a valid token are paced by address where their 401 is answered
+    (gpuplatform.api.handle_exception)."""
+
+    wait_s = 0.0
 
     def allow_request(self, request, view) -> bool:
         key = self.key(request)
         if key is None:
             return True
-        limit, seconds = parse_rate(settings.API_THROTTLE_RATE)
-        now = time.time()
-        window = int(now // seconds)
-        self.wait_s = seconds - (now % seconds)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO tenants_requestcount (key, slot, count) VALUES (%s, %s, 1) "
-                "ON CONFLICT (key, slot) DO UPDATE "
-                "SET count = tenants_requestcount.count + 1 RETURNING count",
-                [key, window],
-            )
-            (count,) = cursor.fetchone()
-            if count == 1:  # a new window: forget this key's old ones
-                cursor.execute(
-                    "DELETE FROM tenants_requestcount WHERE key = %s AND slot < %s",
-                    [key, window],
-                )
-        return count <= limit
+        rate = settings.API_THROTTLE_RATE
+        verdict = consume(key, rate)
+        token = request.auth.token if isinstance(request.auth, TokenContext) else None
+        if token is not None:
+            PACER.authenticated(token.prefix)
+        if verdict.allowed:
+            return True
+        self.wait_s = verdict.wait_s
+        if token is not None:
+            # From now on this process refuses the token's requests before any work.
+            PACER.refused(token_key(token.prefix), verdict, rate)
+        return False
 
     def wait(self) -> float:
         return self.wait_s
@@ -55,19 +54,3 @@ class TenantThrottle(throttling.BaseThrottle):
         if isinstance(request.auth, TokenContext):
             return f"tenant-{request.auth.tenant.pk}"
         return f"user-{request.user.pk}"
-
-
-def parse_rate(rate: str) -> tuple[int, int]:
-    """'6000/min' -> (6000, 60). Periods: s, min, h, day (DRF's spelling)."""
-    count, _, period = rate.partition("/")
-    seconds = {
-        "s": 1,
-        "sec": 1,
-        "m": 60,
-        "min": 60,
-        "h": 3600,
-        "hour": 3600,
-        "d": 86400,
-        "day": 86400,
-    }[period]
-    return int(count), seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import sys
 import warnings
@@ -49,6 +50,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: X-Forwarded-* are believed from TRUSTED_PROXIES only.
+    "gpuplatform.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves /static/ from the web process itself (daphne does not serve static files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -101,6 +104,36 @@ DATABASES = {
     # channels_postgres keeps its message table in the same database.
     "channels_postgres": {**_default_db, "TEST": {"MIRROR": "default"}},
 }
+# Web processes borrow connections from a bounded pool (psycopg_pool), so a flood of requests
+# cannot open more than DB_POOL_SIZE connections per process (under ASGI every request runs in
+# a thread of its own, and persistent per-thread connections piled up: NOTES.md). Only web
+# processes: a pool's background threads and open sockets must never be inherited across fork,
+# and qcluster, the node agent and task supervisors fork. gpuplatform.asgi and gpuplatform.wsgi
+# are the web servers' entry points and nothing else imports them before settings load, so
+# their presence in sys.modules marks a web process (no environment variable that children
+# could inherit).
+WEB_PROCESS = any(name in sys.modules for name in ("gpuplatform.asgi", "gpuplatform.wsgi"))
+DB_POOL_SIZE = env.integer("DB_POOL_SIZE", 8, minimum=0)
+# Seconds a request waits for a pooled connection (also how long it takes to answer 503 while
+# the database is unreachable).
+DB_POOL_TIMEOUT = env.integer("DB_POOL_TIMEOUT", 5, minimum=1)
+if WEB_PROCESS and DB_POOL_SIZE:
+    DATABASES["default"] = {
+        **_default_db,
+        "CONN_MAX_AGE": 0,  # Django refuses persistent connections with a pool
+        "OPTIONS": {
+            **_default_db.get("OPTIONS", {}),
+            "pool": {
+                "min_size": min(2, DB_POOL_SIZE),
+                "max_size": DB_POOL_SIZE,
+                "timeout": DB_POOL_TIMEOUT,
+                # A failed reconnection is given up after this and retried on the next
+                # request, so the pool's backoff never grows past a few seconds and the web
+                # process recovers by itself soon after the database comes back.
+                "reconnect_timeout": 10,
+            },
+        },
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
@@ -140,10 +173,38 @@ STORAGES = {
 LOGIN_URL = "admin:login"
 
 # --- Security ----------------------------------------------------------------------------------
+# Reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (addresses or
+# networks). From anyone else those headers are dropped (gpuplatform.middleware), so a client
+# cannot pick its own address for throttling, nor claim HTTPS.
+TRUSTED_PROXIES = env.string_list("TRUSTED_PROXIES", [])
+try:
+    TRUSTED_PROXY_NETWORKS = [ipaddress.ip_network(p, strict=False) for p in TRUSTED_PROXIES]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"TRUSTED_PROXIES: {exc}") from None
 SESSION_COOKIE_SECURE = env.boolean("SECURE_COOKIES", not DEBUG and not TESTING)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# HTTPS in production (README: "Production"): off by default because `make run` serves plain
+# HTTP on loopback. HSTS tells browsers to use HTTPS only, for this long (seconds).
+SECURE_HSTS_SECONDS = env.integer("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env.boolean("SECURE_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env.boolean("SECURE_SSL_REDIRECT", False)
+# Probes (kubelet, load balancers) speak plain HTTP to the process: never redirect them.
+SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$", r"^healthz$"]
+# The header a TLS-terminating proxy sets to "https" (e.g. X-Forwarded-Proto). Believed only
+# from TRUSTED_PROXIES: the middleware drops it from anyone else.
+_proxy_ssl_header = env.string("SECURE_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.strip().upper().replace("-", "_"), "https")
+    if _proxy_ssl_header.strip()
+    else None
+)
+if SECURE_PROXY_SSL_HEADER and not TRUSTED_PROXIES:
+    raise ImproperlyConfigured(
+        "SECURE_PROXY_SSL_HEADER: needs TRUSTED_PROXIES (the proxies allowed to set it)"
+    )
 
 # --- REST API --------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -160,13 +221,29 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "gpuplatform.api.handle_exception",
     "DEFAULT_THROTTLE_CLASSES": ["gpuplatform.api_defaults.TenantThrottle"],
 }
-# Requests per tenant (or per user for browser sessions), shared by every web process.
-API_THROTTLE_RATE = env.string("API_THROTTLE_RATE", "6000/min")
-if not re.fullmatch(r"\d+/(s|sec|m|min|h|hour|d|day)", API_THROTTLE_RATE):
-    raise ImproperlyConfigured(
-        f"API_THROTTLE_RATE: expected requests/period such as 6000/min (periods: s, min, h, "
-        f"day), got {API_THROTTLE_RATE!r}"
-    )
+
+
+def _rate(name: str, default: str) -> str:
+    rate = env.string(name, default)
+    if not re.fullmatch(r"[1-9]\d*/(s|sec|m|min|h|hour|d|day)", rate):
+        raise ImproperlyConfigured(
+            f"{name}: expected requests/period such as 600/min (periods: s, min, h, day), "
+            f"got {rate!r}"
+        )
+    return rate
+
+
+# Requests per tenant (or per user for browser sessions), paced evenly and shared by every web
+# process (gpuplatform/throttle.py). Measured with bench/bench_neighbours.py on the 2-core
+# reference machine: one daphne process serves 45-80 task listings a second (about 27 without
+# the connection pool). A tenant gets 5 a second, about a sixteenth of a process: then one
+# tenant flooding it keeps another's p95 latency within twice its baseline. Raise it with the
+# number of web processes and cores.
+API_THROTTLE_RATE = _rate("API_THROTTLE_RATE", "300/min")
+# Requests a key may send at once after a pause, before the even pace applies.
+API_THROTTLE_BURST = env.integer("API_THROTTLE_BURST", 10, minimum=1)
+# Requests without a valid token (none, bad, expired, revoked), per client address.
+API_ANON_THROTTLE_RATE = _rate("API_ANON_THROTTLE_RATE", "300/min")
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuplatform API",
     "VERSION": "1",
@@ -264,7 +341,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"quiet_database_outage": {"()": "gpuplatform.views.QuietDatabaseOutage"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["quiet_database_outage"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env.string("LOG_LEVEL", "INFO")},
     "loggers": {
         "django-q": {"level": env.string("Q_LOG_LEVEL", "WARNING")},

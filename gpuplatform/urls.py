@@ -16,10 +16,15 @@ api_patterns = [
 ]
 
 handler404 = "gpuplatform.views.not_found"
+handler500 = "gpuplatform.views.server_error"
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/v1/", include((api_patterns, "api"))),
-    path("healthz", views.healthz, name="healthz"),
+    # Kubernetes-style probes: liveness never touches the database, readiness does. /healthz
+    # is readiness under its older name (make run and load balancers poll it).
+    path("livez", views.livez, name="livez"),
+    path("readyz", views.readyz, name="readyz"),
+    path("healthz", views.readyz, name="healthz"),
 ]

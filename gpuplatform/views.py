@@ -1,13 +1,59 @@
-from django.db import connection
+"""Health endpoints, and the error pages that are not the API's own."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import psycopg
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
+logger = logging.getLogger(__name__)
 
-def healthz(request: HttpRequest) -> JsonResponse:
-    """Liveness for load balancers and `make run`: the web process answers and reaches the DB."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+# Seconds a client is asked to wait before retrying while the database is unreachable.
+DATABASE_RETRY_AFTER_S = 5
+DATABASE_UNAVAILABLE = "the database is unreachable; retry later"
+
+
+def database_unavailable(exc: BaseException | None) -> bool:
+    """Whether an exception means the database cannot be reached (connection refused or lost,
+    pool exhausted): a temporary condition answered 503, not a bug answered 500."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        # psycopg's own classes too: a pool timeout raised outside Django's error wrapper.
+        if isinstance(
+            exc,
+            (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError),
+        ):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def livez(request: HttpRequest) -> JsonResponse:
+    """Liveness: the web process answers. Never touches the database, so an outage of the
+    database does not get healthy web processes restarted."""
     return JsonResponse({"status": "ok"})
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness: the process answers and reaches the database; 503 while it cannot."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError as exc:
+        logger.warning("readiness: database unreachable: %s", exc)
+        response = JsonResponse(
+            {"status": "unavailable", "detail": DATABASE_UNAVAILABLE,
+             "checks": {"database": "unreachable"}},
+            status=503,
+        )  # fmt: skip
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        return response
+    return JsonResponse({"status": "ok", "detail": "ready", "checks": {"database": "ok"}})
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
@@ -15,3 +61,39 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "not found", "errors": {}}, status=404)
     return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django calls this inside its ``except`` block, so the exception is at hand: an
+    unreachable database answers 503 with Retry-After (JSON under /api/, plain text
+    elsewhere); anything else is Django's plain 500 page."""
+    if not database_unavailable(sys.exc_info()[1]):
+        if request.path.startswith("/api/"):
+            return JsonResponse({"detail": "internal server error", "errors": {}}, status=500)
+        return defaults.server_error(request)
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse(
+            {"detail": DATABASE_UNAVAILABLE, "errors": {}}, status=503
+        )
+    else:
+        response = HttpResponse(
+            "503 Service Unavailable: the database is unreachable; retry later.\n",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+    return response
+
+
+class QuietDatabaseOutage(logging.Filter):
+    """Log an unreachable database as one line, not a traceback per request: during an outage
+    every request fails the same way, and the pool already logs each failed connection."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and database_unavailable(record.exc_info[1]):
+            cause = record.exc_info[1]
+            record.msg = f"{record.getMessage()} ({type(cause).__name__}: {cause})"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True

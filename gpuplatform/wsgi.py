@@ -5,5 +5,7 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+# Importing this module before the settings marks a web process: settings give it the
+# bounded database connection pool (DB_POOL_SIZE), which no forking process may have.
 
 application = get_wsgi_application()

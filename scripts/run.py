@@ -8,6 +8,7 @@ runner), gets SIGTERM, and has STOP_GRACE seconds to finish before SIGKILL.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import selectors
 import signal
@@ -22,9 +23,22 @@ COLOURS = ["\033[36m", "\033[33m", "\033[35m", "\033[32m"] if TTY else [""]
 RESET = "\033[0m" if TTY else ""
 
 
+def trusted_proxies() -> str:
+    """TRUSTED_PROXIES as gunicorn wants it (networks written without host bits)."""
+    networks = [item.strip() for item in os.environ.get("TRUSTED_PROXIES", "").split(",")]
+    return ",".join(str(ipaddress.ip_network(n, strict=False)) for n in networks if n)
+
+
 def web_command(python: str, host: str, port: str) -> list[str]:
     """daphne (ASGI: HTTP and websockets) by default; WEB_SERVER=gunicorn serves HTTP only,
-    with WEB_WORKERS sync workers: about twice the API throughput on two cores (bench_api)."""
+    with WEB_WORKERS sync workers: about twice the API throughput on two cores (bench_api).
+
+    Forwarded headers are believed only from TRUSTED_PROXIES, and Django decides that
+    (gpuplatform.middleware.TrustedProxyMiddleware), for both servers. daphne therefore never
+    gets --proxy-headers: with it daphne takes X-Forwarded-For/-Proto from whoever connects (it
+    has no list of trusted peers) and hides the real peer Django must check. gunicorn applies
+    X-Forwarded-Proto itself, so it is told the same proxies (none when TRUSTED_PROXIES is
+    empty, instead of its default of trusting loopback)."""
     if os.environ.get("WEB_SERVER", "daphne") == "gunicorn":
         workers = os.environ.get("WEB_WORKERS", "2")
         return [
@@ -35,21 +49,13 @@ def web_command(python: str, host: str, port: str) -> list[str]:
             f"{host}:{port}",
             "-w",
             workers,
+            "--forwarded-allow-ips",
+            trusted_proxies(),
             "--access-logfile",
             "-",
             "gpuplatform.wsgi:application",
         ]
-    return [
-        python,
-        "-m",
-        "daphne",
-        "-b",
-        host,
-        "-p",
-        port,
-        "--proxy-headers",
-        "gpuplatform.asgi:application",
-    ]
+    return [python, "-m", "daphne", "-b", host, "-p", port, "gpuplatform.asgi:application"]
 
 
 def commands(python: str, host: str, port: str) -> dict[str, list[str]]:

@@ -84,6 +84,7 @@ class TokenOut(serializers.ModelSerializer):
             "expires_at",
             "last_used_at",
             "revoked_at",
+            "parent",
         ]
         read_only_fields = fields
 
@@ -121,11 +122,22 @@ class TokenList(generics.ListAPIView):
         incoming = TokenIn(data=request.data)
         incoming.is_valid(raise_exception=True)
         days = incoming.validated_data.get("expires_in_days")
+        expires_at = timezone.now() + timedelta(days=days) if days else None
+        # A token made by a token is bound to it (expires with it, dies with it).
+        parent = request.auth.token if isinstance(request.auth, TokenContext) else None
+        if parent and parent.expires_at and expires_at and expires_at > parent.expires_at:
+            return errors_response(
+                {"expires_in_days": [
+                    f"must not outlive the token making this request: it expires at "
+                    f"{parent.expires_at.isoformat()}"
+                ]}
+            )  # fmt: skip
         token, secret = services.apitoken_create(
             user=request.user,
             tenant=request_tenant(request).tenant,
             name=incoming.validated_data["name"],
-            expires_at=timezone.now() + timedelta(days=days) if days else None,
+            expires_at=expires_at,
+            parent=parent,
         )
         token.token = secret
         return Response(TokenCreated(token).data, status=status.HTTP_201_CREATED)

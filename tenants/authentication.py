@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import BooleanField, OuterRef, Subquery
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
@@ -15,6 +16,20 @@ from tenants.models import ApiToken, Membership
 # Writing last_used_at on every request would turn each read into a write; a minute is
 # precise enough to tell an operator whether a token is still in use.
 LAST_USED_PRECISION = timedelta(minutes=1)
+
+# Whether a token's parent, or the parent's parent and so on, is revoked or expired: a
+# correlated recursive CTE, so authentication stays one query however deep the chain. UNION
+# (not UNION ALL) ends the walk even on a cycle, which the API cannot create.
+DEAD_ANCESTOR_SQL = """EXISTS (
+    WITH RECURSIVE ancestor (id, parent_id, revoked_at, expires_at) AS (
+        SELECT up.id, up.parent_id, up.revoked_at, up.expires_at
+        FROM tenants_apitoken up WHERE up.id = tenants_apitoken.parent_id
+        UNION
+        SELECT up.id, up.parent_id, up.revoked_at, up.expires_at
+        FROM tenants_apitoken up JOIN ancestor ON up.id = ancestor.parent_id
+    )
+    SELECT 1 FROM ancestor WHERE revoked_at IS NOT NULL OR expires_at <= %s
+)"""
 
 
 class TokenContext:
@@ -43,11 +58,17 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_token(self, secret: str):
         prefix = tokens.prefix_of(secret)
-        # One query: the token, its user and tenant, and the owner's role in that tenant.
+        now = timezone.now()
+        # One query: the token, its user and tenant, the owner's role in that tenant, and
+        # whether any token above it (the one that made it, and so on) is revoked or expired.
         role = Membership.objects.filter(user=OuterRef("user"), tenant=OuterRef("tenant"))
         token = (
             ApiToken.objects.select_related("user", "tenant")
-            .annotate(role=Subquery(role.values("role")[:1]))
+            .annotate(
+                role=Subquery(role.values("role")[:1]),
+                # A constant text with one bound parameter: nothing from the request.
+                ancestor_dead=RawSQL(DEAD_ANCESTOR_SQL, [now], output_field=BooleanField()),  # noqa: S611
+            )
             .filter(prefix=prefix)
             .first()
             if prefix
@@ -55,11 +76,14 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         )
         if token is None or not tokens.matches(secret, token.key_hash):
             raise exceptions.AuthenticationFailed("invalid token")
-        now = timezone.now()
         if token.revoked_at is not None:
             raise exceptions.AuthenticationFailed("token revoked")
         if token.expires_at is not None and token.expires_at <= now:
             raise exceptions.AuthenticationFailed("token expired")
+        if token.ancestor_dead:
+            raise exceptions.AuthenticationFailed(
+                "token revoked: the token that created it was revoked or expired"
+            )
         if not token.user.is_active or not token.tenant.is_active:
             raise exceptions.AuthenticationFailed("user or tenant inactive")
         if token.role is None:

@@ -135,6 +135,16 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="children",
+        help_text="The token whose request created this one: this one expires no later and "
+        "is refused once it (or any token above it) is revoked or expired.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -149,18 +159,15 @@ class ApiToken(models.Model):
         return self.expires_at is None or self.expires_at > now
 
 
-class RequestCount(models.Model):
-    """API requests per throttling key and time window: one UPSERT a request, shared by every
-    web process (the database cache needs six round trips for the same)."""
+class RateLimit(models.Model):
+    """One throttling key's pace (gpuplatform.throttle): a GCRA's theoretical arrival time,
+    updated by one UPSERT a request and shared by every web process."""
 
-    key = models.CharField(max_length=64)
-    slot = models.BigIntegerField(help_text="Time window number: epoch seconds // its length.")
-    count = models.PositiveIntegerField(default=0)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["key", "slot"], name="requestcount_unique_slot")
-        ]
+    key = models.CharField(max_length=100, primary_key=True)
+    tat = models.FloatField(help_text="Epoch seconds: when the key's allowance is next full.")
+    refused = models.PositiveIntegerField(
+        default=0, help_text="Requests refused in a row since the last accepted one."
+    )
 
     def __str__(self) -> str:
-        return f"{self.key}@{self.slot}: {self.count}"
+        return f"{self.key}: {self.tat}"

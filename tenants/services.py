@@ -31,13 +31,32 @@ def membership_set(*, user: AbstractBaseUser, tenant: Tenant, role: str) -> Memb
 
 @transaction.atomic
 def apitoken_create(
-    *, user: AbstractBaseUser, tenant: Tenant, name: str, expires_at: datetime | None = None
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    name: str,
+    expires_at: datetime | None = None,
+    parent: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
-    """Create a token for a member of the tenant. Returns the row and the secret, shown once."""
+    """Create a token for a member of the tenant. Returns the row and the secret, shown once.
+
+    A token made with another token (``parent``) can neither outlive nor outrank it: same user
+    and tenant, an expiry no later than the parent's (the parent's when none is asked for), and
+    authentication refuses it once the parent is revoked or expired."""
     if not Membership.objects.filter(user=user, tenant=tenant).exists():
         raise ValueError(f"{user} is not a member of tenant {tenant}")
     if expires_at is not None and expires_at <= timezone.now():
         raise ValueError("expires_at: must be in the future")
+    if parent is not None:
+        if (parent.user_id, parent.tenant_id) != (user.pk, tenant.pk):
+            raise ValueError("parent: a token can only make tokens for its own user and tenant")
+        if parent.expires_at is not None:
+            if expires_at is not None and expires_at > parent.expires_at:
+                raise ValueError(
+                    f"expires_at: must not be later than the parent token's expiry "
+                    f"({parent.expires_at.isoformat()})"
+                )
+            expires_at = expires_at or parent.expires_at
     secret, prefix = tokens.generate()
     token = ApiToken.objects.create(
         user=user,
@@ -46,6 +65,7 @@ def apitoken_create(
         prefix=prefix,
         key_hash=tokens.hash_token(secret),
         expires_at=expires_at,
+        parent=parent,
     )
     return token, secret
 

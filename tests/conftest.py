@@ -32,6 +32,17 @@ def _actor(tenant: Tenant, role: str, username: str) -> Actor:
     return Actor(user=user, tenant=tenant, token=secret)
 
 
+@pytest.fixture(autouse=True)
+def _forget_throttled_clients():
+    """Each process remembers clients over their rate (gpuplatform.throttle.PACER); tests
+    start with none, whatever the test before did."""
+    from gpuplatform.throttle import PACER
+
+    PACER.clear()
+    yield
+    PACER.clear()
+
+
 @pytest.fixture
 def lab(db) -> Tenant:
     return TenantFactory(name="vision-lab")

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from django.conf import settings
 
@@ -47,15 +48,19 @@ def manage(*args: str, timeout: float = 60, **extra_env: str) -> subprocess.Comp
 
 
 @contextmanager
-def web_server(startup_timeout: float = 30) -> Iterator[str]:
-    """Run daphne, as `make run` does, on a free loopback port; yield its base URL."""
+def web_server(
+    startup_timeout: float = 30, log: Path | None = None, **extra_env: str
+) -> Iterator[str]:
+    """Run daphne, as `make run` does, on a free loopback port; yield its base URL. Its output
+    goes to ``log`` when given (a pipe nobody reads would stall a chatty server)."""
     port = free_port()
+    sink = open(log, "wb") if log else subprocess.PIPE
     proc = subprocess.Popen(
         [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
          "gpuplatform.asgi:application"],
         cwd=ROOT,
-        env=process_env(),
-        stdout=subprocess.PIPE,
+        env=process_env(**extra_env),
+        stdout=sink,
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -63,7 +68,8 @@ def web_server(startup_timeout: float = 30) -> Iterator[str]:
         deadline = time.monotonic() + startup_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"daphne exited: {proc.stdout.read().decode()}")
+                output = log.read_text() if log else proc.stdout.read().decode()
+                raise RuntimeError(f"daphne exited: {output}")
             try:
                 with urllib.request.urlopen(f"{base}/healthz", timeout=2):
                     break
@@ -79,3 +85,5 @@ def web_server(startup_timeout: float = 30) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if log:
+            sink.close()

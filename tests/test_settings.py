@@ -98,3 +98,10 @@ def test_list_and_default_readers(monkeypatch):
     assert env.string_list("X_TEST", []) == ["a.example", "b.example"]
     monkeypatch.setenv("X_TEST", "yes")
     assert env.boolean("X_TEST", False) is True
+
+
+def test_bad_rates_and_proxies_are_named():
+    result = start_django(DEBUG="1", API_ANON_THROTTLE_RATE="lots")
+    assert "API_ANON_THROTTLE_RATE: expected requests/period such as 600/min" in result.stderr
+    result = start_django(DEBUG="1", TRUSTED_PROXIES="10.0.0.1,proxy.example")
+    assert "TRUSTED_PROXIES: 'proxy.example' does not appear to be an IPv4 or IPv6" in result.stderr

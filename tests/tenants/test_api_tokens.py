@@ -144,3 +144,93 @@ def test_prefix_of_rejects_anything_but_the_token_shape():
     assert tokens.prefix_of(token) == prefix
     for bad in ["", "gpup", "gpup__", "ghp_abc", token + "x", token.replace("gpup", "gpuq")]:
         assert tokens.prefix_of(bad) is None
+
+
+# --- Tokens made by tokens: they cannot outlive or outrank their parent ---------------------
+
+TOKENS = "/api/v1/tokens/"
+
+
+def make_child(secret: str, **body) -> dict:
+    response = bearer(secret).post(TOKENS, {"name": "child", **body}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def test_a_token_made_by_a_token_records_it_and_inherits_its_expiry(owner):
+    parent = ApiToken.objects.get(user=owner.user)
+    parent.expires_at = timezone.now() + timedelta(days=3)
+    parent.save()
+    child = make_child(owner.token)
+    assert child["parent"] == parent.pk
+    assert ApiToken.objects.get(pk=child["id"]).expires_at == parent.expires_at
+    shorter = make_child(owner.token, expires_in_days=1)
+    assert ApiToken.objects.get(pk=shorter["id"]).expires_at < parent.expires_at
+
+
+def test_a_token_cannot_make_one_that_outlives_it(owner):
+    ApiToken.objects.filter(user=owner.user).update(expires_at=timezone.now() + timedelta(days=3))
+    response = bearer(owner.token).post(
+        TOKENS, {"name": "longer", "expires_in_days": 30}, format="json"
+    )
+    assert response.status_code == 400
+    assert list(response.json()["errors"]) == ["expires_in_days"]
+    assert "must not outlive" in response.json()["detail"]
+    assert ApiToken.objects.filter(name="longer").count() == 0
+
+
+def test_a_token_made_in_a_browser_session_has_no_parent(owner):
+    client = APIClient()
+    client.force_login(owner.user)
+    response = client.post(TOKENS, {"name": "from-session"}, format="json")
+    assert response.status_code == 201
+    assert response.json()["parent"] is None
+    assert response.json()["expires_at"] is None
+
+
+@pytest.mark.parametrize("how", ["revoked", "expired"])
+def test_children_and_grandchildren_die_with_their_ancestor(owner, how):
+    child = make_child(owner.token)
+    grandchild = make_child(child["token"])
+    assert ApiToken.objects.get(pk=grandchild["id"]).parent_id == child["id"]
+    assert bearer(grandchild["token"]).get(ME).status_code == 200
+    root = ApiToken.objects.filter(user=owner.user, parent=None)
+    if how == "revoked":
+        services.apitokens_revoke(tokens=root)
+    else:
+        root.update(expires_at=timezone.now() - timedelta(seconds=1))
+    for secret in (child["token"], grandchild["token"]):
+        response = bearer(secret).get(ME)
+        assert response.status_code == 401
+        assert "the token that created it was revoked or expired" in response.json()["detail"]
+
+
+def test_the_parent_check_is_part_of_the_one_authentication_query(owner):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    child = make_child(owner.token)
+    client = bearer(child["token"])
+    client.get(ME)  # warm: last_used_at write
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(ME).status_code == 200
+    token_queries = [q for q in queries if "tenants_apitoken" in q["sql"]]
+    assert len(token_queries) == 1
+    assert "WITH RECURSIVE" in token_queries[0]["sql"]
+
+
+def test_the_service_refuses_a_parent_of_another_user_or_a_longer_life(owner, teammate):
+    parent = ApiToken.objects.get(user=owner.user)
+    with pytest.raises(ValueError, match="parent"):
+        services.apitoken_create(
+            user=teammate.user, tenant=teammate.tenant, name="x", parent=parent
+        )
+    parent.expires_at = timezone.now() + timedelta(days=1)
+    with pytest.raises(ValueError, match="expires_at"):
+        services.apitoken_create(
+            user=owner.user,
+            tenant=owner.tenant,
+            name="x",
+            parent=parent,
+            expires_at=timezone.now() + timedelta(days=2),
+        )
