@@ -26,5 +26,5 @@ urlpatterns = [
     # is readiness under its older name (make run and load balancers poll it).
     path("livez", views.livez, name="livez"),
     path("readyz", views.readyz, name="readyz"),
-    path("healthz", views.readyz, name="healthz"),
+    path("healthz", views.healthz, name="healthz"),
 ]

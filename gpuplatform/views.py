@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from http import HTTPStatus
 
 import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
@@ -54,6 +56,26 @@ def readyz(request: HttpRequest) -> JsonResponse:
         response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
         return response
     return JsonResponse({"status": "ok", "detail": "ready", "checks": {"database": "ok"}})
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Readiness under its older name, plus how each node separates tenants: a node whose
+    agent is not root says "single-user mode: tenants are not isolated on this host"."""
+    response = readyz(request)
+    if response.status_code != HTTPStatus.OK:
+        return response
+    from scheduling.launcher.identity import SINGLE_USER_NOTE
+    from scheduling.models import Node
+
+    isolation = dict(Node.objects.order_by("name").values_list("name", "isolation"))
+    body = json.loads(response.content)
+    body["isolation"] = isolation
+    body["warnings"] = [
+        f"node {name}: {SINGLE_USER_NOTE}"
+        for name, how in isolation.items()
+        if how == SINGLE_USER_NOTE
+    ]
+    return JsonResponse(body)
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

@@ -23,11 +23,27 @@ def test_liveness_answers_without_touching_the_database(client):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/readyz", "/healthz"])
-def test_readiness_reports_the_database(client, path):
-    response = client.get(path)
+def test_readiness_reports_the_database(client):
+    response = client.get("/readyz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "detail": "ready", "checks": {"database": "ok"}}
+
+
+@pytest.mark.django_db
+def test_healthz_says_which_nodes_do_not_isolate_tenants(client):
+    from scheduling.launcher.identity import SINGLE_USER_NOTE
+    from tests.factories import NodeFactory
+
+    NodeFactory(name="gpu-01", isolation="tenant users")
+    NodeFactory(name="laptop", isolation=SINGLE_USER_NOTE)
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["checks"] == {"database": "ok"}
+    assert body["isolation"] == {"gpu-01": "tenant users", "laptop": SINGLE_USER_NOTE}
+    assert body["warnings"] == [
+        "node laptop: single-user mode: tenants are not isolated on this host"
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
