@@ -31,7 +31,7 @@ from scheduling.models import (
     Task,
     TaskEvent,
 )
-from tenants.models import ApiToken, Role, Tenant
+from tenants.models import ApiToken, Quota, Role, Tenant
 from tests.factories import (
     AllocationFactory,
     MembershipFactory,
@@ -577,3 +577,72 @@ def test_a_drain_names_what_it_left_as_it_was(client, operator, workstation):
         ("warning", "workstation-1/gpu1 is failed, left as it was: only an available GPU can be "
          "drained."),
     ]  # fmt: skip
+
+
+# --- Tenants and quotas: the model's rules, for the admin and the API alike ---------------------
+
+
+QUOTA_FORM = {"max_priority": 100, "fair_share_weight": 1.0}
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"max_priority": 101}, "max_priority"),
+        ({"fair_share_weight": 0}, "fair_share_weight"),
+        ({"fair_share_weight": -1}, "fair_share_weight"),
+        ({}, "pool"),  # the tenant already has a cluster-wide quota
+    ],
+)
+def test_a_quota_the_api_refuses_the_admin_refuses_in_the_same_words(
+    client, operator, owner, change, field
+):
+    QuotaFactory(tenant=owner.tenant)
+
+    page = client.post(url(Quota, "add"), {"tenant": owner.tenant.pk, **QUOTA_FORM, **change})
+    api = client.post("/api/v1/operator/quotas/", {"tenant": "vision-lab", **change},
+                      content_type="application/json")  # fmt: skip
+
+    assert page.status_code == 200
+    assert api.status_code == 400, api.content
+    assert page.context["adminform"].form.errors[field] == api.json()["errors"][field]
+    assert Quota.objects.count() == 1
+
+
+def test_two_new_quota_rows_for_one_place_are_refused_on_the_tenant_page(client, operator, owner):
+    form = {"name": "vision-lab", "is_active": "on", "memberships-TOTAL_FORMS": 0,
+            "memberships-INITIAL_FORMS": 0, "quotas-TOTAL_FORMS": 2, "quotas-INITIAL_FORMS": 0,
+            "quotas-0-max_priority": 100, "quotas-0-fair_share_weight": 1, "quotas-0-max_gpus": 4,
+            "quotas-1-max_priority": 90, "quotas-1-fair_share_weight": 1}  # fmt: skip
+
+    page = client.post(url(Tenant, "change", owner.tenant.pk), form)
+
+    assert page.status_code == 200
+    [formset] = [f.formset for f in page.context["inline_admin_formsets"]
+                 if f.formset.prefix == "quotas"]  # fmt: skip
+    assert formset.forms[1].errors["pool"] == ["this tenant already has a quota here"]
+    assert not Quota.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"name": "vision-lab"}, "name"),
+        ({"name": "Vision Lab"}, "name"),
+        ({"name": "speech-lab", "unix_user": "root"}, "unix_user"),
+        ({"name": "speech-lab", "unix_user": "bad user"}, "unix_user"),
+    ],
+)
+def test_a_tenant_the_api_refuses_the_admin_refuses_in_the_same_words(
+    client, operator, owner, values, field
+):
+    inlines = {f"{p}-{k}": 0 for p in ("memberships", "quotas")
+               for k in ("TOTAL_FORMS", "INITIAL_FORMS")}  # fmt: skip
+
+    page = client.post(url(Tenant, "add"), {"is_active": "on", **inlines, **values})
+    api = client.post("/api/v1/operator/tenants/", values, content_type="application/json")
+
+    assert page.status_code == 200
+    assert api.status_code == 400, api.content
+    assert page.context["adminform"].form.errors[field] == api.json()["errors"][field]
+    assert list(Tenant.objects.values_list("name", flat=True)) == ["vision-lab"]
