@@ -71,9 +71,11 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["state", "pool", "backend"]
     search_fields = ["name", "hostname"]
     list_select_related = ["pool"]
-    # A state changes through the drain and undrain actions (the services the API calls) or
-    # by what the node agent reports, never by typing it in.
+    # A node is what its agent registers (name, pool, host); its state changes through the
+    # drain and undrain actions (the services the API calls) or what the agent reports.
     readonly_fields = [
+        "name",
+        "pool",
         "state",
         "state_reason",
         "resume_state",
@@ -89,6 +91,9 @@ class NodeAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(gpu_count=Count("gpus"))
+
+    def has_add_permission(self, request) -> bool:
+        return False  # nodes register through their agent (node_register)
 
     def changelist_view(self, request, extra_context=None):
         shared = Node.objects.filter(isolation=SINGLE_USER_NOTE).values_list("name", flat=True)

@@ -283,7 +283,8 @@ def test_nobody_adds_a_token_in_the_admin(client, operator):
     assert url(ApiToken, "add") not in listing
 
 
-def test_gpus_and_allocations_are_not_typed_in(client, operator):
+def test_nodes_gpus_and_allocations_are_not_typed_in(client, operator):
+    assert client.get(url(Node, "add")).status_code == 403
     assert client.get(url(GPU, "add")).status_code == 403
     assert client.get(url(Allocation, "add")).status_code == 403
 
@@ -466,6 +467,17 @@ def test_a_gpu_s_or_node_s_state_is_not_typed_in(client, operator, workstation):
 
     assert GPU.objects.get(pk=gpu.pk).state == GpuState.FAILED
     assert Node.objects.get(pk=workstation.pk).state == NodeState.AVAILABLE
+
+
+def test_a_node_keeps_the_name_and_pool_its_agent_registered(client, operator, workstation):
+    other = PoolFactory(name="inference")
+
+    client.post(url(Node, "change", workstation.pk),
+                {"name": "renamed", "pool": other.pk, "gpus-TOTAL_FORMS": 0,
+                 "gpus-INITIAL_FORMS": 0})  # fmt: skip
+
+    workstation.refresh_from_db()
+    assert (workstation.name, workstation.pool.name) == ("workstation-1", "default")
 
 
 # --- Task actions: the API's services ----------------------------------------------------------
