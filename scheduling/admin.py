@@ -1,13 +1,34 @@
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from gpuplatform.admin import ReadOnlyAdmin
+from gpuplatform.admin import ReadOnlyAdmin, ReadOnlyInline
 from gpuplatform.units import format_memory_mb
 from scheduling import scheduler, services
+from scheduling.admin_forms import PriorityForm, SubmitForTenantForm
+from scheduling.launcher import lifecycle
 from scheduling.launcher.identity import SINGLE_USER_NOTE
-from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState, Task, TaskEvent
+from scheduling.models import (
+    GPU,
+    Allocation,
+    GpuState,
+    Node,
+    NodeState,
+    Pool,
+    SchedulerState,
+    Task,
+    TaskAttempt,
+    TaskEvent,
+)
+from scheduling.spec import SpecError
+from scheduling.states import IllegalTransition
+from scheduling.submission import tasks_submit
 
 
 @admin.register(Pool)
@@ -50,7 +71,14 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["state", "pool", "backend"]
     search_fields = ["name", "hostname"]
     list_select_related = ["pool"]
+    # A node is what its agent registers (name, pool, host); its state changes through the
+    # drain and undrain actions (the services the API calls) or what the agent reports.
     readonly_fields = [
+        "name",
+        "pool",
+        "state",
+        "state_reason",
+        "resume_state",
         "registered_at",
         "last_heartbeat",
         "backend",
@@ -63,6 +91,9 @@ class NodeAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(gpu_count=Count("gpus"))
+
+    def has_add_permission(self, request) -> bool:
+        return False  # nodes register through their agent (node_register)
 
     def changelist_view(self, request, extra_context=None):
         shared = Node.objects.filter(isolation=SINGLE_USER_NOTE).values_list("name", flat=True)
@@ -92,12 +123,14 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.action(description="Drain: finish running work, place nothing new")
     def drain(self, request, queryset):
         count = services.nodes_drain(nodes=queryset, actor=request.user)
-        self.message_user(request, f"Draining {count} node(s).", messages.SUCCESS)
+        _report(self, request, queryset, count, "Draining {} node(s).", NodeState.DRAINING,
+                "only an available node can be drained")  # fmt: skip
 
     @admin.action(description="Undrain: return drained nodes to service")
     def undrain(self, request, queryset):
         count = services.nodes_undrain(nodes=queryset, actor=request.user)
-        self.message_user(request, f"Returned {count} node(s) to service.", messages.SUCCESS)
+        _report(self, request, queryset, count, "Returned {} node(s) to service.",
+                NodeState.AVAILABLE, "only a draining node can be undrained")  # fmt: skip
 
 
 @admin.register(GPU)
@@ -121,6 +154,10 @@ class GpuAdmin(admin.ModelAdmin):
         "index",
         "uuid",
         "model",
+        "gpu_type",
+        "state",
+        "state_reason",
+        "resume_state",
         "memory_mb",
         "pci_bus_id",
         "foreign_memory_mb",
@@ -154,38 +191,38 @@ class GpuAdmin(admin.ModelAdmin):
     @admin.action(description="Drain: finish running work, place nothing new")
     def drain(self, request, queryset):
         count = services.gpus_drain(gpus=queryset, actor=request.user)
-        self.message_user(request, f"Draining {count} GPU(s).", messages.SUCCESS)
+        _report(self, request, queryset, count, "Draining {} GPU(s).", GpuState.DRAINING,
+                "only an available GPU can be drained")  # fmt: skip
 
     @admin.action(description="Undrain: return drained or failed GPUs to service")
     def undrain(self, request, queryset):
         count = services.gpus_undrain(gpus=queryset, actor=request.user)
-        self.message_user(request, f"Returned {count} GPU(s) to service.", messages.SUCCESS)
+        _report(self, request, queryset, count, "Returned {} GPU(s) to service.",
+                GpuState.AVAILABLE, "only a draining or failed GPU can be undrained")  # fmt: skip
 
 
-class AllocationInline(admin.TabularInline):
+class AllocationInline(ReadOnlyInline):
     model = Allocation
-    extra = 0
-    can_delete = False
     fields = ["attempt", "gpu", "memory_mb", "exclusive", "started_at", "released_at"]
-    readonly_fields = fields
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
 
 
-class TaskEventInline(admin.TabularInline):
+class TaskAttemptInline(ReadOnlyInline):
+    model = TaskAttempt
+    fields = ["number", "node", "gpu_uuids", "started_at", "ended_at", "exit_code", "outcome",
+              "stop_requested", "pid", "log_path"]  # fmt: skip
+
+
+class TaskEventInline(ReadOnlyInline):
     model = TaskEvent
-    extra = 0
-    can_delete = False
     fields = ["at", "from_state", "to_state", "attempt", "reason", "actor"]
-    readonly_fields = fields
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(ReadOnlyAdmin):
+    """Tasks as history: read-only pages. A task is created only by the submit service (the
+    "submit for a tenant" form replaces the add form) and changed only by the services the API
+    calls (the actions), so the admin keeps every rule the API keeps."""
+
     list_display = [
         "id",
         "name",
@@ -204,25 +241,25 @@ class TaskAdmin(admin.ModelAdmin):
     search_fields = ["=id", "name", "queue", "command", "tenant__name", "owner__username"]
     list_select_related = ["tenant", "node"]
     date_hierarchy = "submitted_at"
-    raw_id_fields = ["depends_on"]
-    inlines = [AllocationInline, TaskEventInline]
-    # State changes go through the state machine (services), never through a form.
-    readonly_fields = [
-        "tenant",
-        "owner",
-        "state",
-        "reason",
-        "node",
-        "attempt",
-        "infra_requeues",
-        "exit_code",
-        "spec",
-        "submitted_at",
-        "scheduled_at",
-        "started_at",
-        "finished_at",
-        "updated_at",
-    ]
+    inlines = [TaskAttemptInline, AllocationInline, TaskEventInline]
+    fieldsets = [
+        (None, {"fields": ["name", "tenant", "owner", "state", "reason", "hold_reason"]}),
+        ("Request", {"fields": ["task_class", "priority", "preemptible", "queue", "command",
+                                "workdir", "env", "spec"]}),
+        ("Resources", {"fields": ["gpus_min", "gpus_max", "gpu_memory_mb", "gpu_type", "pool",
+                                  "required_node"]}),
+        ("Policy", {"fields": ["timeout_s", "retries", "depends_on", "not_before"]}),
+        ("Progress", {"fields": ["node", "attempt", "infra_requeues", "exit_code",
+                                 "submitted_at", "scheduled_at", "started_at", "finished_at",
+                                 "updated_at"]}),
+    ]  # fmt: skip
+    actions = ["cancel", "pause", "resume", "retry", "change_priority"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("scheduling.add_task")
+
+    def has_control_permission(self, request) -> bool:
+        return request.user.has_perm("scheduling.change_task")
 
     @admin.display(description="GPUs")
     def gpus(self, obj: Task) -> str:
@@ -237,25 +274,129 @@ class TaskAdmin(admin.ModelAdmin):
     def state_badge(self, obj: Task) -> str:
         return _badge(obj.state)
 
+    # --- Submitting for a tenant ---------------------------------------------------------------
+
+    def add_view(self, request, form_url="", extra_context=None):
+        """Submit on behalf of a tenant, through tasks_submit like the API and the CLI."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = SubmitForTenantForm(request.POST if request.method == "POST" else None)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                tasks = tasks_submit(
+                    tenant=data["tenant"], specs=data["specs"], owner=data["owner"],
+                    by=request.user,
+                )  # fmt: skip
+            except SpecError as exc:
+                form.add_refusal(exc)
+            else:
+                return self._submitted(request, tasks, data["tenant"], data["owner"])
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Submit a task for a tenant",
+            "opts": self.opts,
+            "form": form,
+            "media": self.media + form.media,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/scheduling/task/submit.html", context)
+
+    def _submitted(self, request, tasks: list[Task], tenant, owner) -> HttpResponseRedirect:
+        names = ", ".join(f"#{t.pk} {t.name}" for t in tasks[:10])
+        more = f" and {len(tasks) - 10} more" if len(tasks) > 10 else ""
+        self.message_user(
+            request,
+            f"Submitted {names}{more} for {tenant.name}, owned by {owner.get_username()}.",
+            messages.SUCCESS,
+        )
+        if len(tasks) == 1:
+            return HttpResponseRedirect(reverse("admin:scheduling_task_change", args=[tasks[0].pk]))
+        return HttpResponseRedirect(
+            f"{reverse('admin:scheduling_task_changelist')}?tenant__id__exact={tenant.pk}"
+        )
+
+    # --- Actions: the services the API's control endpoints call --------------------------------
+
+    @admin.action(description="Cancel the selected tasks", permissions=["control"])
+    def cancel(self, request, queryset):
+        self._control(request, queryset, lifecycle.task_cancel, "Cancelled (or stopping)")
+
+    @admin.action(description="Pause the selected tasks", permissions=["control"])
+    def pause(self, request, queryset):
+        self._control(request, queryset, lifecycle.task_pause, "Paused")
+
+    @admin.action(description="Resume the selected paused tasks", permissions=["control"])
+    def resume(self, request, queryset):
+        self._control(request, queryset, lifecycle.task_resume, "Resumed")
+
+    @admin.action(
+        description="Retry the selected tasks (or release held ones)", permissions=["control"]
+    )
+    def retry(self, request, queryset):
+        self._control(request, queryset, lifecycle.task_retry, "Retried")
+
+    def _control(self, request, queryset, act, done: str) -> None:
+        changed, refused = 0, []
+        for task in queryset.order_by("pk"):
+            try:
+                act(task=task, by=request.user)
+            except (IllegalTransition, services.StaleTask) as exc:
+                refused.append(f"#{task.pk} {task.name}: {exc}")
+            else:
+                changed += 1
+        if changed:
+            self.message_user(request, f"{done}: {changed} task(s).", messages.SUCCESS)
+        self._refusals(request, refused)
+
+    @admin.action(description="Change the priority of the selected tasks", permissions=["control"])
+    def change_priority(self, request, queryset):
+        form = PriorityForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Change the priority of tasks",
+                "opts": self.opts,
+                "form": form,
+                "tasks": queryset.order_by("pk"),
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/scheduling/task/change_priority.html", context)
+        changed, refused = 0, []
+        for task in queryset.order_by("pk"):
+            try:
+                services.task_set_priority(
+                    task=task, priority=form.cleaned_data["priority"], by=request.user
+                )
+            except services.ChangeRefused as exc:
+                refused.append(f"#{task.pk} {task.name}: {exc}")
+            else:
+                changed += 1
+        if changed:
+            self.message_user(
+                request,
+                f"Priority {form.cleaned_data['priority']}: {changed} task(s).",
+                messages.SUCCESS,
+            )
+        self._refusals(request, refused)
+        return None
+
+    def _refusals(self, request, refused: list[str]) -> None:
+        """One message per refused task (an illegal move, a quota), up to ten."""
+        for line in refused[:10]:
+            self.message_user(request, line, messages.ERROR)
+        if len(refused) > 10:
+            self.message_user(request, f"... and {len(refused) - 10} more refused.", messages.ERROR)
+
 
 @admin.register(Allocation)
-class AllocationAdmin(admin.ModelAdmin):
+class AllocationAdmin(ReadOnlyAdmin):
+    """Only the scheduler allocates; the rows are history."""
+
     list_display = ["task", "attempt", "gpu", "memory_mb", "exclusive", "started_at", "released_at"]
     list_filter = [("released_at", admin.EmptyFieldListFilter), "exclusive", "gpu__node"]
     search_fields = ["=task__id", "task__name", "gpu__uuid"]
     list_select_related = ["task", "gpu__node"]
-    readonly_fields = [
-        "task",
-        "attempt",
-        "gpu",
-        "memory_mb",
-        "exclusive",
-        "started_at",
-        "released_at",
-    ]
-
-    def has_add_permission(self, request) -> bool:
-        return False  # only the scheduler allocates
 
 
 @admin.register(TaskEvent)
@@ -286,6 +427,17 @@ class SchedulerStateAdmin(ReadOnlyAdmin):
             f"{len(result.preempted)} preempted, {result.waiting} waiting.",
             messages.SUCCESS,
         )
+
+
+def _report(model_admin, request, queryset, count: int, done: str, wanted: str, rule: str) -> None:
+    """Say what a drain or undrain changed, and name each selected row it left as it was."""
+    if count:
+        model_admin.message_user(request, done.format(count), messages.SUCCESS)
+    for obj in queryset.model._default_manager.filter(pk__in=queryset.values("pk")):
+        if obj.state != wanted:
+            model_admin.message_user(
+                request, f"{obj} is {obj.state}, left as it was: {rule}.", messages.WARNING
+            )
 
 
 _BADGE_COLOURS = {

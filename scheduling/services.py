@@ -16,7 +16,10 @@ from django.utils import timezone
 from scheduling import passes, states
 from scheduling.inventory import GpuInfo
 from scheduling.models import GPU, Allocation, GpuState, Node, NodeState, Pool, Task, TaskEvent
+from scheduling.spec import SpecError, parse_priority
 from scheduling.states import TaskState
+from scheduling.submission import priority_problem
+from tenants.models import Quota
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +32,11 @@ NODE_SILENT = "node agent stopped heartbeating"
 
 class StaleTask(Exception):
     """The task changed state under us: another process got there first."""
+
+
+class ChangeRefused(SpecError):
+    """A change the platform's rules refuse, as ``{field: [reasons]}`` (a 400 naming the field,
+    an error message in the admin)."""
 
 
 # --- Tasks -----------------------------------------------------------------------------------
@@ -84,6 +92,44 @@ def task_transition(
     frees = from_state in states.HOLDS_GPUS and to_state not in states.HOLDS_GPUS
     if wake_scheduler and (frees or to_state in states.TERMINAL or to_state == TaskState.PENDING):
         passes.request_pass()
+    return task
+
+
+@transaction.atomic
+def task_set_priority(
+    *, task: Task, priority: int | str, by: AbstractBaseUser | None = None
+) -> Task:
+    """Change the priority of a task that has not ended, within its tenant's quota, as a
+    submission would have been held to. Recorded as a TaskEvent that keeps the state."""
+    try:
+        value = parse_priority(priority)
+    except ValueError as exc:
+        raise ChangeRefused({"priority": [str(exc)]}) from None
+    task = Task.objects.select_for_update().get(pk=task.pk)
+    if task.state in states.TERMINAL:
+        raise ChangeRefused(
+            {"state": [f"the task is {task.state}: a task that ended keeps the priority it had"]}
+        )
+    quota = Quota.objects.filter(tenant_id=task.tenant_id, pool__isnull=True).first()
+    if problem := priority_problem(value, quota):
+        raise ChangeRefused({"priority": [problem]})
+    if value == task.priority:
+        return task
+    reason = f"priority {task.priority} -> {value}"
+    if by is not None:
+        reason = f"{reason} by {by.get_username()}"
+    Task.objects.filter(pk=task.pk).update(priority=value, updated_at=timezone.now())
+    task.priority = value
+    TaskEvent.objects.create(
+        task=task,
+        from_state=task.state,
+        to_state=task.state,
+        reason=reason,
+        attempt=task.attempt,
+        actor=by,
+    )
+    if task.state == TaskState.PENDING:
+        passes.request_pass()  # its place in line changed
     return task
 
 

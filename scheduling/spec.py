@@ -341,6 +341,11 @@ def _queue(value: object) -> str:
     return "" if value == "" else _name(value, MAX_QUEUE)
 
 
+def parse_priority(value: object) -> int:
+    """A priority as a spec or a form gives it (low, normal, high or 0-100); ValueError if not."""
+    return _priority(value)
+
+
 def _priority(value: object) -> int:
     if isinstance(value, str) and value in PRIORITIES:
         return PRIORITIES[value]

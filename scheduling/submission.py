@@ -18,7 +18,7 @@ from gpuplatform.units import format_memory_mb
 from scheduling import passes
 from scheduling.launcher import paths
 from scheduling.models import GPU, GpuState, Node, Pool, Task, TaskEvent
-from scheduling.spec import SpecError, TaskSpec
+from scheduling.spec import MAX_SWEEP_TASKS, SpecError, TaskSpec
 from scheduling.states import TaskState
 from tenants.models import Quota, Tenant
 
@@ -111,16 +111,21 @@ def _feasibility(
     return errors
 
 
+def priority_problem(priority: int, quota: Quota | None) -> str:
+    """Why the tenant's quota refuses this priority, or "" (submission and later changes)."""
+    if quota is not None and priority > quota.max_priority:
+        return f"priority {priority} is above this tenant's highest allowed, {quota.max_priority}"
+    return ""
+
+
 def _quota_errors(
     spec: TaskSpec, quota: Quota | None, prefix: str, queued: int
 ) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
     if quota is None:
         return errors
-    if spec.priority > quota.max_priority:
-        errors[f"{prefix}priority"] = [
-            f"priority {spec.priority} is above this tenant's highest allowed, {quota.max_priority}"
-        ]
+    if problem := priority_problem(spec.priority, quota):
+        errors[f"{prefix}priority"] = [problem]
     if quota.max_gpus is not None and spec.gpus_min > quota.max_gpus:
         errors[f"{prefix}resources.gpus"] = [
             f"asks for {spec.gpus_min} GPUs but the tenant may use at most {quota.max_gpus}"
@@ -159,13 +164,23 @@ def _resolve_after(
 
 @transaction.atomic
 def tasks_submit(
-    *, tenant: Tenant, specs: Sequence[TaskSpec], owner: AbstractBaseUser | None = None
+    *,
+    tenant: Tenant,
+    specs: Sequence[TaskSpec],
+    owner: AbstractBaseUser | None = None,
+    by: AbstractBaseUser | None = None,
 ) -> list[Task]:
-    """Create all the tasks or none: the first problem anywhere refuses the whole batch."""
+    """Create all the tasks or none: the first problem anywhere refuses the whole batch.
+
+    ``by`` is who submits when it is not the owner (an operator submitting for a tenant in the
+    admin): the audit trail names both.
+    """
     if not tenant.is_active:
         raise SubmitError({"tenant": [f"tenant {tenant.name} is inactive"]})
     if not specs:
         raise SubmitError({"tasks": ["nothing to submit"]})
+    if len(specs) > MAX_SWEEP_TASKS:
+        raise SubmitError({"tasks": [f"at most {MAX_SWEEP_TASKS} tasks at once, got {len(specs)}"]})
     # Serialise submissions of one tenant so two batches cannot both pass max_queued_tasks.
     Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
     quota = Quota.objects.filter(tenant=tenant, pool__isnull=True).first()
@@ -225,9 +240,13 @@ def tasks_submit(
             task.depends_on.set([earlier[d] if isinstance(d, str) else d for d in deps])
         earlier[spec.name] = task
         created.append(task)
+    reason = "submitted"
+    if by is not None and by != owner:
+        whose = owner.get_username() if owner is not None else "nobody"
+        reason = f"submitted by {by.get_username()} for {whose}"
     TaskEvent.objects.bulk_create(
-        TaskEvent(task=t, at=t.submitted_at, to_state=TaskState.PENDING, reason="submitted",
-                  actor=owner)
+        TaskEvent(task=t, at=t.submitted_at, to_state=TaskState.PENDING, reason=reason,
+                  actor=by or owner)
         for t in created
     )  # fmt: skip
     passes.request_pass()

@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 from django.db.models import Count
+from django.forms.models import BaseInlineFormSet
 
 from scheduling import passes
 from tenants import services
@@ -13,8 +14,26 @@ class MembershipInline(admin.TabularInline):
     readonly_fields = ["created_at"]
 
 
+class QuotaFormSet(BaseInlineFormSet):
+    """Each row is checked by the model (Quota.validate_constraints) against the saved quotas;
+    this adds what no row can see alone: two new rows for the same place."""
+
+    def clean(self) -> None:
+        super().clean()
+        seen: set[int | None] = set()
+        for form in self.forms:
+            if not form.cleaned_data or self._should_delete_form(form):
+                continue
+            pool = form.cleaned_data.get("pool")
+            place = pool.pk if pool is not None else None
+            if place in seen:
+                form.add_error("pool", "this tenant already has a quota here")
+            seen.add(place)
+
+
 class QuotaInline(admin.TabularInline):
     model = Quota
+    formset = QuotaFormSet
     extra = 0
 
 

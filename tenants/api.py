@@ -23,6 +23,7 @@ from gpuplatform.api import (
     errors_response,
     request_tenant,
 )
+from gpuplatform.serializers import ModelCleanSerializer
 from scheduling import estate, passes
 from scheduling.models import Allocation, Task
 from scheduling.scheduler import recent_gpus
@@ -322,7 +323,7 @@ def gpu_hours_per_day(tenant_id: int, days: int) -> list[dict]:
 # --- Operators ---------------------------------------------------------------------------------
 
 
-class TenantOut(serializers.ModelSerializer):
+class TenantOut(ModelCleanSerializer):
     class Meta:
         model = Tenant
         fields = [
@@ -386,7 +387,9 @@ class OperatorMemberList(generics.ListCreateAPIView):
         )
 
 
-class QuotaSerializer(serializers.ModelSerializer):
+class QuotaSerializer(ModelCleanSerializer):
+    """Quotas are checked by the model (Quota.validate_constraints), as in the admin."""
+
     tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all())
     pool = serializers.SlugRelatedField(
         slug_field="name",
@@ -410,25 +413,6 @@ class QuotaSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["id", "updated_at"]
-        # DRF derives a unique-together validator from the (conditional) unique constraints,
-        # which makes `pool` required; validate() checks the clash itself, pool empty or not.
-        validators: list = []
-
-    def validate(self, data):
-        weight = data.get("fair_share_weight")
-        if weight is not None and weight <= 0:
-            raise serializers.ValidationError({"fair_share_weight": ["must be above 0"]})
-        if data.get("max_priority", 0) > 100:
-            raise serializers.ValidationError({"max_priority": ["must be 0-100"]})
-        # A PATCH may name only one of the two: the other is the quota's own.
-        tenant = data.get("tenant", getattr(self.instance, "tenant", None))
-        pool = data.get("pool", getattr(self.instance, "pool", None))
-        clash = Quota.objects.filter(tenant=tenant, pool=pool)
-        if self.instance is not None:
-            clash = clash.exclude(pk=self.instance.pk)
-        if tenant is not None and clash.exists():
-            raise serializers.ValidationError({"pool": ["this tenant already has a quota here"]})
-        return data
 
 
 class OperatorQuotaList(generics.ListCreateAPIView):

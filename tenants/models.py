@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -12,6 +16,8 @@ SLUG_VALIDATOR = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
     "Use lowercase letters, digits and inner dashes (at most 63 characters).",
 )
+# What useradd accepts by default (NAME_REGEX), at most 32 characters (the field's length).
+UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]*\$?")
 
 
 class Tenant(models.Model):
@@ -35,6 +41,17 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Rules beyond the fields' own, checked by full_clean(): the admin's forms, the API's
+        serializers and the portal's forms all call it, so each refuses with the same words."""
+        if self.unix_user and not UNIX_USER.fullmatch(self.unix_user):
+            raise ValidationError({"unix_user": [
+                "a Unix user name: lowercase letters, digits, '_' and '-', not starting with a "
+                "digit or '-'"
+            ]})  # fmt: skip
+        if self.unix_user == "root":
+            raise ValidationError({"unix_user": ["tasks never run as root"]})
 
 
 class Role(models.TextChoices):
@@ -115,6 +132,33 @@ class Quota(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} quota ({self.pool or 'cluster'})"
+
+    def validate_constraints(self, exclude=None) -> None:
+        """The constraints above, checked before a save (by full_clean(): the admin, the API and
+        the portal) with words that name the field; Django's own would name the constraint."""
+        exclude = set(exclude or ())
+        errors: dict[str, list[str]] = {}
+        weight = self.fair_share_weight
+        if "fair_share_weight" not in exclude and weight is not None:
+            if not (math.isfinite(weight) and weight > 0):
+                errors["fair_share_weight"] = ["must be above 0"]
+        if "max_priority" not in exclude and self.max_priority is not None:
+            if self.max_priority > 100:
+                errors["max_priority"] = ["must be 0-100"]
+        if "pool" not in exclude and self.tenant_id is not None:
+            clash = Quota.objects.filter(tenant_id=self.tenant_id, pool_id=self.pool_id)
+            if self.pk is not None:
+                clash = clash.exclude(pk=self.pk)
+            if clash.exists():
+                errors["pool"] = ["this tenant already has a quota here"]
+        # Anything added later is still checked, without repeating what is said above.
+        try:
+            super().validate_constraints(exclude=exclude | set(errors))
+        except ValidationError as exc:
+            for field, messages in exc.message_dict.items():
+                errors.setdefault(field, []).extend(messages)
+        if errors:
+            raise ValidationError(errors)
 
 
 class ApiToken(models.Model):
