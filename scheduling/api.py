@@ -29,6 +29,7 @@ from scheduling.models import (
     TaskAttempt,
     TaskEvent,
 )
+from scheduling.policy.model import free_memory_mb
 from scheduling.spec import MAX_SWEEP_TASKS, SpecError, parse_specs, parse_yaml
 from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
@@ -395,6 +396,10 @@ class MyTaskOnGpu(serializers.Serializer):
 class GpuOut(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name")
     reserved_mb = serializers.SerializerMethodField(help_text="Reserved by all tenants' tasks.")
+    free_mb = serializers.SerializerMethodField(
+        help_text="What a new task could still reserve: 0 while a task holds the GPU whole; "
+        "never counts memory used by processes the platform did not start."
+    )
     in_use = serializers.SerializerMethodField()
     my_tasks = serializers.SerializerMethodField(help_text="Your tenant's tasks on this GPU.")
 
@@ -413,6 +418,7 @@ class GpuOut(serializers.ModelSerializer):
             "state_reason",
             "foreign_memory_mb",
             "reserved_mb",
+            "free_mb",
             "in_use",
             "my_tasks",
             "last_seen_at",
@@ -420,6 +426,14 @@ class GpuOut(serializers.ModelSerializer):
 
     def get_reserved_mb(self, gpu: GPU) -> int:
         return sum(a.memory_mb for a in gpu.active_allocations)
+
+    def get_free_mb(self, gpu: GPU) -> int:
+        return free_memory_mb(
+            memory_mb=gpu.memory_mb,
+            reserved_mb=self.get_reserved_mb(gpu),
+            foreign_mb=gpu.foreign_memory_mb,
+            exclusive=any(a.exclusive for a in gpu.active_allocations),
+        )
 
     def get_in_use(self, gpu: GPU) -> bool:
         return bool(gpu.active_allocations)

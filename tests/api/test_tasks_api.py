@@ -595,6 +595,24 @@ def test_the_operator_task_list_filters_and_checks_state(operator, owner, outsid
     assert_error_shape(client.get("/api/v1/operator/tasks/", {"state": "bogus"}), 400, "state")
 
 
+def test_gpus_show_reserved_and_free_memory(alice, owner, outsider, workstation):
+    whole, shared, idle, foreign = GPU.objects.filter(node=workstation).order_by("index")
+    held = TaskFactory(tenant=outsider.tenant)
+    AllocationFactory(task=held, gpu=whole, exclusive=True, memory_mb=whole.memory_mb)
+    AllocationFactory(task=TaskFactory(tenant=owner.tenant), gpu=shared, memory_mb=4096)
+    GPU.objects.filter(pk=foreign.pk).update(foreign_memory_mb=1024)
+
+    rows = {g["index"]: g for g in alice.get("/api/v1/gpus/").json()["results"]}
+
+    memory = {i: (g["state"], g["reserved_mb"], g["free_mb"]) for i, g in rows.items()}
+    assert memory == {
+        0: ("available", 24576, 0),  # held whole: nothing left for anyone
+        1: ("available", 4096, 20480),
+        2: ("available", 0, 24576),
+        3: ("available", 0, 23552),  # a process the platform did not start holds 1 GiB
+    }
+
+
 def test_gpus_show_only_the_callers_tasks(alice, owner, outsider, workstation):
     gpu = GPU.objects.filter(node=workstation).first()
     AllocationFactory(task=TaskFactory(tenant=owner.tenant, name="mine"), gpu=gpu, memory_mb=1024)

@@ -22,7 +22,7 @@ from django.conf import settings
 
 from scheduling.models import Task, TaskAttempt
 from scheduling.scheduler import schedule_pass
-from tests.factories import QuotaFactory, TaskFactory
+from tests.factories import AllocationFactory, QuotaFactory, TaskFactory
 from tests.live import free_port, web_server
 
 ROOT = settings.BASE_DIR
@@ -173,9 +173,23 @@ def test_login_tokens_quota_usage_inventory(server, gpuctl, owner, workstation):
     assert "GPU-HOURS" in usage and usage.splitlines()[-1].split() == ["total", "0.00"]
     assert len(json.loads(gpuctl.ok("usage", "--days", "3", "-o", "json"))["days"]) == 3
 
+    whole, shared, *_ = workstation.gpus.order_by("index")
+    held = TaskFactory(tenant=owner.tenant, name="holds-all", state="running")
+    AllocationFactory(task=held, gpu=whole, exclusive=True, memory_mb=whole.memory_mb)
+    AllocationFactory(task=TaskFactory(tenant=owner.tenant), gpu=shared, memory_mb=4096)
     gpus = gpuctl.ok("get", "gpus")
-    assert gpus.splitlines()[0].split()[:4] == ["ID", "NODE", "IDX", "TYPE"]
+    header, *rows = gpus.splitlines()
+    assert header.split()[:8] == [
+        *("ID", "NODE", "IDX", "TYPE", "MEMORY", "RESERVED", "FREE", "STATE")
+    ]
     assert gpus.count("workstation-1") == 4
+    # a GPU a task holds whole is available (to operators' eyes) but has nothing free
+    assert [row.split()[4:8] for row in rows] == [
+        ["24Gi", "24Gi", "0", "available"],
+        ["24Gi", "4Gi", "20Gi", "available"],
+        ["24Gi", "0", "24Gi", "available"],
+        ["24Gi", "0", "24Gi", "available"],
+    ]
     assert "workstation-1" in gpuctl.ok("get", "nodes")
     assert gpuctl("get", "node", "nope").returncode == 5
 
