@@ -300,3 +300,14 @@ def test_the_audit_trail_is_read_only(client, operator, estate):
     event.refresh_from_db()
     assert event.reason != "x"
     assert TaskEvent.objects.filter(pk=event.pk).exists()
+
+
+def test_the_scheduler_state_shows_the_pass_time_rounded(client, operator):
+    SchedulerState.objects.update_or_create(
+        pk=1, defaults={"passes": 7, "last_pass_ms": 193.39962000003652}
+    )
+
+    for page in (url(SchedulerState, "changelist"), url(SchedulerState, "change", 1)):
+        html = client.get(page).content.decode()
+        assert "193.4 ms" in html, page
+        assert "193.3996" not in html, page
