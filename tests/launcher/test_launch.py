@@ -16,6 +16,7 @@ from scheduling.launcher import lifecycle
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import SubmitError, task_submit
+from tests.factories import UserFactory
 from tests.launcher.conftest import state_of, wait_for
 
 
@@ -142,8 +143,12 @@ def test_cancel_leaves_nothing_behind_even_a_stubborn_setsid_grandchild(launcher
     attempt = running(task)
     grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
     assert not gone(grandchild)
-    lifecycle.task_cancel(task=task)
+    cancelling = lifecycle.task_cancel(task=task, by=UserFactory(username="alice"))
+    assert (cancelling.state, cancelling.reason) == ("running", "cancelled by alice; stopping")
     wait_for(state_of(task, "cancelled"))
+    # stopped now: the reason no longer says it is stopping
+    assert task.reason == "cancelled by alice"
+    assert task.events.order_by("id").last().reason == "cancelled by alice"
     assert gone(attempt.pid)
     assert gone(grandchild)
     wait_for(lambda: gone(attempt.supervisor_pid))
