@@ -281,6 +281,10 @@ def submit(ctx: Context, body: bytes, content_type: str, label: str) -> list[dic
 
 
 def after_submit(ctx: Context, tasks: list[dict]) -> int:
+    # Submitted all the same, but perhaps not as meant (a misspelt queue name).
+    for task in tasks:
+        for warning in task.get("warnings") or []:
+            out.note(f"warning: task {task['id']} ({task['name']}): {warning}")
     wait = getattr(ctx.args, "wait", False)
     if not (ctx.structured and wait):
         ctx.show(tasks, lambda: tasks_table(tasks, wide=ctx.wide))

@@ -98,6 +98,42 @@ def test_it_expands_a_sweep(alice, workstation):
     assert "python train.py --lr 0.01 --bs 64" in commands
 
 
+def test_a_queue_new_for_the_tenant_is_taken_with_a_warning(alice, owner, outsider, workstation):
+    submit(outsider, "theirs", queue="sweep")  # another tenant's queues do not count
+    body = [spec(f"s{i}", queue="sweep") for i in range(3)] + [spec("plain")]
+
+    first = alice.post(TASKS, body, format="json")
+
+    assert first.status_code == 201, first.content
+    # once, on the first task of the new queue
+    assert [task["warnings"] for task in first.json()] == [
+        ["queue 'sweep' is new for tenant vision-lab: it starts a serial queue of its own"],
+        [],
+        [],
+        [],
+    ]
+    again = alice.post(TASKS, spec("s3", queue="sweep"), format="json").json()
+    assert again[0]["warnings"] == []
+    typo = alice.post(TASKS, spec("s4", queue="swep"), format="json").json()
+    assert typo[0]["warnings"] == [
+        "queue 'swep' is new for tenant vision-lab: it starts a serial queue of its own; "
+        "did you mean 'sweep'?"
+    ]
+    assert Task.objects.filter(tenant=owner.tenant, queue="swep").count() == 1  # still taken
+
+
+def test_the_submit_answer_and_its_warnings_are_in_the_schema(alice):
+    schema = alice.get("/api/v1/schema/", {"format": "json"}).json()
+
+    answer = schema["paths"][TASKS]["post"]["responses"]["201"]["content"]["application/json"]
+    assert answer["schema"] == {
+        "type": "array",
+        "items": {"$ref": "#/components/schemas/TaskSubmitted"},
+    }
+    warnings = schema["components"]["schemas"]["TaskSubmitted"]["properties"]["warnings"]
+    assert warnings["type"] == "array" and "queue" in warnings["description"]
+
+
 @pytest.mark.parametrize("content_type", ["application/yaml", "text/yaml"])
 def test_it_submits_yaml_with_several_documents(alice, workstation, content_type):
     text = """

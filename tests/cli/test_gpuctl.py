@@ -253,6 +253,7 @@ template:
     assert [line.split()[1] for line in table[1:]] == ["python", "json-one", "lr-1", "lr-0", "prep"]
     listed = json.loads(gpuctl.ok("get", "tasks", "-o", "json"))
     assert [t["id"] for t in listed] == sorted((t["id"] for t in listed), reverse=True)
+    assert made.pop("warnings") == []  # only the submission's answer has them
     assert listed[0] == {**made, "state": listed[0]["state"], "node": listed[0]["node"],
                          "reason": listed[0]["reason"], "attempt": listed[0]["attempt"],
                          "started_at": listed[0]["started_at"]}  # fmt: skip
@@ -263,6 +264,20 @@ template:
     assert len(json.loads(gpuctl.ok("get", "tasks", "--name", "lr-", "-o", "json"))) == 2
     assert json.loads(gpuctl.ok("get", "task", str(task.pk), "-o", "json"))["gpus"] == "2"
     assert gpuctl("get", "tasks", "--state", "runing").returncode == 2
+
+    # A queue name the tenant never used is taken, with a warning that names likely intents.
+    queued = {"name": "q1", "command": "true", "queue": "sweep", "resources": {"gpus": 0}}
+    first = gpuctl("submit", "-f", "-", stdin=json.dumps(queued))
+    assert first.returncode == 0, first.stderr
+    assert "warning: task" in first.stderr and "queue 'sweep' is new" in first.stderr
+    again = gpuctl("submit", "-f", "-", stdin=json.dumps({**queued, "name": "q2"}))
+    assert (again.returncode, again.stderr) == (0, "")
+    typo = gpuctl("submit", "-f", "-", stdin=json.dumps({**queued, "queue": "swep"}))
+    assert typo.returncode == 0
+    assert typo.stderr.strip().endswith(
+        "queue 'swep' is new for tenant vision-lab: it starts a serial queue of its own; "
+        "did you mean 'sweep'?"
+    )
 
     assert "name: python\n" in gpuctl.ok("get", "task", str(task.pk), "-o", "yaml")
     no_yaml = gpuctl("get", "tasks", "-o", "yaml", bootstrap=WITHOUT_YAML)
