@@ -85,6 +85,21 @@ def test_the_platforms_secrets_never_reach_the_task(launcher, node, lab, monkeyp
         assert secret not in log
 
 
+def test_ps_shows_a_supervisor_by_its_task_and_attempt(launcher, node, lab):
+    task = start(lab, "sleep 300")
+    attempt = running(task)
+    pid = wait_for(lambda: attempt_of(task).supervisor_pid)
+
+    title = f"gpup-supervisor task={task.pk} attempt=1"
+    # what ps -o args (and top, htop) show: the full command line, not python manage.py ...
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ")
+    assert cmdline.decode() == title
+    assert Path(f"/proc/{pid}/comm").read_text() == "gpup-supervisor\n"  # and top's name
+    lifecycle.task_cancel(task=task)
+    wait_for(state_of(task, "cancelled"))
+    assert gone(attempt.pid)
+
+
 def test_a_workdir_leading_out_of_the_tenant_root_is_refused(launcher, node, lab):
     root = launcher / "tasks" / "vision-lab"
     root.mkdir(parents=True)
