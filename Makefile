@@ -43,14 +43,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Each checkout tests in databases of its own (scripts/database_url.py --checkout), dropped at
+# the end however the run ends, so two checkouts can run `make test` at once on one host.
 test: lint
-	@url="$$($(BIN)/python scripts/database_url.py gpuplatform)"; \
-	if [ -n "$$url" ]; then export DATABASE_URL="$$url"; echo "tests use $$url"; \
-	else unset DATABASE_URL; echo "tests use the embedded PostgreSQL under var/"; fi; \
-	export GPUPLATFORM_TESTING=1; \
-	$(BIN)/python manage.py check --fail-level WARNING && \
-	$(BIN)/python manage.py makemigrations --check --dry-run && \
-	$(BIN)/pytest
+	@GPUPLATFORM_TESTING=1 $(BIN)/python scripts/database_url.py --checkout gpuplatform -- \
+		bash -c '$(BIN)/python manage.py check --fail-level WARNING && \
+		$(BIN)/python manage.py makemigrations --check --dry-run && \
+		$(BIN)/pytest'
 
 bench: $(STAMP)
 	@url="$$($(BIN)/python scripts/database_url.py gpuplatform_bench)"; \

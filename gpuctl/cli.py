@@ -281,6 +281,10 @@ def submit(ctx: Context, body: bytes, content_type: str, label: str) -> list[dic
 
 
 def after_submit(ctx: Context, tasks: list[dict]) -> int:
+    # Submitted all the same, but perhaps not as meant (a misspelt queue name).
+    for task in tasks:
+        for warning in task.get("warnings") or []:
+            out.note(f"warning: task {task['id']} ({task['name']}): {warning}")
     wait = getattr(ctx.args, "wait", False)
     if not (ctx.structured and wait):
         ctx.show(tasks, lambda: tasks_table(tasks, wide=ctx.wide))
@@ -479,13 +483,14 @@ def get_gpus(ctx: Context) -> int:
             raise CliError(f"no GPU {', '.join(ctx.args.names)}", EXIT_NOT_FOUND)
 
     def human() -> str:
-        headers = ["ID", "NODE", "IDX", "TYPE", "MEMORY", "STATE", "RESERVED", "MY-TASKS"]
+        # STATE is what an operator allows (available, draining, ...); FREE is what a new task
+        # could still get: an available GPU that a task holds whole has none.
+        headers = ["ID", "NODE", "IDX", "TYPE", "MEMORY", "RESERVED", "FREE", "STATE", "MY-TASKS"]
         if ctx.wide:
             headers += ["MODEL", "UUID", "PCI", "FOREIGN", "SEEN"]
         rows = []
         for g in gpus:
             mine = ",".join(f"{t['id']}:{t['name']}" for t in g.get("my_tasks") or [])
-            reserved = out.memory(g.get("reserved_mb")) if g.get("in_use") else None
             state = g["state"] + (f" ({g['state_reason']})" if g.get("state_reason") else "")
             row = [
                 g["id"],
@@ -493,8 +498,9 @@ def get_gpus(ctx: Context) -> int:
                 g["index"],
                 g.get("gpu_type"),
                 out.memory(g.get("memory_mb")),
+                memory_or_zero(g.get("reserved_mb")),
+                memory_or_zero(g.get("free_mb")),
                 state,
-                reserved,
                 mine,
             ]
             if ctx.wide:
@@ -509,6 +515,11 @@ def get_gpus(ctx: Context) -> int:
         return out.table(headers, rows, fit=not ctx.wide)
 
     return show_listing(ctx, gpus, human, "no GPUs registered")
+
+
+def memory_or_zero(mb: Any) -> str:
+    """``0`` for none at all (where ``0Mi`` reads oddly); ``-`` when the server did not say."""
+    return "0" if mb == 0 else out.memory(mb)
 
 
 def named(ctx: Context, items: list[dict], noun: str) -> list[dict]:

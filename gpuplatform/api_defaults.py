@@ -4,7 +4,7 @@ while its own settings load, so they must not import DRF's views)."""
 from __future__ import annotations
 
 from django.conf import settings
-from rest_framework import pagination, throttling
+from rest_framework import exceptions, pagination, throttling
 
 from gpuplatform.throttle import PACER, consume, parse_rate, token_key
 from tenants.authentication import TokenContext
@@ -13,8 +13,33 @@ __all__ = ["Page", "TenantThrottle", "parse_rate"]
 
 
 class Page(pagination.LimitOffsetPagination):
+    """``limit`` (1 to 500; more is cut to 500) and ``offset``. A value that is not a whole
+    number is a 400 naming the parameter, like every other bad parameter, where DRF would
+    quietly use the default."""
+
     default_limit = 50
     max_limit = 500
+
+    def get_limit(self, request) -> int:
+        raw = request.query_params.get(self.limit_query_param)
+        if raw is None:
+            return self.default_limit
+        limit = _whole_number(self.limit_query_param, raw, minimum=1)
+        return min(limit, self.max_limit)
+
+    def get_offset(self, request) -> int:
+        raw = request.query_params.get(self.offset_query_param)
+        if raw is None:
+            return 0
+        return _whole_number(self.offset_query_param, raw, minimum=0)
+
+
+def _whole_number(param: str, raw: str, *, minimum: int) -> int:
+    # isdigit() alone lets "²" through, which int() refuses.
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < minimum:
+        what = "a positive whole number" if minimum else "a whole number, 0 or more"
+        raise exceptions.ValidationError({param: [f"must be {what}, got {raw!r}"]})
+    return int(raw)
 
 
 class TenantThrottle(throttling.BaseThrottle):

@@ -3,12 +3,13 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from gpuplatform import views
+from gpuplatform import api_index, views
 
 admin.site.site_header = "gpuplatform operations"
 admin.site.site_title = "gpuplatform"
 
 api_patterns = [
+    path("", api_index.ApiIndex.as_view(), name="index"),
     path("", include("tenants.api_urls")),
     path("", include("scheduling.api_urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -8,6 +8,7 @@ import re
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch, QuerySet
 from django.shortcuts import get_object_or_404
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
@@ -29,6 +30,7 @@ from scheduling.models import (
     TaskAttempt,
     TaskEvent,
 )
+from scheduling.policy.model import free_memory_mb
 from scheduling.spec import parse_specs, parse_yaml
 from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
@@ -83,6 +85,20 @@ class TaskOut(serializers.ModelSerializer):
         if task.gpus_min == task.gpus_max:
             return str(task.gpus_min)
         return f"{task.gpus_min}-{task.gpus_max}"
+
+
+class TaskSubmitted(TaskOut):
+    warnings = serializers.SerializerMethodField(
+        help_text="What the submission may not have meant, e.g. a queue name this tenant never "
+        "used before (a misspelt queue silently starts a new serial queue). The task was "
+        "submitted all the same."
+    )
+
+    class Meta(TaskOut.Meta):
+        fields = [*TaskOut.Meta.fields, "warnings"]
+
+    def get_warnings(self, task: Task) -> list[str]:
+        return self.context.get("warnings", {}).get(task.pk, [])
 
 
 class AttemptOut(serializers.Serializer):
@@ -162,9 +178,19 @@ def get_task_for(request: Request, pk: int) -> Task:
     return get_object_or_404(tenant_tasks(request), pk=pk)
 
 
+class PagedGetSchema(AutoSchema):
+    """Only GET pages: the POST beside it answers a plain array, which drf-spectacular would
+    otherwise document as the GET's page ({count, next, previous, results}) with its limit and
+    offset parameters."""
+
+    def _get_paginator(self):
+        return super()._get_paginator() if self.method == "GET" else None
+
+
 class TaskList(generics.ListAPIView):
     """List your tenant's tasks (newest first); submit tasks as JSON or YAML."""
 
+    schema = PagedGetSchema()
     permission_classes = [IsTenantMember]
     serializer_class = TaskOut
     parser_classes = [JSONParser, YamlParser, TextYamlParser]
@@ -204,9 +230,7 @@ class TaskList(generics.ListAPIView):
 
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},
-        # The answer is a plain array: TaskOut(many=True) would, on this list view, document
-        # the GET's page ({count, next, previous, results}) and its limit/offset parameters.
-        responses={201: {"type": "array", "items": {"$ref": "#/components/schemas/TaskOut"}}},
+        responses={201: TaskSubmitted(many=True)},  # a plain array (see PagedGetSchema)
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
     )
     def post(self, request: Request) -> Response:
@@ -222,8 +246,12 @@ class TaskList(generics.ListAPIView):
                 if replay is not None:
                     return replay
             specs = self.parse_specs(request)
+            new_queues = selectors.queues_new_for_tenant(
+                tenant=caller.tenant, names=(spec.queue for spec in specs)
+            )
             tasks = tasks_submit(tenant=caller.tenant, specs=specs, owner=request.user)
-            data = TaskOut(tasks, many=True).data
+            warnings = _new_queue_warnings(caller.tenant, tasks, new_queues)
+            data = TaskSubmitted(tasks, many=True, context={"warnings": warnings}).data
             if key:
                 IdempotencyKey.objects.filter(tenant=caller.tenant, key=key).update(
                     status=201, response=data
@@ -235,6 +263,25 @@ class TaskList(generics.ListAPIView):
         if isinstance(request.data, str):
             return parse_yaml(request.data)
         return parse_specs(request.data)
+
+
+def _new_queue_warnings(
+    tenant, tasks: list[Task], new_queues: dict[str, list[str]]
+) -> dict[int, list[str]]:
+    """A warning on the first task of each queue the tenant never used before."""
+    warnings: dict[int, list[str]] = {}
+    for task in tasks:
+        if task.queue not in new_queues:
+            continue
+        similar = new_queues.pop(task.queue)
+        text = (
+            f"queue {task.queue!r} is new for tenant {tenant.name}: it starts a serial queue of "
+            "its own"
+        )
+        if similar:
+            text += f"; did you mean {' or '.join(repr(name) for name in similar)}?"
+        warnings[task.pk] = [text]
+    return warnings
 
 
 def _states(raw: str) -> list[str]:
@@ -391,6 +438,10 @@ class MyTaskOnGpu(serializers.Serializer):
 class GpuOut(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name")
     reserved_mb = serializers.SerializerMethodField(help_text="Reserved by all tenants' tasks.")
+    free_mb = serializers.SerializerMethodField(
+        help_text="What a new task could still reserve: 0 while a task holds the GPU whole; "
+        "never counts memory used by processes the platform did not start."
+    )
     in_use = serializers.SerializerMethodField()
     my_tasks = serializers.SerializerMethodField(help_text="Your tenant's tasks on this GPU.")
 
@@ -409,6 +460,7 @@ class GpuOut(serializers.ModelSerializer):
             "state_reason",
             "foreign_memory_mb",
             "reserved_mb",
+            "free_mb",
             "in_use",
             "my_tasks",
             "last_seen_at",
@@ -416,6 +468,14 @@ class GpuOut(serializers.ModelSerializer):
 
     def get_reserved_mb(self, gpu: GPU) -> int:
         return sum(a.memory_mb for a in gpu.active_allocations)
+
+    def get_free_mb(self, gpu: GPU) -> int:
+        return free_memory_mb(
+            memory_mb=gpu.memory_mb,
+            reserved_mb=self.get_reserved_mb(gpu),
+            foreign_mb=gpu.foreign_memory_mb,
+            exclusive=any(a.exclusive for a in gpu.active_allocations),
+        )
 
     def get_in_use(self, gpu: GPU) -> bool:
         return bool(gpu.active_allocations)

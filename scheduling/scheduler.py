@@ -86,7 +86,7 @@ def schedule_pass() -> PassResult:
         SchedulerState.objects.filter(pk=1).update(
             passes=F("passes") + 1,
             last_pass_at=now,
-            last_pass_ms=result.ms,
+            last_pass_ms=round(result.ms, 1),
             last_placed=len(result.placed),
             last_preempted=len(result.preempted),
             last_waiting=result.waiting,

@@ -658,3 +658,14 @@ def test_a_tenant_the_api_refuses_the_admin_refuses_in_the_same_words(
     assert api.status_code == 400, api.content
     assert page.context["adminform"].form.errors[field] == api.json()["errors"][field]
     assert list(Tenant.objects.values_list("name", flat=True)) == ["vision-lab"]
+
+
+def test_the_scheduler_state_shows_the_pass_time_rounded(client, operator):
+    SchedulerState.objects.update_or_create(
+        pk=1, defaults={"passes": 7, "last_pass_ms": 193.39962000003652}
+    )
+
+    for page in (url(SchedulerState, "changelist"), url(SchedulerState, "change", 1)):
+        html = client.get(page).content.decode()
+        assert "193.4 ms" in html, page
+        assert "193.3996" not in html, page

@@ -1,5 +1,6 @@
 """The examples/ directory: gpu_burn.py runs and stops as documented, every YAML example is a
-valid spec, and submit_many.py speaks the task API and explains its errors.
+valid spec (and the sweep runs as written), and submit_many.py speaks the task API and explains
+its errors.
 
 gpu_burn.py runs on the CPU here (CUDA_VISIBLE_DEVICES=""), so no GPU is needed; submit_many.py
 talks to a closed port and to a small fake of the /api/v1/tasks/ contract.
@@ -22,7 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from scheduling.models import Task, TaskAttempt
 from scheduling.spec import parse_specs, parse_yaml
+from tests.api.conftest import bearer
+from tests.launcher.conftest import launcher, node, state_of, wait_for  # noqa: F401 - fixtures
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 GPU_BURN = EXAMPLES / "gpu_burn.py"
@@ -149,6 +153,29 @@ def test_sweep_runs_serially_and_the_evaluation_waits_for_all_of_it():
     assert all("gpu_burn.py" in task.command and "--lr " in task.command for task in sweep)
     assert evaluation.queue == ""
     assert set(evaluation.after) == {task.name for task in sweep}
+
+
+def test_the_sweep_example_runs_as_written_through_the_api(
+    launcher,  # noqa: F811
+    node,  # noqa: F811
+    owner,
+):
+    """`gpuctl submit -f examples/train-sweep.yaml`, the README's own example: the file as it
+    is, through the API, with real processes in the tenant's directory (not this checkout)."""
+    text = (EXAMPLES / "train-sweep.yaml").read_text()
+
+    response = bearer(owner.token).post("/api/v1/tasks/", text, content_type="application/yaml")
+
+    assert response.status_code == 201, response.content
+    tasks = [Task.objects.get(pk=row["id"]) for row in response.json()]
+    for task in tasks:
+        wait_for(state_of(task, "succeeded", "failed", "cancelled"), timeout=120)
+    assert [(task.name, task.state) for task in tasks] == [
+        *((f"train-sweep-{i}", "succeeded") for i in range(4)),
+        ("train-sweep-eval", "succeeded"),
+    ], [task.reason for task in tasks]
+    log = Path(TaskAttempt.objects.get(task=tasks[0]).log_path).read_text()
+    assert "running on the CPU" in log and log.rstrip().endswith("done")
 
 
 # --- submit_many.py ---------------------------------------------------------------------------

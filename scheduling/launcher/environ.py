@@ -40,6 +40,8 @@ def task_environment(task, attempt, identity: Identity | None) -> dict[str, str]
         GPUPLATFORM_ATTEMPT=str(attempt.number),
         GPUPLATFORM_GPUS=gpus,
         GPUPLATFORM_TENANT=task.tenant.name,
+        # The examples shipped with the platform, so examples/train-sweep.yaml runs as written.
+        GPUPLATFORM_EXAMPLES=str(Path(settings.BASE_DIR) / "examples"),
     )
     return env
 

@@ -282,11 +282,12 @@ def _move_on(
             task=task, to_state=TaskState.SUCCEEDED, exit_code=0, reason="exited with 0"
         )
     elif outcome == "cancelled":
+        # task_cancel said who cancelled and that it was stopping; now it has stopped.
         services.task_transition(
             task=task,
             to_state=TaskState.CANCELLED,
             exit_code=exit_code,
-            reason=task.reason or "cancelled",
+            reason=task.reason.removesuffix(STOPPING) or "cancelled",
         )
     elif outcome == "preempted":
         if task.state != TaskState.PREEMPTED:
@@ -349,6 +350,10 @@ def requeue_lost(task: Task, reason: str) -> None:
 # --- Controls (cancel, pause, resume, preempt) -------------------------------------------------
 
 
+# Ends a cancelled task's reason while its processes stop; dropped once they have.
+STOPPING = "; stopping"
+
+
 def _by(verb: str, by: AbstractBaseUser | None) -> str:
     return f"{verb} by {by.get_username()}" if by is not None else verb
 
@@ -368,7 +373,7 @@ def task_cancel(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
                 task=task, to_state=TaskState.CANCELLED, reason=reason, actor=by
             )
         TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.CANCEL)
-        Task.objects.filter(pk=task.pk).update(reason=f"{reason}; stopping")
+        Task.objects.filter(pk=task.pk).update(reason=f"{reason}{STOPPING}")
         transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
     task.refresh_from_db()
     return task

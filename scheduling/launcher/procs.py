@@ -42,6 +42,17 @@ def hide_from_same_user() -> bool:
         return False
 
 
+def set_title(title: str) -> None:
+    """The whole command line ps and top show (``ps -o args``, ``/proc/<pid>/cmdline``), e.g.
+    ``gpup-supervisor task=12 attempt=1`` instead of the ``python manage.py qcluster`` a forked
+    supervisor inherits, and the first word as the process name (``ps -o comm``, psutil's
+    ``name()``). setproctitle rewrites the argv memory the kernel reads, as PostgreSQL does."""
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+    set_name(title.split(" ", 1)[0])
+
+
 def set_name(name: str) -> None:
     """The process name ps, top and psutil show (Linux: 15 bytes at most)."""
     try:

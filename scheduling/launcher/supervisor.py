@@ -181,7 +181,9 @@ class Supervisor:
 
         procs.become_subreaper()
         procs.hide_from_same_user()
-        procs.set_name(procs.SUPERVISOR_NAME)
+        procs.set_title(
+            f"{procs.SUPERVISOR_NAME} task={self.task.pk} attempt={self.attempt.number}"
+        )
         environ.drop_secrets_from_environ()
         self.install_signals()
         me = procs.ProcessId.of(os.getpid())

@@ -14,6 +14,14 @@ BATCH = "batch"
 ONLINE = "online"
 
 
+def free_memory_mb(*, memory_mb: int, reserved_mb: int, foreign_mb: int, exclusive: bool) -> int:
+    """What a new task could still reserve on a GPU: nothing while one task holds it whole,
+    else what neither the platform's tasks nor foreign processes hold."""
+    if exclusive:
+        return 0
+    return max(0, memory_mb - reserved_mb - foreign_mb)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuView:
     """One GPU and what is reserved on it now."""
@@ -31,9 +39,12 @@ class GpuView:
 
     @property
     def free_mb(self) -> int:
-        if self.exclusive:
-            return 0
-        return max(0, self.memory_mb - self.reserved_mb - self.foreign_mb)
+        return free_memory_mb(
+            memory_mb=self.memory_mb,
+            reserved_mb=self.reserved_mb,
+            foreign_mb=self.foreign_mb,
+            exclusive=self.exclusive,
+        )
 
     @property
     def idle(self) -> bool:

@@ -113,6 +113,7 @@ MATRIX = [
     _e("POST", "operator/nodes/workstation-1/drain/", OPERATOR),
     _e("POST", "operator/nodes/workstation-1/undrain/", OPERATOR),
     # gpuplatform.urls
+    _e("GET", "", PUBLIC),  # the index of resources
     _e("GET", "schema/", PUBLIC),
     _e("GET", "docs/", PUBLIC),
 ]

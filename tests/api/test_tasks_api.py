@@ -98,6 +98,42 @@ def test_it_expands_a_sweep(alice, workstation):
     assert "python train.py --lr 0.01 --bs 64" in commands
 
 
+def test_a_queue_new_for_the_tenant_is_taken_with_a_warning(alice, owner, outsider, workstation):
+    submit(outsider, "theirs", queue="sweep")  # another tenant's queues do not count
+    body = [spec(f"s{i}", queue="sweep") for i in range(3)] + [spec("plain")]
+
+    first = alice.post(TASKS, body, format="json")
+
+    assert first.status_code == 201, first.content
+    # once, on the first task of the new queue
+    assert [task["warnings"] for task in first.json()] == [
+        ["queue 'sweep' is new for tenant vision-lab: it starts a serial queue of its own"],
+        [],
+        [],
+        [],
+    ]
+    again = alice.post(TASKS, spec("s3", queue="sweep"), format="json").json()
+    assert again[0]["warnings"] == []
+    typo = alice.post(TASKS, spec("s4", queue="swep"), format="json").json()
+    assert typo[0]["warnings"] == [
+        "queue 'swep' is new for tenant vision-lab: it starts a serial queue of its own; "
+        "did you mean 'sweep'?"
+    ]
+    assert Task.objects.filter(tenant=owner.tenant, queue="swep").count() == 1  # still taken
+
+
+def test_the_submit_answer_and_its_warnings_are_in_the_schema(alice):
+    schema = alice.get("/api/v1/schema/", {"format": "json"}).json()
+
+    answer = schema["paths"][TASKS]["post"]["responses"]["201"]["content"]["application/json"]
+    assert answer["schema"] == {
+        "type": "array",
+        "items": {"$ref": "#/components/schemas/TaskSubmitted"},
+    }
+    warnings = schema["components"]["schemas"]["TaskSubmitted"]["properties"]["warnings"]
+    assert warnings["type"] == "array" and "queue" in warnings["description"]
+
+
 @pytest.mark.parametrize("content_type", ["application/yaml", "text/yaml"])
 def test_it_submits_yaml_with_several_documents(alice, workstation, content_type):
     text = """
@@ -593,6 +629,24 @@ def test_the_operator_task_list_filters_and_checks_state(operator, owner, outsid
     body = client.get("/api/v1/operator/tasks/", {"state": "running"}).json()
     assert [t["tenant"] for t in body["results"]] == ["vision-lab"]
     assert_error_shape(client.get("/api/v1/operator/tasks/", {"state": "bogus"}), 400, "state")
+
+
+def test_gpus_show_reserved_and_free_memory(alice, owner, outsider, workstation):
+    whole, shared, idle, foreign = GPU.objects.filter(node=workstation).order_by("index")
+    held = TaskFactory(tenant=outsider.tenant)
+    AllocationFactory(task=held, gpu=whole, exclusive=True, memory_mb=whole.memory_mb)
+    AllocationFactory(task=TaskFactory(tenant=owner.tenant), gpu=shared, memory_mb=4096)
+    GPU.objects.filter(pk=foreign.pk).update(foreign_memory_mb=1024)
+
+    rows = {g["index"]: g for g in alice.get("/api/v1/gpus/").json()["results"]}
+
+    memory = {i: (g["state"], g["reserved_mb"], g["free_mb"]) for i, g in rows.items()}
+    assert memory == {
+        0: ("available", 24576, 0),  # held whole: nothing left for anyone
+        1: ("available", 4096, 20480),
+        2: ("available", 0, 24576),
+        3: ("available", 0, 23552),  # a process the platform did not start holds 1 GiB
+    }
 
 
 def test_gpus_show_only_the_callers_tasks(alice, owner, outsider, workstation):

@@ -22,7 +22,7 @@ from django.conf import settings
 
 from scheduling.models import Task, TaskAttempt
 from scheduling.scheduler import schedule_pass
-from tests.factories import QuotaFactory, TaskFactory
+from tests.factories import AllocationFactory, QuotaFactory, TaskFactory
 from tests.live import free_port, web_server
 
 ROOT = settings.BASE_DIR
@@ -173,9 +173,23 @@ def test_login_tokens_quota_usage_inventory(server, gpuctl, owner, workstation):
     assert "GPU-HOURS" in usage and usage.splitlines()[-1].split() == ["total", "0.00"]
     assert len(json.loads(gpuctl.ok("usage", "--days", "3", "-o", "json"))["days"]) == 3
 
+    whole, shared, *_ = workstation.gpus.order_by("index")
+    held = TaskFactory(tenant=owner.tenant, name="holds-all", state="running")
+    AllocationFactory(task=held, gpu=whole, exclusive=True, memory_mb=whole.memory_mb)
+    AllocationFactory(task=TaskFactory(tenant=owner.tenant), gpu=shared, memory_mb=4096)
     gpus = gpuctl.ok("get", "gpus")
-    assert gpus.splitlines()[0].split()[:4] == ["ID", "NODE", "IDX", "TYPE"]
+    header, *rows = gpus.splitlines()
+    assert header.split()[:8] == [
+        *("ID", "NODE", "IDX", "TYPE", "MEMORY", "RESERVED", "FREE", "STATE")
+    ]
     assert gpus.count("workstation-1") == 4
+    # a GPU a task holds whole is available (to operators' eyes) but has nothing free
+    assert [row.split()[4:8] for row in rows] == [
+        ["24Gi", "24Gi", "0", "available"],
+        ["24Gi", "4Gi", "20Gi", "available"],
+        ["24Gi", "0", "24Gi", "available"],
+        ["24Gi", "0", "24Gi", "available"],
+    ]
     assert "workstation-1" in gpuctl.ok("get", "nodes")
     assert gpuctl("get", "node", "nope").returncode == 5
 
@@ -239,6 +253,7 @@ template:
     assert [line.split()[1] for line in table[1:]] == ["python", "json-one", "lr-1", "lr-0", "prep"]
     listed = json.loads(gpuctl.ok("get", "tasks", "-o", "json"))
     assert [t["id"] for t in listed] == sorted((t["id"] for t in listed), reverse=True)
+    assert made.pop("warnings") == []  # only the submission's answer has them
     assert listed[0] == {**made, "state": listed[0]["state"], "node": listed[0]["node"],
                          "reason": listed[0]["reason"], "attempt": listed[0]["attempt"],
                          "started_at": listed[0]["started_at"]}  # fmt: skip
@@ -249,6 +264,20 @@ template:
     assert len(json.loads(gpuctl.ok("get", "tasks", "--name", "lr-", "-o", "json"))) == 2
     assert json.loads(gpuctl.ok("get", "task", str(task.pk), "-o", "json"))["gpus"] == "2"
     assert gpuctl("get", "tasks", "--state", "runing").returncode == 2
+
+    # A queue name the tenant never used is taken, with a warning that names likely intents.
+    queued = {"name": "q1", "command": "true", "queue": "sweep", "resources": {"gpus": 0}}
+    first = gpuctl("submit", "-f", "-", stdin=json.dumps(queued))
+    assert first.returncode == 0, first.stderr
+    assert "warning: task" in first.stderr and "queue 'sweep' is new" in first.stderr
+    again = gpuctl("submit", "-f", "-", stdin=json.dumps({**queued, "name": "q2"}))
+    assert (again.returncode, again.stderr) == (0, "")
+    typo = gpuctl("submit", "-f", "-", stdin=json.dumps({**queued, "queue": "swep"}))
+    assert typo.returncode == 0
+    assert typo.stderr.strip().endswith(
+        "queue 'swep' is new for tenant vision-lab: it starts a serial queue of its own; "
+        "did you mean 'sweep'?"
+    )
 
     assert "name: python\n" in gpuctl.ok("get", "task", str(task.pk), "-o", "yaml")
     no_yaml = gpuctl("get", "tasks", "-o", "yaml", bootstrap=WITHOUT_YAML)

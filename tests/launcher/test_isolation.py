@@ -112,19 +112,23 @@ def test_a_task_reaches_nothing_of_another_tenant_or_the_platform(
         "0o700",
     )
     assert (first_root / "notes.txt").stat().st_uid == info.st_uid
-    # The supervisor's own environment names no secret (it was forked from the node's
-    # cluster, which the agent started without them).
     first.refresh_from_db()
     assert first.state == "running"  # its supervisor is alive, not a zombie with no environment
-    supervisor = psutil.Process(attempt_of(first).supervisor_pid).environ()
-    assert not {"DATABASE_URL", "SECRET_KEY"} & set(supervisor)
-    assert secret not in json.dumps(supervisor)
-    assert current_database_url() not in json.dumps(supervisor)
-    # It names files instead, which only root may read. (Where setproctitle is installed,
-    # django-q2 writes its workers' titles over this area, and a forked supervisor shows that.)
-    for name in ("DATABASE_URL_FILE", "SECRET_KEY_FILE"):
-        if name in supervisor:
-            assert oct(Path(supervisor[name]).stat().st_mode & 0o777) == "0o600"
+    # Neither the supervisor nor the node's cluster it was forked from shows a secret in its
+    # environment: the agent gave the cluster files instead (and /proc shows both environments
+    # blank besides: their process titles, gpup-supervisor task=.. attempt=.. and qcluster ..,
+    # took over that memory).
+    cluster = psutil.Process(agent.proc.pid).children(recursive=True)
+    assert any("qcluster" in " ".join(process.cmdline()) for process in cluster)
+    for process in [psutil.Process(attempt_of(first).supervisor_pid), *cluster]:
+        inherited = process.environ()
+        assert not {"DATABASE_URL", "SECRET_KEY"} & set(inherited)
+        assert secret not in json.dumps(inherited)
+        assert current_database_url() not in json.dumps(inherited)
+    # The files, which only root may read.
+    database_url = var / "run" / "database_url"
+    assert database_url.read_text() == current_database_url()
+    assert (database_url.stat().st_uid, oct(database_url.stat().st_mode & 0o777)) == (0, "0o600")
     node = Node.objects.get(name="workstation-1")
     assert node.isolation == "tenant users"
     assert node.process_tracking.startswith("cgroup")

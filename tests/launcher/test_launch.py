@@ -16,6 +16,7 @@ from scheduling.launcher import lifecycle
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import SubmitError, task_submit
+from tests.factories import UserFactory
 from tests.launcher.conftest import state_of, wait_for
 
 
@@ -84,6 +85,21 @@ def test_the_platforms_secrets_never_reach_the_task(launcher, node, lab, monkeyp
         assert secret not in log
 
 
+def test_ps_shows_a_supervisor_by_its_task_and_attempt(launcher, node, lab):
+    task = start(lab, "sleep 300")
+    attempt = running(task)
+    pid = wait_for(lambda: attempt_of(task).supervisor_pid)
+
+    title = f"gpup-supervisor task={task.pk} attempt=1"
+    # what ps -o args (and top, htop) show: the full command line, not python manage.py ...
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ")
+    assert cmdline.decode() == title
+    assert Path(f"/proc/{pid}/comm").read_text() == "gpup-supervisor\n"  # and top's name
+    lifecycle.task_cancel(task=task)
+    wait_for(state_of(task, "cancelled"))
+    assert gone(attempt.pid)
+
+
 def test_a_workdir_leading_out_of_the_tenant_root_is_refused(launcher, node, lab):
     root = launcher / "tasks" / "vision-lab"
     root.mkdir(parents=True)
@@ -142,8 +158,12 @@ def test_cancel_leaves_nothing_behind_even_a_stubborn_setsid_grandchild(launcher
     attempt = running(task)
     grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
     assert not gone(grandchild)
-    lifecycle.task_cancel(task=task)
+    cancelling = lifecycle.task_cancel(task=task, by=UserFactory(username="alice"))
+    assert (cancelling.state, cancelling.reason) == ("running", "cancelled by alice; stopping")
     wait_for(state_of(task, "cancelled"))
+    # stopped now: the reason no longer says it is stopping
+    assert task.reason == "cancelled by alice"
+    assert task.events.order_by("id").last().reason == "cancelled by alice"
     assert gone(attempt.pid)
     assert gone(grandchild)
     wait_for(lambda: gone(attempt.supervisor_pid))
