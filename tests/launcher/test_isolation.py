@@ -401,6 +401,9 @@ def test_a_supervisor_started_afresh_gets_no_secret_in_its_environment(
     environ = psutil.Process(attempt.supervisor_pid).environ()
     assert "DATABASE_URL" not in environ and "SECRET_KEY" not in environ
     assert "s3cret-platform-key" not in json.dumps(environ)
-    assert Path(environ["DATABASE_URL_FILE"]).read_text() == current_database_url()
+    # It was started with the runtime files' names instead (its title now covers /proc's copy).
+    database_url = Path(settings.VAR_DIR) / "run" / "database_url"
+    assert database_url.read_text() == current_database_url()
+    assert oct(database_url.stat().st_mode & 0o777) == "0o600"
     wait_for(state_of(task, "succeeded"))
     assert log_of(task) == "ran\n"
