@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from scheduling import passes, scheduler, services
-from scheduling.launcher import lifecycle
+from scheduling.launcher import reports
 from scheduling.models import Allocation, SchedulerState, Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
@@ -179,7 +179,7 @@ def test_a_preemption_requeues_its_victim_and_the_urgent_task_starts(lab, other_
     scheduler.schedule_pass()
     assert state(urgent) == TaskState.PENDING
 
-    assert lifecycle.attempt_finished(victim.pk, 1, 143) == "preempted"  # the supervisor reports
+    assert reports.attempt_finished(victim.pk, 1, 143) == "preempted"  # the supervisor reports
     scheduler.schedule_pass()
     assert state(urgent) == TaskState.SCHEDULED
     victim.refresh_from_db()
