@@ -32,6 +32,7 @@ from scheduling.models import (
 from scheduling.spec import MAX_SWEEP_TASKS, SpecError, parse_specs, parse_yaml
 from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
+from tenants.roles import Action
 
 MAX_BATCH = MAX_SWEEP_TASKS
 POSITION = re.compile(r"(\d+)(?:st|nd|rd|th) of \d+ in line")
@@ -167,6 +168,7 @@ class TaskList(generics.ListAPIView):
     """List your tenant's tasks (newest first); submit tasks as JSON or YAML."""
 
     permission_classes = [IsTenantMember]
+    tenant_actions = {"POST": Action.SUBMIT}
     serializer_class = TaskOut
     parser_classes = [JSONParser, YamlParser, TextYamlParser]
 
@@ -346,14 +348,17 @@ CONTROLS = {
 
 
 class TaskControl(APIView):
-    """Cancel, pause, resume or retry a task. Refused with 409 when its state does not allow."""
+    """Cancel, pause, resume or retry a task: a member its own tasks, a tenant admin any task of
+    the tenant (403 otherwise). Refused with 409 when its state does not allow."""
 
     permission_classes = [IsTenantMember]
+    tenant_actions = {"POST": Action.CONTROL_TASK}
     action = ""
 
     @extend_schema(request=None, responses={200: TaskDetail, 409: OpenApiTypes.OBJECT})
     def post(self, request: Request, pk: int) -> Response:
         task = get_task_for(request, pk)
+        request_tenant(request).require(Action.CONTROL_TASK, task)
         try:
             CONTROLS[self.action](task=task, by=request.user)
         except (IllegalTransition, services.StaleTask) as exc:
