@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import re
 
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch, QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import generics, serializers, status
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.request import Request
@@ -26,7 +30,6 @@ from scheduling.models import (
     Node,
     Pool,
     Task,
-    TaskAttempt,
     TaskEvent,
 )
 from scheduling.spec import MAX_SWEEP_TASKS, SpecError, parse_specs, parse_yaml
@@ -35,7 +38,6 @@ from scheduling.submission import tasks_submit
 from tenants.roles import Action
 
 MAX_BATCH = MAX_SWEEP_TASKS
-POSITION = re.compile(r"(\d+)(?:st|nd|rd|th) of \d+ in line")
 
 
 class YamlParser(BaseParser):
@@ -97,8 +99,23 @@ class AttemptOut(serializers.Serializer):
     outcome = serializers.CharField()
 
 
+class WaitOut(serializers.Serializer):
+    code = serializers.CharField(
+        help_text="queue, held, dependencies, backoff, quota, capacity, reserved, preempting"
+    )
+    position = serializers.IntegerField(
+        allow_null=True, help_text="Place in line among the tasks that wait for GPUs or quota."
+    )
+    line = serializers.IntegerField(allow_null=True, help_text="How many wait in that line.")
+    details = serializers.DictField(help_text="The figures behind the reason, by code.")
+
+
 class TaskDetail(TaskOut):
     position = serializers.SerializerMethodField(help_text="Place in line while pending.")
+    wait = serializers.SerializerMethodField(
+        help_text="While pending: why it waits, as data (the `reason` is rendered from it); "
+        "null otherwise, or until the next scheduling pass has looked at it."
+    )
     gpu_uuids = serializers.SerializerMethodField(help_text="GPUs it holds now.")
     attempts = AttemptOut(many=True, read_only=True)
     depends_on = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
@@ -108,6 +125,7 @@ class TaskDetail(TaskOut):
         fields = [
             *TaskOut.Meta.fields,
             "position",
+            "wait",
             "gpu_uuids",
             "attempts",
             "command",
@@ -128,8 +146,14 @@ class TaskDetail(TaskOut):
         ]
 
     def get_position(self, task: Task) -> int | None:
-        match = POSITION.search(task.reason) if task.state == "pending" else None
-        return int(match.group(1)) if match else None
+        wait = self.get_wait(task)
+        return wait["position"] if wait else None
+
+    @extend_schema_field(WaitOut(allow_null=True))
+    def get_wait(self, task: Task) -> dict | None:
+        if task.state != TaskState.PENDING or not task.wait:
+            return None
+        return WaitOut(task.wait).data
 
     def get_gpu_uuids(self, task: Task) -> list[str]:
         return [a.gpu.uuid for a in task.allocations.all() if a.released_at is None]
@@ -156,12 +180,12 @@ class LogOut(serializers.Serializer):
 
 
 def tenant_tasks(request: Request) -> QuerySet[Task]:
-    return Task.objects.filter(tenant=request_tenant(request).tenant)
+    return selectors.task_list(tenant=request_tenant(request).tenant)
 
 
 def get_task_for(request: Request, pk: int) -> Task:
     """The caller's task, or 404 (another tenant's task is never revealed)."""
-    return get_object_or_404(tenant_tasks(request), pk=pk)
+    return selectors.task_get(tenant=request_tenant(request).tenant, pk=pk)
 
 
 class TaskList(generics.ListAPIView):
@@ -280,17 +304,8 @@ class TaskDetailView(generics.RetrieveAPIView):
     serializer_class = TaskDetail
 
     def get_object(self) -> Task:
-        allocations = Allocation.objects.select_related("gpu")
-        attempts = Prefetch(
-            "attempts", queryset=TaskAttempt.objects.select_related("node").order_by("number")
-        )
-        return get_object_or_404(
-            tenant_tasks(self.request)
-            .select_related("node", "owner", "pool")
-            .prefetch_related(
-                Prefetch("allocations", queryset=allocations), attempts, "depends_on"
-            ),
-            pk=self.kwargs["pk"],
+        return selectors.task_detail(
+            tenant=request_tenant(self.request).tenant, pk=self.kwargs["pk"]
         )
 
 
@@ -303,8 +318,8 @@ class TaskEvents(generics.ListAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return TaskEvent.objects.none()
-        task = get_task_for(self.request, self.kwargs["pk"])
-        return task.events.select_related("actor").order_by("at", "id")
+        tenant = request_tenant(self.request).tenant
+        return selectors.task_events(tenant=tenant, pk=self.kwargs["pk"])
 
 
 class TaskLog(APIView):

@@ -8,6 +8,7 @@ trigger refuses an over-allocation even if this code had a bug.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import zlib
@@ -33,6 +34,8 @@ from scheduling.models import (
     TaskEvent,
 )
 from scheduling.policy import (
+    WAIT_DEPENDENCIES,
+    WAIT_HELD,
     Decision,
     GpuView,
     Limits,
@@ -42,12 +45,15 @@ from scheduling.policy import (
     TenantView,
     schedule,
 )
+from scheduling.shares import allocation_share_sql
 from scheduling.states import TaskState
 from tenants.models import Quota, Tenant
 
 logger = logging.getLogger(__name__)
 
 PASS_LOCK = zlib.crc32(b"gpuplatform.scheduling.pass")
+# What a policy that gives only text (a baseline, a test's) leaves in ``Task.wait``.
+UNSTRUCTURED = {"code": "other", "position": None, "line": None, "details": {}}
 FAILED_DEPENDENCY = (TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT)
 
 
@@ -228,6 +234,7 @@ def build_snapshot(now: datetime) -> Snapshot:
             timeout_s=row["timeout_s"],
             not_before=_ts(row["not_before"]),
             blocked=row["hold_reason"] or blocks.get(row["id"], ""),
+            blocked_code=WAIT_HELD if row["hold_reason"] else WAIT_DEPENDENCIES,
         )
         for row in Task.objects.filter(state=TaskState.PENDING).values(
             "id",
@@ -288,16 +295,18 @@ def _tenant_views(
     }
 
 
-def recent_gpus(now: datetime, half_life_s: float) -> dict[int, float]:
-    """Each tenant's GPU use, decayed with the half-life, in GPUs.
+def recent_gpus(
+    now: datetime, half_life_s: float, tenant_id: int | None = None
+) -> dict[int, float]:
+    """Each tenant's GPU use (or only ``tenant_id``'s), decayed with the half-life, in GPUs.
 
     The exact integral of an allocation's share of a card weighted by 2^(-age/half-life),
     divided by half-life/ln 2 so that a tenant holding n GPUs for ever tends to n.
     Allocations released more than ten half-lives ago weigh under 0.1% and are skipped.
     """
-    sql = """
+    sql = f"""
         SELECT t.tenant_id,
-               SUM(CASE WHEN a.exclusive THEN 1.0 ELSE a.memory_mb::float / g.memory_mb END
+               SUM({allocation_share_sql("a", "g")}
                    * (POWER(2.0, -EXTRACT(EPOCH FROM (%(now)s - COALESCE(a.released_at, %(now)s)))
                                  / %(h)s)
                       - POWER(2.0, -LEAST(EXTRACT(EPOCH FROM (%(now)s - a.started_at)) / %(h)s,
@@ -305,13 +314,15 @@ def recent_gpus(now: datetime, half_life_s: float) -> dict[int, float]:
           FROM scheduling_allocation a
           JOIN scheduling_task t ON t.id = a.task_id
           JOIN scheduling_gpu g ON g.id = a.gpu_id
-         WHERE a.released_at IS NULL OR a.released_at > %(since)s
+         WHERE (a.released_at IS NULL OR a.released_at > %(since)s)
+           AND (%(tenant)s::bigint IS NULL OR t.tenant_id = %(tenant)s::bigint)
          GROUP BY t.tenant_id
-    """
+    """  # noqa: S608 - the formula is a constant of ours; values are parameters
     since = now - timedelta(seconds=10 * half_life_s)
+    params = {"now": now, "h": float(half_life_s), "since": since, "tenant": tenant_id}
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"now": now, "h": float(half_life_s), "since": since})
-        return {tenant_id: float(value or 0.0) for tenant_id, value in cursor.fetchall()}
+        cursor.execute(sql, params)
+        return {tenant: float(value or 0.0) for tenant, value in cursor.fetchall()}
 
 
 # --- Applying decisions --------------------------------------------------------------------------
@@ -333,7 +344,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
             """
             UPDATE scheduling_task AS t
                SET state = %s, node_id = v.node_id, attempt = t.attempt + 1,
-                   scheduled_at = %s, updated_at = %s, reason = ''
+                   scheduled_at = %s, updated_at = %s, reason = '', wait = '{}'
               FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::bigint[]) AS node_id) AS v
              WHERE t.id = v.id AND t.state = %s
          RETURNING t.id, t.attempt
@@ -397,18 +408,26 @@ def apply_preemptions(decision: Decision) -> list[int]:
 
 
 def update_reasons(decision: Decision) -> int:
-    """Store why each task waits; only rows whose reason changed are written."""
+    """Store why each task waits, as text and as data (``Task.wait``), in one statement; only
+    rows whose reason or data changed are written (they change together: the position and the
+    figures are in both)."""
     if not decision.waiting:
         return 0
     ids = list(decision.waiting)
     reasons = [decision.waiting[task_id] for task_id in ids]
+    waits = [
+        json.dumps(why.as_data() if (why := decision.waits.get(task_id)) else UNSTRUCTURED)
+        for task_id in ids
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            UPDATE scheduling_task AS t SET reason = v.reason
-              FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS reason) AS v
-             WHERE t.id = v.id AND t.state = %s AND t.reason IS DISTINCT FROM v.reason
+            UPDATE scheduling_task AS t SET reason = v.reason, wait = v.wait::jsonb
+              FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS reason,
+                           unnest(%s::text[]) AS wait) AS v
+             WHERE t.id = v.id AND t.state = %s
+               AND (t.reason IS DISTINCT FROM v.reason OR t.wait IS DISTINCT FROM v.wait::jsonb)
             """,
-            [ids, reasons, TaskState.PENDING],
+            [ids, reasons, waits, TaskState.PENDING],
         )
     return len(ids)

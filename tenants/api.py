@@ -6,8 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.db import connection
-from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -18,10 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
-from scheduling import estate, passes
-from scheduling.models import Allocation, Task
-from scheduling.scheduler import recent_gpus
-from scheduling.states import HOLDS_GPUS, TaskState
+from scheduling import passes
 from tenants import selectors, services
 from tenants.authentication import TokenContext
 from tenants.models import ApiToken, Membership, Quota, Role, Tenant
@@ -188,50 +183,7 @@ class QuotaView(APIView):
 
     @extend_schema(responses=QuotaOut)
     def get(self, request: Request) -> Response:
-        tenant = request_tenant(request).tenant
-        quotas = list(Quota.objects.filter(tenant=tenant).select_related("pool"))
-        active = Allocation.objects.filter(released_at__isnull=True, task__tenant=tenant)
-        gpus = 0.0
-        memory = 0
-        for allocation in active.select_related("gpu"):
-            memory += allocation.memory_mb
-            gpus += 1.0 if allocation.exclusive else allocation.memory_mb / allocation.gpu.memory_mb
-        counts = Task.objects.filter(tenant=tenant).aggregate(
-            running=Count("id", filter=Q(state__in=HOLDS_GPUS)),
-            queued=Count("id", filter=Q(state=TaskState.PENDING)),
-        )
-        half_life = estate.config().scheduling.fair_share_half_life_s
-        cluster_wide = next((q for q in quotas if q.pool_id is None), None)
-        return Response(
-            {
-                "tenant": tenant.name,
-                "limits": [
-                    {
-                        "pool": q.pool.name if q.pool else None,
-                        "max_gpus": q.max_gpus,
-                        "max_gpu_memory_mb": q.max_gpu_memory_mb,
-                        "max_running_tasks": q.max_running_tasks,
-                        "max_queued_tasks": q.max_queued_tasks,
-                        "max_priority": q.max_priority,
-                        "fair_share_weight": q.fair_share_weight,
-                    }
-                    for q in quotas
-                ],
-                "in_use": {
-                    "gpus": round(gpus, 3),
-                    "gpu_memory_mb": memory,
-                    "running_tasks": counts["running"],
-                    "queued_tasks": counts["queued"],
-                },
-                "fair_share": {
-                    "recent_gpus": round(
-                        recent_gpus(timezone.now(), half_life).get(tenant.pk, 0), 3
-                    ),
-                    "weight": cluster_wide.fair_share_weight if cluster_wide else 1.0,
-                    "half_life_s": half_life,
-                },
-            }
-        )
+        return Response(selectors.quota_summary(tenant=request_tenant(request).tenant))
 
 
 UsageOut = inline_serializer(
@@ -262,7 +214,7 @@ class UsageView(APIView):
         if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_USAGE_DAYS:
             return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
         tenant = request_tenant(request).tenant
-        days = gpu_hours_per_day(tenant.pk, int(raw))
+        days = selectors.usage_per_day(tenant=tenant, days=int(raw))
         return Response(
             {
                 "tenant": tenant.name,
@@ -270,38 +222,6 @@ class UsageView(APIView):
                 "total_gpu_hours": round(sum(d["gpu_hours"] for d in days), 3),
             }
         )
-
-
-def gpu_hours_per_day(tenant_id: int, days: int) -> list[dict]:
-    """Each UTC day's GPU-hours: every allocation's overlap with the day, times its share."""
-    sql = """
-        WITH day AS (
-            SELECT generate_series(date_trunc('day', now() AT TIME ZONE 'UTC') - (%(days)s - 1)
-                                   * interval '1 day', date_trunc('day', now() AT TIME ZONE 'UTC'),
-                                   interval '1 day') AS start
-        )
-        SELECT day.start::date,
-               COALESCE(SUM(
-                   (CASE WHEN a.exclusive THEN 1.0 ELSE a.memory_mb::float / g.memory_mb END)
-                   * GREATEST(0, EXTRACT(EPOCH FROM
-                       LEAST(COALESCE(a.released_at, now()) AT TIME ZONE 'UTC',
-                             day.start + interval '1 day')
-                       - GREATEST(a.started_at AT TIME ZONE 'UTC', day.start))) / 3600.0
-               ), 0)
-          FROM day
-          LEFT JOIN scheduling_allocation a
-                 ON a.started_at AT TIME ZONE 'UTC' < day.start + interval '1 day'
-                AND COALESCE(a.released_at, now()) AT TIME ZONE 'UTC' > day.start
-                AND a.task_id IN (SELECT id FROM scheduling_task WHERE tenant_id = %(tenant)s)
-          LEFT JOIN scheduling_gpu g ON g.id = a.gpu_id
-         GROUP BY day.start
-         ORDER BY day.start
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"days": days, "tenant": tenant_id})
-        return [
-            {"day": day, "gpu_hours": round(float(hours), 4)} for day, hours in cursor.fetchall()
-        ]
 
 
 # --- Tenant admins: members and every token of the tenant ----------------------------------------
