@@ -415,18 +415,17 @@ def update_reasons(decision: Decision) -> int:
         return 0
     ids = list(decision.waiting)
     reasons = [decision.waiting[task_id] for task_id in ids]
-    waits = [
-        json.dumps(why.as_data() if (why := decision.waits.get(task_id)) else UNSTRUCTURED)
-        for task_id in ids
-    ]
+    data = decision.wait_data()
+    # One JSON array for all (one encoder call), zipped with the ids by position.
+    waits = json.dumps([data.get(task_id, UNSTRUCTURED) for task_id in ids])
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            UPDATE scheduling_task AS t SET reason = v.reason, wait = v.wait::jsonb
+            UPDATE scheduling_task AS t SET reason = v.reason, wait = v.wait
               FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS reason,
-                           unnest(%s::text[]) AS wait) AS v
+                           jsonb_array_elements(%s::jsonb) AS wait) AS v
              WHERE t.id = v.id AND t.state = %s
-               AND (t.reason IS DISTINCT FROM v.reason OR t.wait IS DISTINCT FROM v.wait::jsonb)
+               AND (t.reason IS DISTINCT FROM v.reason OR t.wait IS DISTINCT FROM v.wait)
             """,
             [ids, reasons, waits, TaskState.PENDING],
         )

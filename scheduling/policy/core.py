@@ -159,7 +159,6 @@ class Pass:
             (r.priority for r in snapshot.running if r.preemptible and r.task_class != ONLINE),
             default=None,
         )
-        self.line: list[int] = []  # waiting tasks in the order they would start
 
     # -- ordering --
 
@@ -299,16 +298,16 @@ class Pass:
     def wait(self, task: PendingView, why: Wait, in_line: bool = False) -> None:
         self.decision.waits[task.id] = why
         if in_line:
-            self.line.append(task.id)
+            self.decision.line.append(task.id)
 
     def finish_reasons(self) -> None:
-        """Number the line, then render every reason from its data."""
+        """Render every reason from its data and its place in line."""
         waits = self.decision.waits
-        total = len(self.line)
-        for position, task_id in enumerate(self.line, start=1):
-            why = waits[task_id]
-            waits[task_id] = Wait(why.code, why.text, why.details, position, total)
-        self.decision.waiting = {task_id: why.reason for task_id, why in waits.items()}
+        waiting = {task_id: why.text for task_id, why in waits.items()}
+        total = len(self.decision.line)
+        for position, task_id in enumerate(self.decision.line, start=1):
+            waiting[task_id] = waits[task_id].render(position, total)
+        self.decision.waiting = waiting
 
     # -- quotas --
 

@@ -161,32 +161,19 @@ WAIT_PREEMPTING = "preempting"  # the tasks preempted for it are stopping
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Why a task waits, as data; ``reason`` is the text people read, rendered from it.
+    """Why a task waits, as data; the reason people read is rendered from it (``render``).
 
-    ``position`` and ``line``: its place among the tasks that wait for GPUs or quota, in the
-    order they would start (None for tasks that wait for something else: a queue, a hold,
-    dependencies, a backoff)."""
+    One Wait may stand for many tasks (all those of one shape blocked in one pass): its place
+    in line is the task's own, kept by the Decision (``line``), not here."""
 
     code: str
     text: str  # the reason without the place in line
     details: dict = field(default_factory=dict)
-    position: int | None = None
-    line: int | None = None
 
-    @property
-    def reason(self) -> str:
-        if self.position is None:
+    def render(self, position: int | None = None, line: int | None = None) -> str:
+        if position is None:
             return self.text
-        return f"{self.text}; {ordinal(self.position)} of {self.line} in line"
-
-    def as_data(self) -> dict:
-        """What the service stores next to the reason (``Task.wait``)."""
-        return {
-            "code": self.code,
-            "position": self.position,
-            "line": self.line,
-            "details": self.details,
-        }
+        return f"{self.text}; {ordinal(position)} of {line} in line"
 
 
 def ordinal(n: int) -> str:
@@ -202,6 +189,24 @@ class Decision:
     # task id -> the same as data, for policies that give it (``schedule`` does for every task
     # in ``waiting``; baselines and test policies may give text only).
     waits: dict[int, Wait] = field(default_factory=dict)
+    # The tasks that wait for GPUs or quota, in the order they would start: their place in line.
+    line: list[int] = field(default_factory=list)
+
+    def wait_data(self) -> dict[int, dict]:
+        """Each wait as the data the service stores next to the reason (``Task.wait``):
+        ``{code, position, line, details}``; position and line are None for a task not in line
+        (it waits for a queue, a hold, dependencies or a backoff)."""
+        total = len(self.line)
+        place = {task_id: n for n, task_id in enumerate(self.line, start=1)}
+        return {
+            task_id: {
+                "code": why.code,
+                "position": place.get(task_id),
+                "line": total if task_id in place else None,
+                "details": why.details,
+            }
+            for task_id, why in self.waits.items()
+        }
 
 
 def card_share(*, exclusive: bool, memory_mb: int, card_memory_mb: int) -> float:

@@ -532,22 +532,19 @@ def test_every_reason_is_rendered_from_its_wait_data():
     capped = TenantView("capped", limits=Limits(gpus=0))
     pending = [big, blocked, deps, backoff, over]
     decision = schedule(snap(gpus(nodes=1, per_node=8), pending, tenants=[capped]))
-    assert set(decision.waits) == set(decision.waiting)
+    data = decision.wait_data()
+    assert set(decision.waits) == set(decision.waiting) == set(data)
     for task_id, why in decision.waits.items():
-        assert decision.waiting[task_id] == why.reason
-    assert [decision.waits[t.id].code for t in (blocked, deps, backoff, over)] == [
+        place = data[task_id]
+        assert decision.waiting[task_id] == why.render(place["position"], place["line"])
+    assert [data[t.id]["code"] for t in (blocked, deps, backoff, over)] == [
         "reserved",
         "dependencies",
         "backoff",
         "quota",
     ]
-    line = {t.id: decision.waits[t.id].position for t in (blocked, over)}
-    assert sorted(line.values()) == [1, 2]
-    assert decision.waits[deps.id].position is None
-    assert decision.waits[backoff.id].details == {"not_before": NOW + 30, "seconds_left": 30}
-    assert decision.waits[over.id].details == {
-        "limit": "gpus",
-        "in_use": 0.0,
-        "of": 0,
-        "pool": None,
-    }
+    assert sorted(data[t.id]["position"] for t in (blocked, over)) == [1, 2]
+    assert {data[t.id]["line"] for t in (blocked, over)} == {2}
+    assert (data[deps.id]["position"], data[deps.id]["line"]) == (None, None)
+    assert data[backoff.id]["details"] == {"not_before": NOW + 30, "seconds_left": 30}
+    assert data[over.id]["details"] == {"limit": "gpus", "in_use": 0.0, "of": 0, "pool": None}
