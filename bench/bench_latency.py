@@ -34,7 +34,7 @@ from django_q.tasks import async_task
 from bench.common import median, percentile, table, verdict
 from gpuplatform.dburl import current_database_url
 from scheduling import passes
-from scheduling.launcher import lifecycle
+from scheduling.launcher import lifecycle, reports
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import Node, SchedulerState, Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -233,7 +233,7 @@ def wait_task(
 def settle_lost(task_id: int) -> None:
     """Fail a task whose supervisor was killed, so that its GPU is free for the next one."""
     number = Task.objects.values_list("attempt", flat=True).get(pk=task_id)
-    lifecycle.attempt_finished(
+    reports.attempt_finished(
         task_id, number, None, problem="supervisor killed from outside the benchmark"
     )
 

@@ -1,7 +1,10 @@
 """What every API view shares: the caller's tenant, roles, errors, paging and throttling.
 
-One choke point for tenant scoping: views get the tenant from ``request_tenant()`` and build
-every query from it; another tenant's object is simply not found (404), never forbidden.
+One choke point for tenant scoping: views get the tenant from ``request_tenant()`` and read
+through selectors that take it; another tenant's object is simply not found (404), never
+forbidden. One choke point for roles: ``IsTenantMember`` asks ``tenants.roles`` whether the
+caller's role may do the view's action (``tenant_actions``), and views ask ``Caller.require()``
+about one object (a member may control only its own tasks).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DataError
 from django.http import Http404
 from rest_framework import exceptions, permissions, status
@@ -22,21 +25,28 @@ from rest_framework.views import exception_handler
 from gpuplatform import throttle
 from gpuplatform.views import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
 from scheduling.spec import SpecError
+from tenants import roles
 from tenants.authentication import TokenContext
-from tenants.models import Membership, Role, Tenant
+from tenants.models import Membership, Tenant
+from tenants.roles import Action
 
 TENANT_HEADER = "HTTP_X_TENANT"
-WRITE_ROLES = (Role.ADMIN, Role.MEMBER)
 
 
 @dataclass(frozen=True)
 class Caller:
     tenant: Tenant
     role: str
+    user_id: int
 
-    @property
-    def can_write(self) -> bool:
-        return self.role in WRITE_ROLES
+    def may(self, action: Action, obj: roles.Owned | None = None) -> bool:
+        return roles.may(role=self.role, action=action, user_id=self.user_id, obj=obj)
+
+    def require(self, action: Action, obj: roles.Owned | None = None) -> None:
+        """403 with the reason unless the caller's role allows ``action`` (on ``obj``)."""
+        problem = roles.denial(role=self.role, action=action, user_id=self.user_id, obj=obj)
+        if problem:
+            raise exceptions.PermissionDenied(problem)
 
 
 def request_tenant(request: Request) -> Caller:
@@ -46,7 +56,7 @@ def request_tenant(request: Request) -> Caller:
     if cached is not None:
         return cached
     if isinstance(request.auth, TokenContext):
-        caller = Caller(request.auth.tenant, request.auth.role)
+        caller = Caller(request.auth.tenant, request.auth.role, request.user.pk)
     else:
         memberships = Membership.objects.filter(
             user=request.user, tenant__is_active=True
@@ -62,31 +72,29 @@ def request_tenant(request: Request) -> Caller:
             raise exceptions.ValidationError(
                 {"tenant": ["you belong to several tenants: name one with the X-Tenant header"]}
             )
-        caller = Caller(found[0].tenant, found[0].role)
+        caller = Caller(found[0].tenant, found[0].role, request.user.pk)
     request._caller = caller
     return caller
 
 
+def view_action(view, method: str) -> Action:
+    """What a request does, in ``tenants.roles`` terms: the view's ``tenant_actions`` name it
+    per method; reads need not be named. A write no view names is a bug, not a grant."""
+    actions = getattr(view, "tenant_actions", {})
+    if method in actions:
+        return actions[method]
+    if method in permissions.SAFE_METHODS:
+        return Action.READ
+    raise ImproperlyConfigured(f"{type(view).__name__}.tenant_actions does not name {method}")
+
+
 class IsTenantMember(permissions.BasePermission):
-    """Anyone in the tenant may read; viewers may not write."""
-
-    message = "your role in this tenant may only read"
+    """A member of the tenant whose role may do the view's action (``tenants.roles``)."""
 
     def has_permission(self, request, view) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        caller = request_tenant(request)
-        return request.method in permissions.SAFE_METHODS or caller.can_write
-
-
-class IsTenantMemberAnyRole(permissions.BasePermission):
-    """Any role, writes included: for what concerns only the caller (its own API tokens; a
-    viewer needs a token to read from scripts, and must be able to revoke a leaked one)."""
-
-    def has_permission(self, request, view) -> bool:
-        if not (request.user and request.user.is_authenticated):
-            return False
-        request_tenant(request)
+        request_tenant(request).require(view_action(view, request.method))
         return True
 
 

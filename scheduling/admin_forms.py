@@ -6,8 +6,8 @@ from __future__ import annotations
 from django import forms
 from django.contrib.auth import get_user_model
 
-from gpuplatform.api import WRITE_ROLES
 from scheduling.spec import PRIORITIES, SpecError, parse_priority, parse_yaml
+from tenants import roles
 from tenants.models import Membership, Tenant
 
 SPEC_EXAMPLE = """name: train
@@ -48,7 +48,7 @@ class SubmitForTenantForm(forms.Form):
         tenant, owner = data.get("tenant"), data.get("owner")
         if tenant is not None and owner is not None:
             member = Membership.objects.filter(user=owner, tenant=tenant).first()
-            if member is None or member.role not in WRITE_ROLES:
+            if member is None or not roles.may(role=member.role, action=roles.Action.SUBMIT):
                 role = f"is a {member.role} there" if member else "is not a member"
                 self.add_error(
                     "owner",

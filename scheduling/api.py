@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import re
 
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch, QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import generics, serializers, status
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.request import Request
@@ -27,15 +31,13 @@ from scheduling.models import (
     Node,
     Pool,
     Task,
-    TaskAttempt,
     TaskEvent,
 )
 from scheduling.policy.model import free_memory_mb
 from scheduling.spec import parse_specs, parse_yaml
 from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
-
-POSITION = re.compile(r"(\d+)(?:st|nd|rd|th) of \d+ in line")
+from tenants.roles import Action
 
 
 class YamlParser(BaseParser):
@@ -111,8 +113,23 @@ class AttemptOut(serializers.Serializer):
     outcome = serializers.CharField()
 
 
+class WaitOut(serializers.Serializer):
+    code = serializers.CharField(
+        help_text="queue, held, dependencies, backoff, quota, capacity, reserved, preempting"
+    )
+    position = serializers.IntegerField(
+        allow_null=True, help_text="Place in line among the tasks that wait for GPUs or quota."
+    )
+    line = serializers.IntegerField(allow_null=True, help_text="How many wait in that line.")
+    details = serializers.DictField(help_text="The figures behind the reason, by code.")
+
+
 class TaskDetail(TaskOut):
     position = serializers.SerializerMethodField(help_text="Place in line while pending.")
+    wait = serializers.SerializerMethodField(
+        help_text="While pending: why it waits, as data (the `reason` is rendered from it); "
+        "null otherwise, or until the next scheduling pass has looked at it."
+    )
     gpu_uuids = serializers.SerializerMethodField(help_text="GPUs it holds now.")
     attempts = AttemptOut(many=True, read_only=True)
     depends_on = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
@@ -122,6 +139,7 @@ class TaskDetail(TaskOut):
         fields = [
             *TaskOut.Meta.fields,
             "position",
+            "wait",
             "gpu_uuids",
             "attempts",
             "command",
@@ -142,8 +160,14 @@ class TaskDetail(TaskOut):
         ]
 
     def get_position(self, task: Task) -> int | None:
-        match = POSITION.search(task.reason) if task.state == "pending" else None
-        return int(match.group(1)) if match else None
+        wait = self.get_wait(task)
+        return wait["position"] if wait else None
+
+    @extend_schema_field(WaitOut(allow_null=True))
+    def get_wait(self, task: Task) -> dict | None:
+        if task.state != TaskState.PENDING or not task.wait:
+            return None
+        return WaitOut(task.wait).data
 
     def get_gpu_uuids(self, task: Task) -> list[str]:
         return [a.gpu.uuid for a in task.allocations.all() if a.released_at is None]
@@ -170,12 +194,12 @@ class LogOut(serializers.Serializer):
 
 
 def tenant_tasks(request: Request) -> QuerySet[Task]:
-    return Task.objects.filter(tenant=request_tenant(request).tenant)
+    return selectors.task_list(tenant=request_tenant(request).tenant)
 
 
 def get_task_for(request: Request, pk: int) -> Task:
     """The caller's task, or 404 (another tenant's task is never revealed)."""
-    return get_object_or_404(tenant_tasks(request), pk=pk)
+    return selectors.task_get(tenant=request_tenant(request).tenant, pk=pk)
 
 
 class PagedGetSchema(AutoSchema):
@@ -192,6 +216,7 @@ class TaskList(generics.ListAPIView):
 
     schema = PagedGetSchema()
     permission_classes = [IsTenantMember]
+    tenant_actions = {"POST": Action.SUBMIT}
     serializer_class = TaskOut
     parser_classes = [JSONParser, YamlParser, TextYamlParser]
 
@@ -321,17 +346,8 @@ class TaskDetailView(generics.RetrieveAPIView):
     serializer_class = TaskDetail
 
     def get_object(self) -> Task:
-        allocations = Allocation.objects.select_related("gpu")
-        attempts = Prefetch(
-            "attempts", queryset=TaskAttempt.objects.select_related("node").order_by("number")
-        )
-        return get_object_or_404(
-            tenant_tasks(self.request)
-            .select_related("node", "owner", "pool")
-            .prefetch_related(
-                Prefetch("allocations", queryset=allocations), attempts, "depends_on"
-            ),
-            pk=self.kwargs["pk"],
+        return selectors.task_detail(
+            tenant=request_tenant(self.request).tenant, pk=self.kwargs["pk"]
         )
 
 
@@ -344,8 +360,8 @@ class TaskEvents(generics.ListAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return TaskEvent.objects.none()
-        task = get_task_for(self.request, self.kwargs["pk"])
-        return task.events.select_related("actor").order_by("at", "id")
+        tenant = request_tenant(self.request).tenant
+        return selectors.task_events(tenant=tenant, pk=self.kwargs["pk"])
 
 
 class TaskLog(APIView):
@@ -389,14 +405,17 @@ CONTROLS = {
 
 
 class TaskControl(APIView):
-    """Cancel, pause, resume or retry a task. Refused with 409 when its state does not allow."""
+    """Cancel, pause, resume or retry a task: a member its own tasks, a tenant admin any task of
+    the tenant (403 otherwise). Refused with 409 when its state does not allow."""
 
     permission_classes = [IsTenantMember]
+    tenant_actions = {"POST": Action.CONTROL_TASK}
     action = ""
 
     @extend_schema(request=None, responses={200: TaskDetail, 409: OpenApiTypes.OBJECT})
     def post(self, request: Request, pk: int) -> Response:
         task = get_task_for(request, pk)
+        request_tenant(request).require(Action.CONTROL_TASK, task)
         try:
             CONTROLS[self.action](task=task, by=request.user)
         except (IllegalTransition, services.StaleTask) as exc:

@@ -21,12 +21,14 @@ from datetime import datetime
 from django.db import connection
 
 from scheduling.models import SchedulerState
+from scheduling.shares import allocation_share_sql
 
 # 2^-60 is 1e-18: a contribution that old is nothing, and PostgreSQL raises on float underflow.
 MAX_HALF_LIVES = 60
 
-# The share of a card an allocation holds, for the queries below.
-SHARE_SQL = "CASE WHEN a.exclusive THEN 1.0 ELSE a.memory_mb::float8 / g.memory_mb END"
+# The share of a card an allocation holds (the trigger in migration 0010 computes the same;
+# tests/scheduling/test_fairshare.py compares the two).
+SHARE_SQL = allocation_share_sql("a", "g")
 
 _OPEN = f"""
     SELECT t.tenant_id,

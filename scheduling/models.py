@@ -190,6 +190,12 @@ class Task(models.Model):
         default=TaskState.PENDING.value,
     )
     reason = models.TextField(blank=True, help_text="Why it waits, or how it ended.")
+    wait = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="While pending, why it waits as data ({code, position, line, details}), as "
+        "the last scheduling pass decided; the reason text is rendered from it. Empty otherwise.",
+    )
     node = models.ForeignKey(
         Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks"
     )

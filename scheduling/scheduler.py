@@ -8,6 +8,7 @@ trigger refuses an over-allocation even if this code had a bug.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import zlib
@@ -33,6 +34,8 @@ from scheduling.models import (
     TaskEvent,
 )
 from scheduling.policy import (
+    WAIT_DEPENDENCIES,
+    WAIT_HELD,
     Decision,
     GpuView,
     Limits,
@@ -48,6 +51,8 @@ from tenants.models import Quota, Tenant
 logger = logging.getLogger(__name__)
 
 PASS_LOCK = zlib.crc32(b"gpuplatform.scheduling.pass")
+# What a policy that gives only text (a baseline, a test's) leaves in ``Task.wait``.
+UNSTRUCTURED = {"code": "other", "position": None, "line": None, "details": {}}
 FAILED_DEPENDENCY = (TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT)
 
 
@@ -229,6 +234,7 @@ def build_snapshot(now: datetime) -> Snapshot:
             timeout_s=timeout_s,
             not_before=not_before,
             blocked=hold_reason or blocks.get(task_id, ""),
+            blocked_code=WAIT_HELD if hold_reason else WAIT_DEPENDENCIES,
         )
         for (task_id, tenant_id, priority, task_class, submitted_at, gpus_min, gpus_max,
              gpu_memory_mb, gpu_type, pool_id, required_node, queue, timeout_s, not_before,
@@ -293,10 +299,16 @@ def _tenant_views(
     }
 
 
-def recent_gpus(now: datetime, half_life_s: float) -> dict[int, float]:
-    """Each tenant's GPU use, decayed with the half-life, in GPUs (see scheduling.fairshare:
-    counters kept by a trigger plus the running allocations, never a scan of the history)."""
-    return fairshare.usage(now, half_life_s)
+def recent_gpus(
+    now: datetime, half_life_s: float, tenant_id: int | None = None
+) -> dict[int, float]:
+    """Each tenant's GPU use (or only ``tenant_id``'s), decayed with the half-life, in GPUs
+    (see scheduling.fairshare: counters kept by a trigger plus the running allocations, never
+    a scan of the history)."""
+    usage = fairshare.usage(now, half_life_s)
+    if tenant_id is None:
+        return usage
+    return {tenant_id: usage[tenant_id]} if tenant_id in usage else {}
 
 
 # --- Applying decisions --------------------------------------------------------------------------
@@ -318,7 +330,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
             """
             UPDATE scheduling_task AS t
                SET state = %s, node_id = v.node_id, attempt = t.attempt + 1,
-                   scheduled_at = %s, updated_at = %s, reason = ''
+                   scheduled_at = %s, updated_at = %s, reason = '', wait = '{}'
               FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::bigint[]) AS node_id) AS v
              WHERE t.id = v.id AND t.state = %s
          RETURNING t.id, t.attempt
@@ -382,18 +394,25 @@ def apply_preemptions(decision: Decision) -> list[int]:
 
 
 def update_reasons(decision: Decision) -> int:
-    """Store why each task waits; only rows whose reason changed are written."""
+    """Store why each task waits, as text and as data (``Task.wait``), in one statement; only
+    rows whose reason or data changed are written (they change together: the position and the
+    figures are in both)."""
     if not decision.waiting:
         return 0
     ids = list(decision.waiting)
     reasons = [decision.waiting[task_id] for task_id in ids]
+    data = decision.wait_data()
+    # One JSON array for all (one encoder call), zipped with the ids by position.
+    waits = json.dumps([data.get(task_id, UNSTRUCTURED) for task_id in ids])
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            UPDATE scheduling_task AS t SET reason = v.reason
-              FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS reason) AS v
-             WHERE t.id = v.id AND t.state = %s AND t.reason IS DISTINCT FROM v.reason
+            UPDATE scheduling_task AS t SET reason = v.reason, wait = v.wait
+              FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS reason,
+                           jsonb_array_elements(%s::jsonb) AS wait) AS v
+             WHERE t.id = v.id AND t.state = %s
+               AND (t.reason IS DISTINCT FROM v.reason OR t.wait IS DISTINCT FROM v.wait)
             """,
-            [ids, reasons, TaskState.PENDING],
+            [ids, reasons, waits, TaskState.PENDING],
         )
     return len(ids)

@@ -62,7 +62,14 @@ def task_transition(
     to_state = TaskState(to_state)
     states.check(from_state, to_state)
     now = timezone.now()
-    updates: dict[str, Any] = {"state": to_state, "reason": reason, "updated_at": now, **fields}
+    # A new state makes the last pass's assessment stale; the next pass writes a fresh one.
+    updates: dict[str, Any] = {
+        "state": to_state,
+        "reason": reason,
+        "wait": {},
+        "updated_at": now,
+        **fields,
+    }
     if to_state == TaskState.SCHEDULED:
         updates["scheduled_at"] = now
     elif to_state == TaskState.RUNNING and from_state == TaskState.SCHEDULED:

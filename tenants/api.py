@@ -1,36 +1,27 @@
-"""API endpoints about the caller, its tenant's quota and usage, its tokens; and operators'
-management of tenants, members and quotas."""
+"""API endpoints about the caller, its tenant's quota and usage, its tokens; tenant admins'
+management of members and tokens; and operators' management of tenants, members and quotas."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.db import connection
-from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpuplatform.api import (
-    IsOperator,
-    IsTenantMember,
-    IsTenantMemberAnyRole,
-    errors_response,
-    request_tenant,
-)
+from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.serializers import ModelCleanSerializer
-from scheduling import estate, passes
-from scheduling.models import Allocation, Task
-from scheduling.scheduler import recent_gpus
-from scheduling.states import HOLDS_GPUS, TaskState
-from tenants import services
+from scheduling import passes
+from tenants import selectors, services
 from tenants.authentication import TokenContext
 from tenants.models import ApiToken, Membership, Quota, Role, Tenant
+from tenants.roles import Action
 
 MAX_USAGE_DAYS = 366
 
@@ -107,16 +98,15 @@ class TokenList(generics.ListAPIView):
     """Your API tokens in this tenant; create one (its secret is shown once). A token acts with
     your role, so viewers may have them too."""
 
-    permission_classes = [IsTenantMemberAnyRole]
+    permission_classes = [IsTenantMember]
+    tenant_actions = {"POST": Action.OWN_TOKENS}
     serializer_class = TokenOut
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return ApiToken.objects.none()
         tenant = request_tenant(self.request).tenant
-        return ApiToken.objects.filter(user=self.request.user, tenant=tenant).select_related(
-            "tenant"
-        )
+        return selectors.token_list(tenant=tenant, user=self.request.user)
 
     @extend_schema(request=TokenIn, responses={201: TokenCreated})
     def post(self, request: Request) -> Response:
@@ -147,12 +137,13 @@ class TokenList(generics.ListAPIView):
 class TokenRevoke(APIView):
     """Revoke one of your tokens; it is refused from the next request on."""
 
-    permission_classes = [IsTenantMemberAnyRole]
+    permission_classes = [IsTenantMember]
+    tenant_actions = {"DELETE": Action.OWN_TOKENS}
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, pk: int) -> Response:
         tenant = request_tenant(request).tenant
-        tokens = ApiToken.objects.filter(user=request.user, tenant=tenant, pk=pk)
+        tokens = selectors.token_list(tenant=tenant, user=request.user).filter(pk=pk)
         get_object_or_404(tokens)
         services.apitokens_revoke(tokens=tokens)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -198,56 +189,14 @@ QuotaOut = inline_serializer(
 
 
 class QuotaView(APIView):
-    """Your tenant's limits, what it uses now, and its fair-share standing."""
+    """Your tenant's limits, what it uses now, and its fair-share standing (tenant admins)."""
 
     permission_classes = [IsTenantMember]
+    tenant_actions = {"GET": Action.VIEW_QUOTA}
 
     @extend_schema(responses=QuotaOut)
     def get(self, request: Request) -> Response:
-        tenant = request_tenant(request).tenant
-        quotas = list(Quota.objects.filter(tenant=tenant).select_related("pool"))
-        active = Allocation.objects.filter(released_at__isnull=True, task__tenant=tenant)
-        gpus = 0.0
-        memory = 0
-        for allocation in active.select_related("gpu"):
-            memory += allocation.memory_mb
-            gpus += 1.0 if allocation.exclusive else allocation.memory_mb / allocation.gpu.memory_mb
-        counts = Task.objects.filter(tenant=tenant).aggregate(
-            running=Count("id", filter=Q(state__in=HOLDS_GPUS)),
-            queued=Count("id", filter=Q(state=TaskState.PENDING)),
-        )
-        half_life = estate.config().scheduling.fair_share_half_life_s
-        cluster_wide = next((q for q in quotas if q.pool_id is None), None)
-        return Response(
-            {
-                "tenant": tenant.name,
-                "limits": [
-                    {
-                        "pool": q.pool.name if q.pool else None,
-                        "max_gpus": q.max_gpus,
-                        "max_gpu_memory_mb": q.max_gpu_memory_mb,
-                        "max_running_tasks": q.max_running_tasks,
-                        "max_queued_tasks": q.max_queued_tasks,
-                        "max_priority": q.max_priority,
-                        "fair_share_weight": q.fair_share_weight,
-                    }
-                    for q in quotas
-                ],
-                "in_use": {
-                    "gpus": round(gpus, 3),
-                    "gpu_memory_mb": memory,
-                    "running_tasks": counts["running"],
-                    "queued_tasks": counts["queued"],
-                },
-                "fair_share": {
-                    "recent_gpus": round(
-                        recent_gpus(timezone.now(), half_life).get(tenant.pk, 0), 3
-                    ),
-                    "weight": cluster_wide.fair_share_weight if cluster_wide else 1.0,
-                    "half_life_s": half_life,
-                },
-            }
-        )
+        return Response(selectors.quota_summary(tenant=request_tenant(request).tenant))
 
 
 UsageOut = inline_serializer(
@@ -278,7 +227,7 @@ class UsageView(APIView):
         if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_USAGE_DAYS:
             return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
         tenant = request_tenant(request).tenant
-        days = gpu_hours_per_day(tenant.pk, int(raw))
+        days = selectors.usage_per_day(tenant=tenant, days=int(raw))
         return Response(
             {
                 "tenant": tenant.name,
@@ -288,36 +237,139 @@ class UsageView(APIView):
         )
 
 
-def gpu_hours_per_day(tenant_id: int, days: int) -> list[dict]:
-    """Each UTC day's GPU-hours: every allocation's overlap with the day, times its share."""
-    sql = """
-        WITH day AS (
-            SELECT generate_series(date_trunc('day', now() AT TIME ZONE 'UTC') - (%(days)s - 1)
-                                   * interval '1 day', date_trunc('day', now() AT TIME ZONE 'UTC'),
-                                   interval '1 day') AS start
+# --- Tenant admins: members and every token of the tenant ----------------------------------------
+
+
+class TenantMemberOut(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+        read_only_fields = fields
+
+
+class TenantMemberIn(serializers.Serializer):
+    username = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
+    )
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class TenantRoleIn(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+def _membership_answer(call) -> Response | None:
+    """Run a membership change; the last admin's removal or demotion answers 409."""
+    try:
+        call()
+    except services.LastAdmin as exc:
+        return errors_response({"role": [str(exc)]}, code=409)
+    return None
+
+
+class TenantMemberList(generics.ListAPIView):
+    """Your tenant's members and their roles; add a user (or change its role). Tenant admins."""
+
+    permission_classes = [IsTenantMember]
+    tenant_actions = {"GET": Action.MANAGE_MEMBERS, "POST": Action.MANAGE_MEMBERS}
+    serializer_class = TenantMemberOut
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Membership.objects.none()
+        return selectors.member_list(tenant=request_tenant(self.request).tenant)
+
+    @extend_schema(request=TenantMemberIn, responses={201: TenantMemberOut})
+    def post(self, request: Request) -> Response:
+        incoming = TenantMemberIn(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        tenant = request_tenant(request).tenant
+        user, role = incoming.validated_data["username"], incoming.validated_data["role"]
+        refused = _membership_answer(
+            lambda: services.membership_change(tenant=tenant, user=user, role=role)
         )
-        SELECT day.start::date,
-               COALESCE(SUM(
-                   (CASE WHEN a.exclusive THEN 1.0 ELSE a.memory_mb::float / g.memory_mb END)
-                   * GREATEST(0, EXTRACT(EPOCH FROM
-                       LEAST(COALESCE(a.released_at, now()) AT TIME ZONE 'UTC',
-                             day.start + interval '1 day')
-                       - GREATEST(a.started_at AT TIME ZONE 'UTC', day.start))) / 3600.0
-               ), 0)
-          FROM day
-          LEFT JOIN scheduling_allocation a
-                 ON a.started_at AT TIME ZONE 'UTC' < day.start + interval '1 day'
-                AND COALESCE(a.released_at, now()) AT TIME ZONE 'UTC' > day.start
-                AND a.task_id IN (SELECT id FROM scheduling_task WHERE tenant_id = %(tenant)s)
-          LEFT JOIN scheduling_gpu g ON g.id = a.gpu_id
-         GROUP BY day.start
-         ORDER BY day.start
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"days": days, "tenant": tenant_id})
-        return [
-            {"day": day, "gpu_hours": round(float(hours), 4)} for day, hours in cursor.fetchall()
-        ]
+        if refused:
+            return refused
+        membership = selectors.member_get(tenant=tenant, username=user.username)
+        return Response(TenantMemberOut(membership).data, status=status.HTTP_201_CREATED)
+
+
+class TenantMemberDetail(APIView):
+    """One member of your tenant: change its role or remove it (its tokens here are revoked).
+    Tenant admins; the tenant always keeps one admin."""
+
+    permission_classes = [IsTenantMember]
+    tenant_actions = {
+        "GET": Action.MANAGE_MEMBERS,
+        "PATCH": Action.MANAGE_MEMBERS,
+        "DELETE": Action.MANAGE_MEMBERS,
+    }
+
+    def membership(self, username: str) -> Membership:
+        return selectors.member_get(tenant=request_tenant(self.request).tenant, username=username)
+
+    @extend_schema(responses=TenantMemberOut)
+    def get(self, request: Request, username: str) -> Response:
+        return Response(TenantMemberOut(self.membership(username)).data)
+
+    @extend_schema(request=TenantRoleIn, responses={200: TenantMemberOut, 409: OpenApiTypes.OBJECT})
+    def patch(self, request: Request, username: str) -> Response:
+        membership = self.membership(username)
+        incoming = TenantRoleIn(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        role = incoming.validated_data["role"]
+        refused = _membership_answer(
+            lambda: services.membership_change(
+                tenant=membership.tenant, user=membership.user, role=role
+            )
+        )
+        if refused:
+            return refused
+        return Response(TenantMemberOut(self.membership(username)).data)
+
+    @extend_schema(request=None, responses={204: None, 409: OpenApiTypes.OBJECT})
+    def delete(self, request: Request, username: str) -> Response:
+        membership = self.membership(username)
+        refused = _membership_answer(lambda: services.membership_remove(membership=membership))
+        return refused or Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TenantTokenOut(TokenOut):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta(TokenOut.Meta):
+        fields = [*TokenOut.Meta.fields, "username"]
+        read_only_fields = fields
+
+
+class TenantTokenList(generics.ListAPIView):
+    """Every API token of your tenant, whoever holds it (tenant admins)."""
+
+    permission_classes = [IsTenantMember]
+    tenant_actions = {"GET": Action.MANAGE_TOKENS}
+    serializer_class = TenantTokenOut
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
+        return selectors.token_list(tenant=request_tenant(self.request).tenant, user=None)
+
+
+class TenantTokenRevoke(APIView):
+    """Revoke any token of your tenant, a teammate's leaked one say (tenant admins)."""
+
+    permission_classes = [IsTenantMember]
+    tenant_actions = {"DELETE": Action.MANAGE_TOKENS}
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request: Request, pk: int) -> Response:
+        tenant = request_tenant(request).tenant
+        tokens = selectors.token_list(tenant=tenant, user=None).filter(pk=pk)
+        get_object_or_404(tokens)
+        services.apitokens_revoke(tokens=tokens)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # --- Operators ---------------------------------------------------------------------------------

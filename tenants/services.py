@@ -73,3 +73,35 @@ def apitoken_create(
 def apitokens_revoke(*, tokens: QuerySet[ApiToken]) -> int:
     """Revoke at once; revoking twice keeps the first revocation time. Returns how many."""
     return tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+class LastAdmin(ValueError):
+    """The change would leave the tenant without an admin."""
+
+
+def _keeps_an_admin(*, tenant: Tenant, losing: AbstractBaseUser) -> None:
+    # The tenant's row lock serialises membership changes: two admins demoting each other at
+    # once cannot both pass.
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+    others = Membership.objects.filter(tenant=tenant, role=Role.ADMIN).exclude(user=losing)
+    if not others.exists():
+        raise LastAdmin(f"tenant {tenant} needs an admin: make another member admin first")
+
+
+@transaction.atomic
+def membership_change(*, tenant: Tenant, user: AbstractBaseUser, role: str) -> Membership:
+    """A tenant admin adds ``user`` with ``role``, or changes its role; the last admin stays."""
+    current = Membership.objects.filter(tenant=tenant, user=user).first()
+    if current is not None and current.role == Role.ADMIN and role != Role.ADMIN:
+        _keeps_an_admin(tenant=tenant, losing=user)
+    return membership_set(user=user, tenant=tenant, role=role)
+
+
+@transaction.atomic
+def membership_remove(*, membership: Membership) -> None:
+    """Remove a member; its tokens in the tenant are revoked (so a later re-add does not bring
+    them back). The last admin cannot be removed."""
+    if membership.role == Role.ADMIN:
+        _keeps_an_admin(tenant=membership.tenant, losing=membership.user)
+    apitokens_revoke(tokens=ApiToken.objects.filter(tenant=membership.tenant, user=membership.user))
+    membership.delete()

@@ -176,7 +176,7 @@ class Supervisor:
     # -- the run --
 
     def run(self) -> int:
-        from scheduling.launcher import environ, identity, lifecycle, paths, procs, tracking
+        from scheduling.launcher import environ, identity, paths, procs, reports, tracking
         from scheduling.models import TaskAttempt
 
         procs.become_subreaper()
@@ -226,7 +226,7 @@ class Supervisor:
         finally:
             os.close(self.relay.write_fd)  # the task holds the only writing end now
         started = self.db(
-            lambda: lifecycle.attempt_started(self.attempt, procs.ProcessId.of(child.pid)),
+            lambda: reports.attempt_started(self.attempt, procs.ProcessId.of(child.pid)),
             forever=True,
         )
         if not started:
@@ -235,7 +235,7 @@ class Supervisor:
         return self.watch(child)
 
     def watch(self, child: subprocess.Popen) -> int:
-        from scheduling.launcher import lifecycle, procs
+        from scheduling.launcher import procs, reports
 
         started = time.monotonic()
         next_fence = started + FENCE_EVERY_S
@@ -255,7 +255,7 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_fence:
                 next_fence = now + FENCE_EVERY_S
-                if not self.db(lambda: lifecycle.still_wanted(self.attempt.pk), default=True):
+                if not self.db(lambda: reports.still_wanted(self.attempt.pk), default=True):
                     self.stop_asked = True  # superseded (lost and requeued): never run twice
             running_for = now - started - self.paused_total
             if timeout and running_for > timeout and self.paused_since is None:
@@ -310,7 +310,7 @@ class Supervisor:
     # -- the end --
 
     def finish(self, returncode: int | None, *, timed_out: bool = False, problem: str = "") -> int:
-        from scheduling.launcher import lifecycle, paths
+        from scheduling.launcher import paths, reports
 
         exit_code = (
             None if returncode is None else (returncode if returncode >= 0 else 128 - returncode)
@@ -337,7 +337,7 @@ class Supervisor:
                 "cannot write the exit file %s; the database is the only record", exit_file
             )
         outcome = self.db(
-            lambda: lifecycle.attempt_finished(
+            lambda: reports.attempt_finished(
                 self.task.pk,
                 self.attempt.number,
                 exit_code,

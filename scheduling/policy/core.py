@@ -26,6 +26,12 @@ from scheduling.policy.capacity import Capacity
 from scheduling.policy.model import (
     BATCH,
     ONLINE,
+    WAIT_BACKOFF,
+    WAIT_CAPACITY,
+    WAIT_PREEMPTING,
+    WAIT_QUEUE,
+    WAIT_QUOTA,
+    WAIT_RESERVED,
     Decision,
     Limits,
     PendingView,
@@ -35,6 +41,8 @@ from scheduling.policy.model import (
     RunningView,
     Snapshot,
     TenantView,
+    Wait,
+    card_share,
 )
 
 INF = math.inf
@@ -72,8 +80,8 @@ class Books:
         pools: dict[str, Usage] = defaultdict(Usage)
         total = Usage()
         for gpu_id, memory_mb in gpus:
-            capacity = self.gpu_memory.get(gpu_id, memory_mb) or 1
-            share = 1.0 if exclusive else memory_mb / capacity
+            capacity = self.gpu_memory.get(gpu_id, memory_mb)
+            share = card_share(exclusive=exclusive, memory_mb=memory_mb, card_memory_mb=capacity)
             total.add(share, memory_mb, 0)
             pools[self.gpu_pool.get(gpu_id, "")].add(share, memory_mb, 0)
         self.tenant[tenant].add(total.gpus, total.memory_mb)
@@ -85,22 +93,29 @@ class Books:
 def _request(task: PendingView, placement: Placement | None, gpu_memory_mb: int) -> Usage:
     """What the task would add to its tenant's usage (its minimum if not yet placed)."""
     count = len(placement.gpus) if placement else task.gpus_min
-    if task.exclusive:
-        return Usage(count, count * gpu_memory_mb, 1)
-    share = (task.gpu_memory_mb or 0) / (gpu_memory_mb or 1)
-    return Usage(count * share, count * (task.gpu_memory_mb or 0), 1)
+    memory_mb = gpu_memory_mb if task.exclusive else task.gpu_memory_mb or 0
+    share = card_share(exclusive=task.exclusive, memory_mb=memory_mb, card_memory_mb=gpu_memory_mb)
+    return Usage(count * share, count * memory_mb, 1)
 
 
 def _quota_problem(
-    name: str, limits: Limits, used: Usage, extra: Usage, where: str = ""
-) -> str | None:
-    scope = f"tenant {name}{where}"
+    name: str, limits: Limits, used: Usage, extra: Usage, pool: str = ""
+) -> Wait | None:
+    scope = f"tenant {name}" + (f" in pool {pool}" if pool else "")
+
+    def over(limit: str, text: str, in_use: float, of: int) -> Wait:
+        details = {"limit": limit, "in_use": round(in_use, 3), "of": of, "pool": pool or None}
+        return Wait(WAIT_QUOTA, f"{scope} {text}", details)
+
     if limits.gpus is not None and used.gpus + extra.gpus > limits.gpus + 1e-9:
-        return f"{scope} uses {_num(used.gpus)} of its {limits.gpus} GPUs"
+        text = f"uses {_num(used.gpus)} of its {limits.gpus} GPUs"
+        return over("gpus", text, used.gpus, limits.gpus)
     if limits.gpu_memory_mb is not None and used.memory_mb + extra.memory_mb > limits.gpu_memory_mb:
-        return f"{scope} uses {_gib(used.memory_mb)} of its {_gib(limits.gpu_memory_mb)} GPU memory"
+        text = f"uses {_gib(used.memory_mb)} of its {_gib(limits.gpu_memory_mb)} GPU memory"
+        return over("gpu_memory_mb", text, used.memory_mb, limits.gpu_memory_mb)
     if limits.running_tasks is not None and used.tasks + 1 > limits.running_tasks:
-        return f"{scope} runs {used.tasks} of its {limits.running_tasks} tasks"
+        text = f"runs {used.tasks} of its {limits.running_tasks} tasks"
+        return over("running_tasks", text, used.tasks, limits.running_tasks)
     return None
 
 
@@ -139,12 +154,11 @@ class Pass:
         self.reservations: list[Reservation] = []
         self.backfill_reserved = False
         self.removed: set[int] = set()  # running tasks this pass chose to preempt
-        self.blocked_shapes: dict[tuple, str] = {}
+        self.blocked_shapes: dict[tuple, Wait] = {}
         self.lowest_preemptible = min(
             (r.priority for r in snapshot.running if r.preemptible and r.task_class != ONLINE),
             default=None,
         )
-        self.line: list[int] = []  # waiting tasks in the order they would start
 
     # -- ordering --
 
@@ -156,17 +170,23 @@ class Pass:
             key = (task.tenant, task.queue)
             if task.queue:
                 if key in self.busy_queues:
-                    self.wait(task, f"queue {task.queue}: #{self.busy_queues[key]} runs first")
+                    first = self.busy_queues[key]
+                    text = f"queue {task.queue}: #{first} runs first"
+                    self.wait(task, Wait(WAIT_QUEUE, text, {"queue": task.queue, "behind": first}))
                     continue
                 if key in queue_heads:
-                    self.wait(task, f"queue {task.queue}: waiting behind #{queue_heads[key]}")
+                    first = queue_heads[key]
+                    text = f"queue {task.queue}: waiting behind #{first}"
+                    self.wait(task, Wait(WAIT_QUEUE, text, {"queue": task.queue, "behind": first}))
                     continue
                 queue_heads[key] = task.id
             if task.blocked:
-                self.wait(task, task.blocked)
+                self.wait(task, Wait(task.blocked_code, task.blocked))
                 continue
             if task.not_before is not None and task.not_before > self.now:
-                self.wait(task, f"retry backoff: {int(task.not_before - self.now)} s left")
+                left = int(task.not_before - self.now)
+                details = {"not_before": task.not_before, "seconds_left": left}
+                self.wait(task, Wait(WAIT_BACKOFF, f"retry backoff: {left} s left", details))
                 continue
             eligible.append(task)
         return eligible
@@ -249,11 +269,13 @@ class Pass:
                 self.reservations.append(reservation)
                 when = reservation.start
                 eta = "when they free up" if when == INF else f"in ~{int(when - self.now)} s"
-                self.wait(
-                    task,
-                    f"{reason}; next to start: GPUs on {reservation.node} are held for it, {eta}",
-                    in_line=True,
-                )
+                details = {
+                    **reason.details,
+                    "node": reservation.node,
+                    "eta_s": None if when == INF else int(when - self.now),
+                }
+                text = f"{reason.text}; next to start: GPUs on {reservation.node} are held for it"
+                self.wait(task, Wait(WAIT_RESERVED, f"{text}, {eta}", details), in_line=True)
                 return
         self.blocked_shapes[shape] = reason
         self.wait(task, reason, in_line=True)
@@ -273,20 +295,23 @@ class Pass:
             self.busy_queues[(task.tenant, task.queue)] = task.id
         self.decision.placements.append(placement)
 
-    def wait(self, task: PendingView, reason: str, in_line: bool = False) -> None:
-        self.decision.waiting[task.id] = reason
+    def wait(self, task: PendingView, why: Wait, in_line: bool = False) -> None:
+        self.decision.waits[task.id] = why
         if in_line:
-            self.line.append(task.id)
+            self.decision.line.append(task.id)
 
     def finish_reasons(self) -> None:
-        total = len(self.line)
-        for position, task_id in enumerate(self.line, start=1):
-            reason = self.decision.waiting[task_id]
-            self.decision.waiting[task_id] = f"{reason}; {_ordinal(position)} of {total} in line"
+        """Render every reason from its data and its place in line."""
+        waits = self.decision.waits
+        waiting = {task_id: why.text for task_id, why in waits.items()}
+        total = len(self.decision.line)
+        for position, task_id in enumerate(self.decision.line, start=1):
+            waiting[task_id] = waits[task_id].render(position, total)
+        self.decision.waiting = waiting
 
     # -- quotas --
 
-    def quota_problem(self, task: PendingView, placement: Placement | None) -> str | None:
+    def quota_problem(self, task: PendingView, placement: Placement | None) -> Wait | None:
         view = self.tenant(task.tenant)
         if view.limits == NO_LIMITS and not view.pool_limits:
             return None
@@ -300,7 +325,7 @@ class Pass:
             if limits is None:
                 continue
             used = self.books.tenant_pool[(task.tenant, pool)]
-            problem = _quota_problem(task.tenant, limits, used, extra, f" in pool {pool}")
+            problem = _quota_problem(task.tenant, limits, used, extra, pool)
             if problem:
                 return problem
         return None
@@ -317,7 +342,7 @@ class Pass:
 
     # -- reasons --
 
-    def capacity_reason(self, task: PendingView) -> str:
+    def capacity_reason(self, task: PendingView) -> Wait:
         kind = task.gpu_type or "GPU"
         if task.exclusive:
             what = f"{task.gpus_min} x {kind}"
@@ -332,7 +357,15 @@ class Pass:
             where += f" in pool {task.pool}"
         free = self.capacity.largest_fit(task)
         noun = "idle" if task.exclusive else "with enough memory"
-        return f"needs {what}{where}; {free} {noun} now"
+        details = {
+            "gpus": task.gpus_min,
+            "gpu_type": task.gpu_type or None,
+            "gpu_memory_mb": task.gpu_memory_mb,
+            "node": task.node or None,
+            "pool": task.pool or None,
+            "fitting_now": free,
+        }
+        return Wait(WAIT_CAPACITY, f"needs {what}{where}; {free} {noun} now", details)
 
     # -- backfill reservation --
 
@@ -455,7 +488,9 @@ class Pass:
                 )
             )
         count = len(fresh) + len(stopping)
-        self.wait(task, f"waiting for {count} preempted task(s) to stop on {node}", in_line=True)
+        text = f"waiting for {count} preempted task(s) to stop on {node}"
+        details = {"node": node, "victims": sorted(v.id for v in victims)}
+        self.wait(task, Wait(WAIT_PREEMPTING, text, details), in_line=True)
         # What the victims free, and the idle GPUs it needs beside them, are this task's until
         # it starts: nobody later in this pass may take them.
         held = frozenset(self.usable_without(task, matching, victims))
@@ -543,11 +578,6 @@ def schedule_fifo(snapshot: Snapshot) -> Decision:
         capacity.take(placement)
         decision.placements.append(placement)
     return decision
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def _gib(mb: int) -> str:

@@ -96,6 +96,7 @@ class PendingView:
     timeout_s: float | None = None
     not_before: float | None = None  # retry backoff
     blocked: str = ""  # a reason decided outside the core (dependencies); non-empty: wait
+    blocked_code: str = "dependencies"  # what ``blocked`` is about (``Wait.code``)
 
     @property
     def exclusive(self) -> bool:
@@ -158,11 +159,74 @@ class Preemption:
     reason: str
 
 
+# Why a task waits, in one word (``Wait.code``).
+WAIT_QUEUE = "queue"  # its serial queue runs or holds an earlier task
+WAIT_HELD = "held"  # held for a person (repeated infrastructure failures)
+WAIT_DEPENDENCIES = "dependencies"  # a dependency has not succeeded yet
+WAIT_BACKOFF = "backoff"  # retry backoff
+WAIT_QUOTA = "quota"  # its tenant's quota is used up
+WAIT_CAPACITY = "capacity"  # no GPUs fit it now
+WAIT_RESERVED = "reserved"  # no GPUs fit it now; the first to free up are held for it
+WAIT_PREEMPTING = "preempting"  # the tasks preempted for it are stopping
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Why a task waits, as data; the reason people read is rendered from it (``render``).
+
+    One Wait may stand for many tasks (all those of one shape blocked in one pass): its place
+    in line is the task's own, kept by the Decision (``line``), not here."""
+
+    code: str
+    text: str  # the reason without the place in line
+    details: dict = field(default_factory=dict)
+
+    def render(self, position: int | None = None, line: int | None = None) -> str:
+        if position is None:
+            return self.text
+        return f"{self.text}; {ordinal(position)} of {line} in line"
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 @dataclass(slots=True)
 class Decision:
     placements: list[Placement] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
-    waiting: dict[int, str] = field(default_factory=dict)  # task id -> reason it waits
+    waiting: dict[int, str] = field(default_factory=dict)  # task id -> reason it waits (text)
+    # task id -> the same as data, for policies that give it (``schedule`` does for every task
+    # in ``waiting``; baselines and test policies may give text only).
+    waits: dict[int, Wait] = field(default_factory=dict)
+    # The tasks that wait for GPUs or quota, in the order they would start: their place in line.
+    line: list[int] = field(default_factory=list)
+
+    def wait_data(self) -> dict[int, dict]:
+        """Each wait as the data the service stores next to the reason (``Task.wait``):
+        ``{code, position, line, details}``; position and line are None for a task not in line
+        (it waits for a queue, a hold, dependencies or a backoff)."""
+        total = len(self.line)
+        place = {task_id: n for n, task_id in enumerate(self.line, start=1)}
+        return {
+            task_id: {
+                "code": why.code,
+                "position": place.get(task_id),
+                "line": total if task_id in place else None,
+                "details": why.details,
+            }
+            for task_id, why in self.waits.items()
+        }
+
+
+def card_share(*, exclusive: bool, memory_mb: int, card_memory_mb: int) -> float:
+    """The share of a card a task holds there: all of it when exclusive, else its reserved
+    memory over the card's. The one formula; ``scheduling.shares`` is its SQL twin (quota use,
+    fair share and usage reports), and a test keeps the two in agreement."""
+    if exclusive:
+        return 1.0
+    return memory_mb / (card_memory_mb or 1)
 
 
 def occupied(gpus: Iterable[GpuView], running: Iterable[RunningView]) -> tuple[GpuView, ...]:

@@ -1,12 +1,16 @@
-"""Who may call what, over every endpoint and method under /api/v1/.
+"""Who may call what, over every endpoint and method under /api/v1/, for every role.
 
 The matrix below must name every (route, method) the URLconf serves under /api/v1/:
 ``test_every_api_endpoint_is_in_the_matrix`` enumerates them from the resolver, so a new
-endpoint without a row here fails the suite.
+endpoint without a row here fails the suite. Each row states which tenant roles it allows
+(README's role matrix; enforced by ``tenants.roles``), written out here rather than read from
+that module, so the two check each other.
 
-Actors: anonymous, the outsider (charlie, another tenant), a viewer (dave, reads the lab), the
-teammate (bob, a plain member: the least a writer can be), the owner (alice, tenant admin) and
-an operator (olga, staff).
+Actors: anonymous (401), the outsider (charlie, a member of another tenant: 404 on the lab's
+objects, its own rows in lists; erin, that tenant's admin, for the admins' endpoints), a viewer
+(dave), a plain member (bob), the tenant admin (alice) and an operator (olga, staff). Task
+controls are tried by the member on a teammate's task (403) and on its own (allowed), and by the
+admin on the member's task (allowed).
 
 Decision on the schema and the docs (``/api/v1/schema/``, ``/api/v1/docs/``): public. They
 describe the API, hold no tenant's data, and someone without a token yet is exactly who reads
@@ -26,14 +30,14 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from scheduling.models import GPU, Task, TaskAttempt
 from tenants import services as tenant_services
 from tenants.models import ApiToken, Membership, Quota, Role
-from tests.api.conftest import api_client, assert_error_shape, bearer
+from tests.api.conftest import api_client, assert_error_shape, bearer, make_actor
 from tests.factories import AllocationFactory, TaskEventFactory, TaskFactory
 
 pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 API = "/api/v1/"
 
-TENANT = "tenant"  # any member of the caller's tenant; viewers read only
+TENANT = "tenant"  # a member of the caller's tenant, in one of the row's roles
 OPERATOR = "operator"
 PUBLIC = "public"
 
@@ -41,17 +45,26 @@ OBJECT = "object"  # one object of the tenant: another tenant gets 404
 LIST = "list"  # the tenant's rows: another tenant sees its own only
 CALLER = "caller"  # about the caller's own tenant (me, quota, usage)
 CLUSTER = "cluster"  # the shared estate (nodes, GPUs, pools): no tenant's data in it
+CONTROL = "control"  # a task control: a member's own task only, an admin's any
+
+# Which tenant roles a row allows.
+READERS = ("viewer", "member", "admin")
+WRITERS = ("member", "admin")
+ADMINS = ("admin",)
+ACTOR_OF = {"viewer": "viewer", "member": "teammate", "admin": "owner"}
 
 
 @dataclass(frozen=True)
 class Endpoint:
     method: str
-    path: str  # formatted with World.ids
+    path: str  # formatted with World.ids (and, for task paths, one actor's task ids)
     access: str
     scope: str = ""
     ok: int = 200
     body: dict[str, Any] | None = None
-    viewer: int | None = None  # what a viewer gets when it may write here (its own tokens)
+    roles: tuple[str, ...] = READERS
+    # What a role gets where the object itself is not its own (a teammate's token): 404.
+    codes: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return f"{self.method} {self.path}"
@@ -60,9 +73,14 @@ class Endpoint:
     def writes(self) -> bool:
         return self.method not in ("GET", "HEAD", "OPTIONS")
 
+    def expected(self, role: str) -> int:
+        if role in self.codes:
+            return self.codes[role]
+        return self.ok if role in self.roles else 403
 
-def _e(method, path, access, scope="", ok=200, body=None, viewer=None) -> Endpoint:
-    return Endpoint(method, API + path, access, scope, ok, body, viewer)
+
+def _e(method, path, access, scope="", ok=200, body=None, roles=READERS, codes=None) -> Endpoint:
+    return Endpoint(method, API + path, access, scope, ok, body, roles, codes or {})
 
 
 TASK_BODY = {"name": "new-run", "command": "python train.py"}
@@ -71,10 +89,26 @@ MATRIX = [
     _e("GET", "me/", TENANT, CALLER),
     _e("GET", "tokens/", TENANT, LIST),
     # A token acts with its owner's role: viewers may create and revoke their own.
-    _e("POST", "tokens/", TENANT, LIST, 201, {"name": "ci"}, viewer=201),
-    _e("DELETE", "tokens/{token}/", TENANT, OBJECT, 204, viewer=404),  # a teammate's token
-    _e("GET", "quota/", TENANT, CALLER),
+    _e("POST", "tokens/", TENANT, LIST, 201, {"name": "ci"}),
+    # The member's spare token: only the member itself revokes it here (admins: tenant/tokens/).
+    _e("DELETE", "tokens/{token}/", TENANT, OBJECT, 204, codes={"viewer": 404, "admin": 404}),
+    _e("GET", "quota/", TENANT, CALLER, roles=ADMINS),
     _e("GET", "usage/", TENANT, CALLER),
+    _e("GET", "tenant/members/", TENANT, LIST, roles=ADMINS),
+    _e(
+        "POST",
+        "tenant/members/",
+        TENANT,
+        LIST,
+        201,
+        {"username": "charlie", "role": "viewer"},
+        roles=ADMINS,
+    ),
+    _e("GET", "tenant/members/{member}/", TENANT, OBJECT, roles=ADMINS),
+    _e("PATCH", "tenant/members/{member}/", TENANT, OBJECT, body={"role": "viewer"}, roles=ADMINS),
+    _e("DELETE", "tenant/members/{member}/", TENANT, OBJECT, 204, roles=ADMINS),
+    _e("GET", "tenant/tokens/", TENANT, LIST, roles=ADMINS),
+    _e("DELETE", "tenant/tokens/{token}/", TENANT, OBJECT, 204, roles=ADMINS),
     _e("GET", "operator/tenants/", OPERATOR),
     _e("POST", "operator/tenants/", OPERATOR, ok=201, body={"name": "speech-lab"}),
     _e("GET", "operator/tenants/vision-lab/", OPERATOR),
@@ -96,14 +130,14 @@ MATRIX = [
     _e("DELETE", "operator/quotas/{quota}/", OPERATOR, ok=204),
     # scheduling.api_urls
     _e("GET", "tasks/", TENANT, LIST),
-    _e("POST", "tasks/", TENANT, LIST, 201, TASK_BODY),
+    _e("POST", "tasks/", TENANT, LIST, 201, TASK_BODY, roles=WRITERS),
     _e("GET", "tasks/{running}/", TENANT, OBJECT),
     _e("GET", "tasks/{running}/events/", TENANT, OBJECT),
     _e("GET", "tasks/{running}/log/", TENANT, OBJECT),
-    _e("POST", "tasks/{pending}/cancel/", TENANT, OBJECT),
-    _e("POST", "tasks/{running}/pause/", TENANT, OBJECT),
-    _e("POST", "tasks/{paused}/resume/", TENANT, OBJECT),
-    _e("POST", "tasks/{failed}/retry/", TENANT, OBJECT),
+    _e("POST", "tasks/{pending}/cancel/", TENANT, CONTROL, roles=WRITERS),
+    _e("POST", "tasks/{running}/pause/", TENANT, CONTROL, roles=WRITERS),
+    _e("POST", "tasks/{paused}/resume/", TENANT, CONTROL, roles=WRITERS),
+    _e("POST", "tasks/{failed}/retry/", TENANT, CONTROL, roles=WRITERS),
     _e("GET", "nodes/", TENANT, CLUSTER),
     _e("GET", "gpus/", TENANT, CLUSTER),
     _e("GET", "pools/", TENANT, CLUSTER),
@@ -118,7 +152,7 @@ MATRIX = [
     _e("GET", "docs/", PUBLIC),
 ]
 PLACEHOLDERS = {"token": 1, "quota": 1, "running": 1, "pending": 1, "paused": 1, "failed": 1}
-PLACEHOLDERS["gpu"] = 1
+PLACEHOLDERS.update(gpu=1, member="bob")
 
 TENANT_ENDPOINTS = [e for e in MATRIX if e.access == TENANT]
 OPERATOR_ENDPOINTS = [e for e in MATRIX if e.access == OPERATOR]
@@ -160,42 +194,60 @@ def test_every_api_endpoint_is_in_the_matrix():
 
 # --- The world every case runs in --------------------------------------------------------------
 
+TASK_STATES = ("pending", "running", "paused", "failed")
+
 
 @dataclass
 class World:
     ids: dict[str, Any]
+    # Task ids by state, per whose tasks they are: "alice" (the admin's, which the member may
+    # not control), "bob" (the member's own) and "bob-for-admin" (the member's, which the admin
+    # controls).
+    tasks: dict[str, dict[str, int]]
     actors: dict[str, Any]
     # What only the vision lab may ever see: its task names, users, tokens, log text.
     secrets: list[str] = field(default_factory=list)
 
-    def url(self, endpoint: Endpoint) -> str:
-        return endpoint.path.format(**self.ids)
+    def url(self, endpoint: Endpoint, tasks: str = "alice") -> str:
+        return endpoint.path.format(**self.ids, **self.tasks[tasks])
 
-    def call(self, actor: str | None, endpoint: Endpoint):
+    def call(self, actor: str | None, endpoint: Endpoint, tasks: str = "alice"):
         client = bearer(self.actors[actor].token) if actor else api_client()
         method = getattr(client, endpoint.method.lower())
-        return method(self.url(endpoint), endpoint.body, format="json")
+        return method(self.url(endpoint, tasks), endpoint.body, format="json")
 
 
 def lab_state(lab) -> tuple:
     """Everything a denied request must leave as it was."""
     tasks = sorted(Task.objects.filter(tenant=lab).values_list("id", "state", "reason"))
     tokens = sorted(ApiToken.objects.filter(tenant=lab).values_list("id", "name", "revoked_at"))
-    return tasks, tokens, ApiToken.objects.count(), Task.objects.count()
+    members = sorted(Membership.objects.filter(tenant=lab).values_list("user__username", "role"))
+    return tasks, tokens, members, ApiToken.objects.count(), Task.objects.count()
 
 
 @pytest.fixture
 def world(owner, teammate, outsider, viewer, operator, workstation, tmp_path) -> World:
     lab = owner.tenant
     gpus = list(GPU.objects.filter(node=workstation).order_by("index"))
+    erin = make_actor(outsider.tenant, Role.ADMIN, "erin")
 
-    def task(name, state, **kwargs):
-        return TaskFactory(tenant=lab, owner=owner.user, name=name, state=state, **kwargs)
+    def tasks_of(who, user) -> dict[str, int]:
+        made = {}
+        for state in TASK_STATES:
+            extra = {"node": workstation, "attempt": 1} if state in ("running", "paused") else {}
+            if state == "failed":
+                extra["exit_code"] = 1
+            made[state] = TaskFactory(
+                tenant=lab, owner=user, name=f"{who}-secret-{state}", state=state, **extra
+            ).pk
+        return made
 
-    pending = task("alice-secret-pending", "pending")
-    running = task("alice-secret-running", "running", node=workstation, attempt=1)
-    paused = task("alice-secret-paused", "paused", node=workstation, attempt=1)
-    failed = task("alice-secret-failed", "failed", exit_code=1)
+    tasks = {
+        "alice": tasks_of("alice", owner.user),
+        "bob": tasks_of("bob-own", teammate.user),
+        "bob-for-admin": tasks_of("bob-other", teammate.user),
+    }
+    running = Task.objects.get(pk=tasks["alice"]["running"])
     AllocationFactory(task=running, gpu=gpus[0], memory_mb=gpus[0].memory_mb, exclusive=True)
     TaskEventFactory(task=running, reason="alice-secret placed")
     log = tmp_path / "attempt-1.log"
@@ -206,19 +258,13 @@ def world(owner, teammate, outsider, viewer, operator, workstation, tmp_path) ->
     quota = Quota.objects.create(tenant=lab, max_gpus=4)
     lab_prefixes = list(ApiToken.objects.filter(tenant=lab).values_list("prefix", flat=True))
     return World(
-        ids={
-            "pending": pending.pk,
-            "running": running.pk,
-            "paused": paused.pk,
-            "failed": failed.pk,
-            "token": spare.pk,
-            "quota": quota.pk,
-            "gpu": gpus[1].pk,
-        },
+        ids={"token": spare.pk, "quota": quota.pk, "gpu": gpus[1].pk, "member": "bob"},
+        tasks=tasks,
         actors={
             "owner": owner,
             "teammate": teammate,
             "outsider": outsider,
+            "outsider-admin": erin,
             "viewer": viewer,
             "operator": operator,
         },
@@ -236,8 +282,8 @@ def assert_no_foreign_data(response, world: World) -> None:
 # --- Each endpoint, each actor ---------------------------------------------------------------
 #
 # One test per endpoint walks every actor in turn (denied ones first, so nothing they might
-# have changed hides from the allowed one): the matrix stays one row per endpoint and the suite
-# stays fast.
+# have changed hides from the allowed ones): the matrix stays one row per endpoint and the
+# suite stays fast.
 
 
 def check_anonymous(world: World, endpoint: Endpoint) -> None:
@@ -250,26 +296,29 @@ def check_anonymous(world: World, endpoint: Endpoint) -> None:
 
 
 def check_outsider(world: World, endpoint: Endpoint) -> None:
-    """Another tenant's member: 404 on the lab's objects, its own rows in lists, never a trace
-    of the lab in any body."""
+    """Another tenant's member, in a role its own tenant allows here: 404 on the lab's objects,
+    its own rows in lists, never a trace of the lab in any body."""
     lab = world.actors["owner"].tenant
+    actor = "outsider-admin" if endpoint.roles == ADMINS else "outsider"
     before = lab_state(lab)
-    response = world.call("outsider", endpoint)
+    response = world.call(actor, endpoint)
     assert_no_foreign_data(response, world)
-    if endpoint.scope == OBJECT:
+    if endpoint.scope in (OBJECT, CONTROL):
         body = assert_error_shape(response, 404)
         assert body["detail"] == "not found"
         assert lab_state(lab) == before
         return
     assert response.status_code == endpoint.ok, response.content[:500]
     if endpoint.writes:  # creates in its own tenant
-        assert lab_state(lab)[:2] == before[:2]
+        assert lab_state(lab)[:3] == before[:3]
         return
     body = response.json()
     if endpoint.path.endswith("/tasks/"):
         assert [t["name"] for t in body["results"]] == ["charlie-own-run"]
     if endpoint.path.endswith("/tokens/"):
-        assert [t["tenant"] for t in body["results"]] == ["nlp-lab"]
+        assert {t["tenant"] for t in body["results"]} == {"nlp-lab"}
+    if endpoint.path.endswith("/members/"):
+        assert sorted(m["username"] for m in body["results"]) == ["charlie", "erin"]
     if endpoint.path.endswith("/gpus/"):
         assert body["count"] == 4
         assert all(gpu["my_tasks"] == [] for gpu in body["results"])
@@ -277,34 +326,61 @@ def check_outsider(world: World, endpoint: Endpoint) -> None:
         assert body["tenant"] == "nlp-lab"
 
 
-def check_viewer(world: World, endpoint: Endpoint) -> None:
+def check_role(world: World, endpoint: Endpoint, role: str) -> None:
+    """One tenant role on one (non-control) endpoint: the row's answer, and a refusal that
+    says why and changes nothing."""
     lab = world.actors["owner"].tenant
     before = lab_state(lab)
-    response = world.call("viewer", endpoint)
-    if not endpoint.writes:
-        assert response.status_code == 200, response.content[:500]
+    response = world.call(ACTOR_OF[role], endpoint)
+    expected = endpoint.expected(role)
+    if expected == 403:
+        body = assert_error_shape(response, 403)
+        why = "only the tenant's admins" if endpoint.roles == ADMINS else "may only read"
+        assert why in body["detail"], (role, body)
+    elif expected == 404:
+        assert_error_shape(response, 404)
+    else:
+        assert response.status_code == expected, (role, response.content[:500])
+        if endpoint.ok == 201 and endpoint.path.endswith("/tasks/"):
+            assert Task.objects.filter(name="new-run", tenant=lab).exists()
         return
-    if endpoint.viewer is not None:
-        assert response.status_code == endpoint.viewer, response.content[:500]
-        return
-    body = assert_error_shape(response, 403)
+    assert lab_state(lab) == before, role
+
+
+def check_control(world: World, endpoint: Endpoint) -> None:
+    """Viewers control nothing; a member controls its own tasks, not a teammate's; the admin
+    controls every task of the tenant."""
+    lab = world.actors["owner"].tenant
+    before = lab_state(lab)
+    body = assert_error_shape(world.call("viewer", endpoint, tasks="bob"), 403)
     assert "may only read" in body["detail"]
+    body = assert_error_shape(world.call("teammate", endpoint, tasks="alice"), 403)
+    assert "only its own tasks" in body["detail"]
     assert lab_state(lab) == before
-
-
-def check_member(world: World, endpoint: Endpoint) -> None:
-    response = world.call("teammate", endpoint)
+    response = world.call("teammate", endpoint, tasks="bob")
     assert response.status_code == endpoint.ok, response.content[:500]
-    if endpoint.ok == 201 and endpoint.path.endswith("/tasks/"):
-        assert Task.objects.filter(name="new-run", tenant=world.actors["owner"].tenant).exists()
+    response = world.call("owner", endpoint, tasks="bob-for-admin")
+    assert response.status_code == endpoint.ok, response.content[:500]
 
 
 @_by_id(TENANT_ENDPOINTS)
-def test_a_tenant_endpoint_answers_anonymous_outsider_viewer_and_member(world, endpoint):
+def test_a_tenant_endpoint_answers_every_role_as_the_matrix_says(world, endpoint):
     check_anonymous(world, endpoint)
     check_outsider(world, endpoint)
-    check_viewer(world, endpoint)
-    check_member(world, endpoint)
+    if endpoint.scope == CONTROL:
+        check_control(world, endpoint)
+        return
+    # Refused roles first: what an allowed one changed must not hide a refused one's change.
+    for role in sorted(READERS, key=lambda r: endpoint.expected(r) < 400):
+        check_role(world, endpoint, role)
+
+
+def test_the_matrix_gives_admins_what_members_have_and_members_what_viewers_have():
+    """Sanity of the matrix itself: an admin may do whatever a member may, a member whatever a
+    viewer may."""
+    for endpoint in TENANT_ENDPOINTS:
+        allowed = [role in endpoint.roles for role in READERS]
+        assert allowed == sorted(allowed), endpoint
 
 
 @_by_id(OPERATOR_ENDPOINTS)

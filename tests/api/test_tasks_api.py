@@ -358,8 +358,20 @@ def test_detail_shows_the_place_in_line_while_pending(alice, owner, workstation)
     assert body["state"] == "pending"
     assert "in line" in body["reason"]
     assert body["position"] == 1
+    assert body["wait"]["code"] == "reserved"
+    assert (body["wait"]["position"], body["wait"]["line"]) == (1, 1)
+    assert body["wait"]["details"]["node"] == "workstation-1"
     assert (body["node"], body["gpu_uuids"], body["attempts"]) == (None, [], [])
     assert alice.get(task_url(running)).json()["position"] is None
+    assert alice.get(task_url(running)).json()["wait"] is None
+
+
+def test_the_place_in_line_is_read_from_data_not_from_the_reason_text(alice, owner, workstation):
+    task = submit(owner, "next")
+    wait = {"code": "capacity", "position": 3, "line": 7, "details": {}}
+    Task.objects.filter(pk=task.pk).update(reason="a reason in any words", wait=wait)
+    body = alice.get(task_url(task)).json()
+    assert (body["position"], body["wait"]) == (3, wait)
 
 
 def test_detail_shows_gpus_node_and_attempts_once_scheduled(alice, owner, workstation):
@@ -388,16 +400,17 @@ def test_an_unknown_or_huge_task_id_is_404(alice, workstation):
 
 
 def test_events_come_in_order_with_their_actor(alice, owner, teammate, workstation):
-    task = submit(owner, "train")
+    task = submit(teammate, "train")
     scheduler.schedule_pass()
     move(task, "running")
-    assert bearer(teammate.token).post(task_url(task, "cancel")).status_code == 200
+    # The tenant admin cancels a member's task.
+    assert alice.post(task_url(task, "cancel")).status_code == 200
     body = alice.get(task_url(task, "events")).json()
     steps = [(e["from_state"], e["to_state"]) for e in body["results"]]
     assert steps[:3] == [("", "pending"), ("pending", "scheduled"), ("scheduled", "running")]
     assert steps[-1] == ("running", "cancelled")
-    assert body["results"][0]["actor"] == "alice"
-    assert body["results"][-1]["actor"] == "bob"
+    assert body["results"][0]["actor"] == "bob"
+    assert body["results"][-1]["actor"] == "alice"
 
 
 # --- Logs -----------------------------------------------------------------------------------------

@@ -406,3 +406,81 @@ def test_the_operator_quota_list_costs_the_same_queries_for_1_or_20_quotas(olga,
             QuotaFactory(tenant=TenantFactory(name=f"team-{i}"), pool=pool if i % 2 else None)
 
     assert_constant_queries(olga, f"{API}operator/quotas/", grow)
+
+
+# --- Tenant admins: members and the tenant's tokens -------------------------------------------
+
+MEMBERS = f"{API}tenant/members/"
+
+
+def test_a_tenant_admin_adds_a_member_changes_its_role_and_removes_it(alice, owner, outsider):
+    response = alice.post(MEMBERS, {"username": "charlie", "role": "viewer"}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["role"] == "viewer"
+    assert Membership.objects.get(user=outsider.user, tenant=owner.tenant).role == Role.VIEWER
+    response = alice.patch(f"{MEMBERS}charlie/", {"role": "member"}, format="json")
+    assert response.json() == {**response.json(), "username": "charlie", "role": "member"}
+    _, secret = tenant_services.apitoken_create(user=outsider.user, tenant=owner.tenant, name="x")
+    assert bearer(secret).get(f"{API}tasks/").status_code == 200
+    assert alice.delete(f"{MEMBERS}charlie/").status_code == 204
+    assert not Membership.objects.filter(user=outsider.user, tenant=owner.tenant).exists()
+    # Its tokens in the lab are revoked (a later re-add does not bring them back); its own
+    # tenant's are untouched.
+    assert_error_shape(bearer(secret).get(f"{API}tasks/"), 401)
+    Membership.objects.create(user=outsider.user, tenant=owner.tenant, role=Role.MEMBER)
+    assert_error_shape(bearer(secret).get(f"{API}tasks/"), 401)
+    assert bearer(outsider.token).get(f"{API}tasks/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({}, "username"),
+        ({"username": "nobody"}, "username"),
+        ({"username": "charlie", "role": "owner"}, "role"),
+    ],
+)
+def test_bad_member_requests_answer_400_naming_the_field(alice, outsider, body, field):
+    assert_error_shape(alice.post(MEMBERS, body, format="json"), 400, field)
+    assert not Membership.objects.filter(user=outsider.user, tenant__name="vision-lab").exists()
+
+
+def test_the_last_admin_can_be_neither_demoted_nor_removed(alice, owner, teammate):
+    body = assert_error_shape(
+        alice.patch(f"{MEMBERS}alice/", {"role": "member"}, format="json"), 409, "role"
+    )
+    assert "needs an admin" in body["detail"]
+    assert_error_shape(alice.delete(f"{MEMBERS}alice/"), 409, "role")
+    assert Membership.objects.get(user=owner.user).role == Role.ADMIN
+    # With a second admin, the first may step down.
+    alice.patch(f"{MEMBERS}bob/", {"role": "admin"}, format="json")
+    assert alice.patch(f"{MEMBERS}alice/", {"role": "member"}, format="json").status_code == 200
+
+
+def test_a_tenant_admin_lists_and_revokes_every_token_of_the_tenant(alice, teammate, outsider):
+    rows = alice.get(f"{API}tenant/tokens/").json()["results"]
+    assert sorted((r["username"], r["tenant"]) for r in rows) == [
+        ("alice", "vision-lab"),
+        ("bob", "vision-lab"),
+    ]
+    bobs = ApiToken.objects.get(user=teammate.user)
+    assert alice.delete(f"{API}tenant/tokens/{bobs.pk}/").status_code == 204
+    assert_error_shape(bearer(teammate.token).get(f"{API}me/"), 401)
+    charlies = ApiToken.objects.get(user=outsider.user)
+    assert_error_shape(alice.delete(f"{API}tenant/tokens/{charlies.pk}/"), 404)
+    assert bearer(outsider.token).get(f"{API}me/").status_code == 200
+
+
+def test_a_member_may_not_control_a_teammates_task_but_the_admin_may(alice, owner, teammate):
+    mine = TaskFactory(tenant=owner.tenant, owner=owner.user, state="pending")
+    bobs = TaskFactory(tenant=owner.tenant, owner=teammate.user, state="pending")
+    bob = bearer(teammate.token)
+    body = assert_error_shape(bob.post(f"{API}tasks/{mine.pk}/cancel/"), 403)
+    assert body["detail"] == (
+        f"a member may control only its own tasks; task {mine.pk} is a teammate's "
+        "(ask a tenant admin)"
+    )
+    mine.refresh_from_db()
+    assert mine.state == "pending"
+    assert bob.post(f"{API}tasks/{bobs.pk}/cancel/").json()["state"] == "cancelled"
+    assert alice.post(f"{API}tasks/{mine.pk}/cancel/").json()["state"] == "cancelled"

@@ -521,3 +521,30 @@ def test_gpus_freed_by_preemption_are_held_for_the_task_that_asked():
     decision = schedule(snap(cluster, [urgent, latecomer], [victim]))
     assert [p.task_id for p in decision.preemptions] == [victim.id]
     assert not decision.placements
+
+
+def test_every_reason_is_rendered_from_its_wait_data():
+    big = task(gpus=8)
+    blocked = task(gpus=8)
+    deps = task(blocked="waiting for prep-data (running)")
+    backoff = task(not_before=NOW + 30)
+    over = task("capped")
+    capped = TenantView("capped", limits=Limits(gpus=0))
+    pending = [big, blocked, deps, backoff, over]
+    decision = schedule(snap(gpus(nodes=1, per_node=8), pending, tenants=[capped]))
+    data = decision.wait_data()
+    assert set(decision.waits) == set(decision.waiting) == set(data)
+    for task_id, why in decision.waits.items():
+        place = data[task_id]
+        assert decision.waiting[task_id] == why.render(place["position"], place["line"])
+    assert [data[t.id]["code"] for t in (blocked, deps, backoff, over)] == [
+        "reserved",
+        "dependencies",
+        "backoff",
+        "quota",
+    ]
+    assert sorted(data[t.id]["position"] for t in (blocked, over)) == [1, 2]
+    assert {data[t.id]["line"] for t in (blocked, over)} == {2}
+    assert (data[deps.id]["position"], data[deps.id]["line"]) == (None, None)
+    assert data[backoff.id]["details"] == {"not_before": NOW + 30, "seconds_left": 30}
+    assert data[over.id]["details"] == {"limit": "gpus", "in_use": 0.0, "of": 0, "pool": None}

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from scheduling import passes, scheduler, services
-from scheduling.launcher import lifecycle
+from scheduling.launcher import reports
 from scheduling.models import Allocation, SchedulerState, Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
@@ -98,6 +98,59 @@ def test_a_waiting_task_says_why_and_where_it_stands(lab, workstation):
     assert "1st of 1 in line" in waiting.reason
 
 
+def test_why_a_task_waits_is_stored_as_data_the_reason_is_rendered_from(lab, workstation):
+    Quota.objects.create(tenant=lab, max_gpus=3)
+    placed = [submit(lab, f"t{i}") for i in range(3)]
+    over_quota = submit(lab, "fourth")
+    queued = [submit(lab, f"q{i}", queue="sft") for i in range(2)]
+    scheduler.schedule_pass()
+    for task in (over_quota, *queued):
+        task.refresh_from_db()
+    assert over_quota.wait == {
+        "code": "quota",
+        "position": 1,
+        "line": 2,
+        "details": {"limit": "gpus", "in_use": 3.0, "of": 3, "pool": None},
+    }
+    assert over_quota.reason == "tenant vision-lab uses 3 of its 3 GPUs; 1st of 2 in line"
+    # The head of the serial queue is second in line; the next one waits behind it, out of line.
+    assert queued[1].wait == {
+        "code": "queue",
+        "position": None,
+        "line": None,
+        "details": {"queue": "sft", "behind": queued[0].pk},
+    }
+    # Leaving pending clears it; the next pass writes a fresh one.
+    finish(placed[0])
+    over_quota.refresh_from_db()
+    assert over_quota.wait["position"] == 1
+    scheduler.schedule_pass()
+    over_quota.refresh_from_db()
+    assert (over_quota.state, over_quota.wait, over_quota.reason) == ("scheduled", {}, "")
+
+
+def test_a_pass_writes_every_reason_and_its_data_in_one_statement(lab, workstation):
+    """However many tasks wait, the pass costs the same queries (no per-task writes)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def pass_queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            scheduler.schedule_pass()
+        return len(captured)
+
+    submit(lab, "all", gpus_min=4, gpus_max=4)
+    submit(lab, "first-waiting", gpus_min=4, gpus_max=4)
+    scheduler.schedule_pass()  # places the first; the rest is what every later pass does
+    few = pass_queries()
+    for i in range(30):
+        submit(lab, f"more-{i}", gpus_min=4, gpus_max=4)
+    assert pass_queries() == few
+    waits = Task.objects.filter(state=TaskState.PENDING).values_list("wait", flat=True)
+    assert sorted(w["position"] for w in waits) == list(range(1, 32))
+    assert {w["code"] for w in waits} == {"capacity", "reserved"}
+
+
 def test_a_serial_queue_of_three_runs_one_at_a_time_in_order(lab, workstation):
     q = [submit(lab, f"step{i}", queue="sft") for i in range(3)]
     scheduler.schedule_pass()
@@ -179,7 +232,7 @@ def test_a_preemption_requeues_its_victim_and_the_urgent_task_starts(lab, other_
     scheduler.schedule_pass()
     assert state(urgent) == TaskState.PENDING
 
-    assert lifecycle.attempt_finished(victim.pk, 1, 143) == "preempted"  # the supervisor reports
+    assert reports.attempt_finished(victim.pk, 1, 143) == "preempted"  # the supervisor reports
     scheduler.schedule_pass()
     assert state(urgent) == TaskState.SCHEDULED
     victim.refresh_from_db()

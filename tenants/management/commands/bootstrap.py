@@ -22,7 +22,7 @@ SCHEDULES = [
 
 
 class Command(BaseCommand):
-    help = "Create the operator account, a demo tenant with a member and API token, and schedules."
+    help = "Create the operator account, a demo tenant with its admin and API token, and schedules."
 
     def add_arguments(self, parser):
         parser.add_argument("--no-demo", action="store_true", help="skip the demo tenant")
@@ -41,9 +41,10 @@ class Command(BaseCommand):
             Quota.objects.create(tenant=tenant, max_gpus=4, max_priority=90)
             password = secrets.token_urlsafe(12)
             user = User.objects.create_user("alice", "", password)
-            services.membership_set(user=user, tenant=tenant, role=Role.MEMBER)
+            # The demo lab's only person: its admin (quota, members and tokens are admins').
+            services.membership_set(user=user, tenant=tenant, role=Role.ADMIN)
             _, token = services.apitoken_create(user=user, tenant=tenant, name="demo")
-            lines.append(f"  member    alice / {password}   (tenant demo, role member)")
+            lines.append(f"  admin     alice / {password}   (tenant demo, role admin)")
             lines.append(f"  API token {token}")
         if lines:
             self.stdout.write(
