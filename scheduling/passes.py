@@ -5,6 +5,10 @@ calls ``request_pass()``. It queues a django-q2 task only if none is queued yet,
 1,000 submissions queues one pass (plus at most one more that starts after the first began and
 sees what arrived meanwhile). A one-minute schedule runs a pass anyway, so a lost request costs
 at most a minute.
+
+The backstop schedules (that pass, and the one that notices silent nodes and lost tasks) belong
+to the platform: ``backstops_ensure()`` creates them after every ``migrate``, so an install
+that never runs the demo ``bootstrap`` command still notices a dead node.
 """
 
 from __future__ import annotations
@@ -13,11 +17,19 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
+from django_q.models import Schedule
 from django_q.tasks import async_task
 
 from scheduling.models import SchedulerState
 
 logger = logging.getLogger(__name__)
+
+# (name, function, minutes): django-q2 runs a Schedule at most once a minute, which is all a
+# backstop needs (NOTES.md).
+BACKSTOPS = (
+    ("mark-silent-nodes", "scheduling.tasks.mark_silent_nodes", 1),
+    ("scheduling-pass-backstop", "scheduling.tasks.run_pass", 1),
+)
 
 
 def request_pass() -> None:
@@ -46,3 +58,32 @@ def scheduler_cluster() -> str:
 def mark_started() -> None:
     """Called by a pass as it starts: requests from now on need a pass of their own."""
     SchedulerState.objects.filter(pk=1).update(pass_queued=False)
+
+
+def backstops_ensure(*, schedule_model: type[Schedule] = Schedule, using: str = "default") -> int:
+    """Create or repair the backstop schedules, one row each however often it runs.
+
+    Returns how many rows it created. ``schedule_model`` is the historical model when called
+    from ``post_migrate``."""
+    created = 0
+    rows = schedule_model.objects.using(using)
+    for name, func, minutes in BACKSTOPS:
+        wanted = {
+            "func": func,
+            "schedule_type": Schedule.MINUTES,
+            "minutes": minutes,
+            "repeats": -1,
+            # Pinned: a node's launch cluster must never run a pass or a sweep of the estate.
+            "cluster": scheduler_cluster(),
+        }
+        existing = list(rows.filter(name=name).order_by("pk"))
+        if not existing:
+            rows.create(name=name, **wanted)
+            created += 1
+            continue
+        keep, *extra = existing
+        rows.filter(pk__in=[row.pk for row in extra]).delete()
+        changed = {key: value for key, value in wanted.items() if getattr(keep, key) != value}
+        if changed:
+            rows.filter(pk=keep.pk).update(**changed)
+    return created

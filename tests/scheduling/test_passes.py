@@ -32,3 +32,11 @@ def test_requests_before_the_pass_starts_queue_one_pass(queued):
     passes.request_pass()
     assert len(queued) == 2
     assert SchedulerState.objects.get(pk=1).pass_queued
+
+
+@pytest.mark.django_db
+def test_the_backstop_schedules_run_only_on_the_scheduler_s_cluster():
+    from django_q.models import Schedule
+
+    passes.backstops_ensure()
+    assert set(Schedule.objects.values_list("cluster", flat=True)) == {"gpuplatform"}

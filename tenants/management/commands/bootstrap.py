@@ -1,7 +1,8 @@
-"""First-run setup for ``make run``: operator, demo tenant and token, background schedules.
+"""First-run setup for ``make run``: the operator account, a demo tenant and its token.
 
 Idempotent: a second run changes nothing and prints no secret. Secrets are printed once, on
-the run that creates them, and stored only hashed.
+the run that creates them, and stored only hashed. The background schedules are not made
+here: ``migrate`` creates them (``scheduling.passes.backstops_ensure``).
 """
 
 import secrets
@@ -9,27 +10,19 @@ import secrets
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
-from django_q.models import Schedule
 
 from tenants import services
 from tenants.models import Quota, Role, Tenant
 
-SCHEDULES = [
-    # (name, function, minutes)
-    ("mark-silent-nodes", "scheduling.tasks.mark_silent_nodes", 1),
-    ("scheduling-pass-backstop", "scheduling.tasks.run_pass", 1),
-]
-
 
 class Command(BaseCommand):
-    help = "Create the operator account, a demo tenant with its admin and API token, and schedules."
+    help = "Create the operator account and a demo tenant with its admin and API token."
 
     def add_arguments(self, parser):
         parser.add_argument("--no-demo", action="store_true", help="skip the demo tenant")
 
     @transaction.atomic
     def handle(self, *args, no_demo: bool, **options):
-        self.ensure_schedules()
         lines = []
         User = get_user_model()
         if not User.objects.filter(is_superuser=True).exists():
@@ -54,15 +47,3 @@ class Command(BaseCommand):
             )
             for line in lines:
                 self.stdout.write(line)
-
-    def ensure_schedules(self) -> None:
-        for name, func, minutes in SCHEDULES:
-            Schedule.objects.update_or_create(
-                name=name,
-                defaults={
-                    "func": func,
-                    "schedule_type": Schedule.MINUTES,
-                    "minutes": minutes,
-                    "repeats": -1,
-                },
-            )
