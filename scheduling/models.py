@@ -346,6 +346,12 @@ class SchedulerState(models.Model):
     pass_queued = models.BooleanField(
         default=False, help_text="A pass is queued and not yet started: no need to queue another."
     )
+    wake_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="A pass is booked for this time (a retry backoff ends): no need to book a "
+        "later one.",
+    )
     passes = models.BigIntegerField(default=0)
     last_pass_at = models.DateTimeField(null=True, blank=True)
     last_pass_ms = models.FloatField(null=True, blank=True)

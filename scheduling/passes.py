@@ -6,6 +6,16 @@ calls ``request_pass()``. It queues a django-q2 task only if none is queued yet,
 sees what arrived meanwhile). A one-minute schedule runs a pass anyway, so a lost request costs
 at most a minute.
 
+Time-based waits (a retry backoff ends, a task starts to starve, borrowed GPUs become
+reclaimable) wake the scheduler when they are due, not at the next backstop: each pass books one
+delayed pass for the earliest such time (``wake_at``). django-q2 cannot delay a task and its
+schedules run at most once a minute, but its ORM broker hands a queued row out once the row's
+``lock`` time has passed (that is how it re-delivers unacknowledged tasks): a row enqueued with
+``lock = due`` is a pass that the scheduler cluster picks up within one poll (50 ms) of ``due``.
+The booking survives restarts (it is a row in PostgreSQL) and a pass booked for a time that
+turned out not to matter is just a cheap pass. ``SchedulerState.wake_at`` coalesces: a pass
+books a new wake-up only if none is booked at or before the time it needs.
+
 The backstop schedules (that pass, and the one that notices silent nodes and lost tasks) belong
 to the platform: ``backstops_ensure()`` creates them after every ``migrate``, so an install
 that never runs the demo ``bootstrap`` command still notices a dead node.
@@ -14,9 +24,13 @@ that never runs the demo ``bootstrap`` command still notices a dead node.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from django_q.brokers.orm import ORM
 from django_q.models import Schedule
 from django_q.tasks import async_task
 
@@ -53,6 +67,43 @@ def _enqueue() -> None:
 def scheduler_cluster() -> str:
     """The django-q2 cluster that runs passes (``manage.py qcluster`` with no Q_CLUSTER_NAME)."""
     return settings.Q_CLUSTER["name"]
+
+
+def book_wake_up(when: datetime) -> None:
+    """Have a pass run at ``when`` (once the current transaction commits)."""
+    transaction.on_commit(lambda: _book(when))
+
+
+def _book(when: datetime) -> None:
+    SchedulerState.objects.get_or_create(pk=1)
+    # Claimed with a conditional UPDATE: of two passes that need the same time, one books it.
+    booked = (
+        SchedulerState.objects.filter(pk=1)
+        .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=timezone.now()) | Q(wake_at__gt=when))
+        .update(wake_at=when)
+    )
+    if not booked:
+        return  # a pass is booked at or before `when`: it books the next one
+    # Always through the broker (sync=False even in tests: a delayed pass never runs inline),
+    # to the scheduler's cluster by name: a pass run by a node's cluster must not book it there.
+    async_task(
+        "scheduling.tasks.run_pass",
+        task_name="scheduling-wake-up",
+        sync=False,
+        cluster=settings.Q_CLUSTER["name"],
+        broker=DelayedOrm(list_key=settings.Q_CLUSTER["name"], due=when),
+    )
+
+
+class DelayedOrm(ORM):
+    """django-q2's ORM broker, enqueueing a row that is handed out only once ``due`` passed."""
+
+    def __init__(self, list_key: str, due: datetime) -> None:
+        super().__init__(list_key=list_key)
+        self.due = due
+
+    def enqueue(self, task: str) -> int:
+        return self.get_connection().create(key=self.list_key, payload=task, lock=self.due).pk
 
 
 def mark_started() -> None:

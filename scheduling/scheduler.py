@@ -14,7 +14,7 @@ import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
@@ -63,6 +63,7 @@ class PassResult:
     failed: list[int] = field(default_factory=list)
     waiting: int = 0
     ms: float = 0.0
+    wake_at: datetime | None = None  # the next pass booked for a time-based wait
 
 
 def schedule_pass() -> PassResult:
@@ -86,6 +87,10 @@ def schedule_pass() -> PassResult:
             transaction.on_commit(lambda: lifecycle.dispatch_launches(placed))
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision)
+        wake_at = next_wake_up(snapshot)
+        if wake_at is not None:
+            result.wake_at = datetime.fromtimestamp(wake_at, UTC)
+            passes.book_wake_up(result.wake_at)
         result.ms = (time.perf_counter() - began) * 1000
         SchedulerState.objects.get_or_create(pk=1)
         SchedulerState.objects.filter(pk=1).update(
@@ -248,6 +253,13 @@ def build_snapshot(now: datetime) -> Snapshot:
         pending=tuple(pending),
         tenants=_tenant_views(tenants, pool_names, now),
     )
+
+
+def next_wake_up(snapshot: Snapshot) -> float | None:
+    """The earliest time a pending task's wait ends by itself (its retry backoff), as epoch
+    seconds: the pass books a pass for then, so the task starts when due, not at the backstop."""
+    due = [p.not_before for p in snapshot.pending if p.not_before and p.not_before > snapshot.now]
+    return min(due, default=None)
 
 
 def _pending_rows() -> list[tuple]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -186,7 +187,9 @@ class Pass:
             if task.not_before is not None and task.not_before > self.now:
                 left = int(task.not_before - self.now)
                 details = {"not_before": task.not_before, "seconds_left": left}
-                self.wait(task, Wait(WAIT_BACKOFF, f"retry backoff: {left} s left", details))
+                # A time, not a countdown: the text stays true until the pass booked for then.
+                until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(task.not_before))
+                self.wait(task, Wait(WAIT_BACKOFF, f"retry backoff until {until} UTC", details))
                 continue
             eligible.append(task)
         return eligible

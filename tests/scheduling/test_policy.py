@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 from scheduling.policy import (
     BATCH,
@@ -307,7 +308,8 @@ def test_tasks_blocked_by_dependencies_or_backoff_wait_with_the_reason():
     decision = schedule(snap(gpus(), [deps, backoff]))
     assert not decision.placements
     assert decision.waiting[deps.id] == "waiting for prep-data (running)"
-    assert decision.waiting[backoff.id] == "retry backoff: 30 s left"
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(NOW + 30))
+    assert decision.waiting[backoff.id] == f"retry backoff until {until} UTC"
 
 
 # --- Backfill and reservations -------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""Time-based waits wake the scheduler when they are due, not at the next backstop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from datetime import UTC, timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from django_q.models import OrmQ, Schedule
+from django_q.signing import SignedPackage
+
+from scheduling import passes, scheduler
+from scheduling.models import SchedulerState, Task
+from scheduling.spec import TaskSpec
+from scheduling.states import TaskState
+from scheduling.submission import task_submit
+from tests.live import PYTHON, ROOT, process_env
+
+
+def backing_off(tenant, seconds: float) -> Task:
+    """A pending task whose retry backoff ends ``seconds`` from now (one transaction, as when
+    an attempt fails: the pass it asks for sees the backoff)."""
+    with transaction.atomic():
+        task = task_submit(tenant=tenant, spec=TaskSpec(name="t", command="true"))
+        not_before = timezone.now() + timedelta(seconds=seconds)
+        Task.objects.filter(pk=task.pk).update(not_before=not_before)
+    task.refresh_from_db()
+    return task
+
+
+def wake_ups() -> list[tuple[str, object]]:
+    """The booked passes: (queue, the time the broker hands them out)."""
+    rows = OrmQ.objects.order_by("lock")
+    return [
+        (row.key, row.lock)
+        for row in rows
+        if SignedPackage.loads(row.payload)["name"] == "scheduling-wake-up"
+    ]
+
+
+@pytest.fixture
+def run_pass(django_capture_on_commit_callbacks):
+    """A pass, with what it does on commit (booking its wake-up) done."""
+
+    def run() -> scheduler.PassResult:
+        with django_capture_on_commit_callbacks(execute=True):
+            return scheduler.schedule_pass()
+
+    return run
+
+
+@pytest.mark.django_db
+def test_a_pass_books_one_wake_up_for_the_earliest_backoff(lab, workstation, run_pass):
+    later, sooner = backing_off(lab, 30), backing_off(lab, 9)
+    result = run_pass()
+    assert result.placed == []
+    # The delayed pass is queued for the scheduler's cluster, handed out when the backoff ends.
+    assert wake_ups() == [("gpuplatform", sooner.not_before)]
+    assert SchedulerState.objects.get().wake_at == sooner.not_before
+    sooner.refresh_from_db()
+    assert sooner.reason == (
+        f"retry backoff until {sooner.not_before.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    )  # a time, true until then, not a countdown frozen at the last pass
+
+    run_pass()  # a booked wake-up at or before the time needed: nothing more
+    assert len(wake_ups()) == 1
+
+    soonest = backing_off(lab, 3)
+    run_pass()  # an earlier time: booked as well
+    assert [lock for _, lock in wake_ups()] == [soonest.not_before, sooner.not_before]
+    assert later.not_before > sooner.not_before
+
+
+@pytest.mark.django_db
+def test_nothing_waiting_for_a_time_books_nothing(lab, workstation, run_pass):
+    task_submit(tenant=lab, spec=TaskSpec(name="t", command="true"))
+    assert run_pass().wake_at is None
+    assert wake_ups() == []
+
+
+@pytest.mark.django_db
+def test_the_delayed_broker_hands_a_row_out_only_once_it_is_due():
+    due = timezone.now() + timedelta(seconds=60)
+    broker = passes.DelayedOrm(list_key="gpuplatform", due=due)
+    broker.enqueue("payload")
+    plain = passes.ORM(list_key="gpuplatform")
+    assert plain.queue_size() == 0  # not yet
+    OrmQ.objects.update(lock=timezone.now() - timedelta(seconds=1))
+    assert plain.queue_size() == 1
+
+
+# --- End to end, with the scheduler's real django-q2 cluster ----------------------------------
+
+
+@pytest.fixture
+def scheduler_cluster():
+    """``manage.py qcluster`` as `make run` starts it, exchanging work through the broker."""
+    environ = process_env(Q_SYNC="0")
+    environ.pop("Q_CLUSTER_NAME", None)
+    proc = subprocess.Popen(
+        [PYTHON, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=environ,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_3_s_backoff_starts_within_1_5_s_of_its_due_time_without_a_backstop(
+    lab, workstation, scheduler_cluster
+):
+    Schedule.objects.all().delete()  # no backstop pass can be what starts it
+    passes_before = SchedulerState.objects.get_or_create(pk=1)[0].passes
+    task = backing_off(lab, 3)  # the pass it asks for (run inline here) books the wake-up
+    task.refresh_from_db()
+    assert task.reason.startswith("retry backoff until ")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        task.refresh_from_db()
+        if task.state != TaskState.PENDING:
+            break
+        time.sleep(0.05)
+    assert task.state == TaskState.SCHEDULED, task.reason
+    late = (task.scheduled_at - task.not_before).total_seconds()
+    assert 0 <= late <= 1.5, f"started {late:.2f} s after its backoff ended"
+    state = SchedulerState.objects.get()
+    assert state.passes == passes_before + 2  # the inline one, then the booked one: no other
+    assert not Schedule.objects.exists()
