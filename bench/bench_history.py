@@ -17,13 +17,14 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from bench.bench_service import build_estate, hold_passes
-from bench.common import median, table, verdict
+from bench.common import clear_tasks, median, table, verdict
 from scheduling import estate, fairshare
-from scheduling.models import GPU, Task
+from scheduling.models import GPU, Node, Task, TenantUsage
 from scheduling.scheduler import schedule_pass
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import tasks_submit
+from tenants.models import Quota, Tenant
 
 NEEDS_DATABASE = True
 
@@ -95,7 +96,12 @@ def main() -> dict:
         steady = [timed_pass() for _ in range(STEADY_PASSES)]
     finally:
         scheduler_log.setLevel(level)
+    fair_share = read_fair_share()
+    remove_estate()
+    return report(history_s, submit_s, first_ms, first, steady, fair_share)
 
+
+def read_fair_share() -> tuple[float, float]:
     half_life = estate.config().scheduling.fair_share_half_life_s
     now = timezone.now()
     began = time.perf_counter()
@@ -104,7 +110,20 @@ def main() -> dict:
     began = time.perf_counter()
     fairshare.usage_by_scan(now, half_life)
     scan_ms = (time.perf_counter() - began) * 1000
+    return counters_ms, scan_ms
 
+
+def remove_estate() -> None:
+    """Leave the shared benchmark database as it was found: the next benchmark builds its own."""
+    clear_tasks(TenantUsage._meta.db_table)
+    GPU.objects.all().delete()
+    Node.objects.all().delete()
+    Quota.objects.all().delete()
+    Tenant.objects.all().delete()
+
+
+def report(history_s, submit_s, first_ms, first, steady, fair_share) -> dict:
+    counters_ms, scan_ms = fair_share
     steady_ms = [ms for ms, _ in steady]
     waiting = steady[-1][1].waiting
     met = median(steady_ms) < TARGET_MS

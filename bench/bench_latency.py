@@ -435,6 +435,7 @@ def measure(tmp: Path, environ: dict[str, str], config: Path) -> dict:
 
 def main() -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="gpuplatform-bench-latency-"))
+    tmp.chmod(0o711)  # run as root, tasks run as their tenant's user and must reach their root
     config = tmp / "estate.yaml"
     config.write_text(CONFIG)
     environ = child_env(tmp, config)

@@ -17,7 +17,7 @@ from django.db import DatabaseError, close_old_connections
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend
-from scheduling.launcher import gpuwatch, identity, lifecycle, tracking
+from scheduling.launcher import environ, gpuwatch, identity, lifecycle, tracking
 from scheduling.launcher.cluster import NodeCluster
 
 logger = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class NodeAgent:
         which launches and controls the tasks placed here."""
         self._install_signal_handlers()
         identity.secure_platform_dirs()
+        environ.forget_secret_files_of_dead_processes()
         if not identity.privileged():
             logger.warning(
                 "node %s: %s (the agent is not root: every task runs as this user)",

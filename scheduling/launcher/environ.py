@@ -11,8 +11,10 @@ own copy of the environment before a task starts.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
+import psutil
 from django.conf import settings
 
 from gpuplatform.dburl import current_database_url
@@ -65,11 +67,15 @@ def drop_secrets_from_environ() -> None:
 
 
 def _secret_file(name: str, value: str) -> Path:
-    directory = runtime_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
+    """``var/run/<pid>/<name>``: this process's own copy, so that two agents on one host (two
+    test runs, two databases) never hand their children each other's database."""
+    runtime = runtime_dir()
+    runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(runtime, 0o700)
+    directory = runtime / str(os.getpid())
+    directory.mkdir(mode=0o700, exist_ok=True)
     path = directory / name
-    tmp = directory / f".{name}.{os.getpid()}"
+    tmp = directory / f".{name}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, value.encode())
@@ -77,3 +83,13 @@ def _secret_file(name: str, value: str) -> Path:
         os.close(fd)
     os.replace(tmp, path)
     return path
+
+
+def forget_secret_files_of_dead_processes() -> None:
+    """At agent start: the copies of processes that are gone (killed, so they never cleaned)."""
+    runtime = runtime_dir()
+    if not runtime.is_dir():
+        return
+    for entry in runtime.iterdir():
+        if entry.name.isdigit() and not psutil.pid_exists(int(entry.name)):
+            shutil.rmtree(entry, ignore_errors=True)

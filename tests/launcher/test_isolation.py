@@ -85,7 +85,7 @@ def test_a_task_reaches_nothing_of_another_tenant_or_the_platform(
         str(first_root),
         str(first_root / "notes.txt"),
         str(var / "secret_key"),
-        str(var / "run" / "database_url"),
+        str(var / "run" / str(agent.proc.pid) / "database_url"),
         str(var / "run"),
         str(Path(settings.TASK_LOG_DIR)),
         f"/proc/{agent.proc.pid}/environ",
@@ -126,7 +126,7 @@ def test_a_task_reaches_nothing_of_another_tenant_or_the_platform(
         assert secret not in json.dumps(inherited)
         assert current_database_url() not in json.dumps(inherited)
     # The files, which only root may read.
-    database_url = var / "run" / "database_url"
+    database_url = var / "run" / str(agent.proc.pid) / "database_url"
     assert database_url.read_text() == current_database_url()
     assert (database_url.stat().st_uid, oct(database_url.stat().st_mode & 0o777)) == (0, "0o600")
     node = Node.objects.get(name="workstation-1")
@@ -402,8 +402,20 @@ def test_a_supervisor_started_afresh_gets_no_secret_in_its_environment(
     assert "DATABASE_URL" not in environ and "SECRET_KEY" not in environ
     assert "s3cret-platform-key" not in json.dumps(environ)
     # It was started with the runtime files' names instead (its title now covers /proc's copy).
-    database_url = Path(settings.VAR_DIR) / "run" / "database_url"
+    database_url = Path(settings.VAR_DIR) / "run" / str(os.getpid()) / "database_url"
     assert database_url.read_text() == current_database_url()
     assert oct(database_url.stat().st_mode & 0o777) == "0o600"
     wait_for(state_of(task, "succeeded"))
     assert log_of(task) == "ran\n"
+
+
+def test_an_agent_forgets_the_runtime_files_of_processes_that_are_gone(settings, tmp_path):
+    from scheduling.launcher import environ
+
+    settings.VAR_DIR = tmp_path
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for pid in (gone.pid, os.getpid()):
+        (tmp_path / "run" / str(pid)).mkdir(parents=True)
+    environ.forget_secret_files_of_dead_processes()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [str(os.getpid())]
