@@ -195,7 +195,7 @@ class Supervisor:
         )
         tenant = self.task.tenant
         exit_file = paths.exit_path(tenant.name, self.task.pk, self.attempt.number)
-        self.exit_reserved = paths.reserve_exit_record(exit_file)
+        paths.reserve_exit_record(exit_file)  # False: the database is the only record left
         try:
             who = identity.tenant_identity(tenant.name, tenant.unix_user)
             if who is None:
