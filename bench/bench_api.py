@@ -1,19 +1,18 @@
 """The task API over HTTP: POST /api/v1/tasks/ and GET ?limit=50, daphne against gunicorn.
 
-The web server runs as `make run` starts it (daphne, one process, ``gpuplatform.asgi``) on a
-free loopback port against the bench database, with ``Q_SYNC=0`` (a submission's pass request
-is queued in the broker, as in production; no scheduler runs, so nothing is placed) and
-``LAUNCH_TASKS=0``, the throttle raised out of the way. One node of 8 simulated GPUs makes a
-1-GPU spec acceptable. CLIENTS processes, one tenant and token each, send their share of the
-requests over one keep-alive ``http.client.HTTPConnection`` apiece: a warm-up, then POSTS
-submissions, then GETS listings (a phase stops at PHASE_LIMIT_S, so a slow server cannot
-stretch the run); each request's latency is recorded. The same load then goes to daphne with
-Django's PostgreSQL connection pool patched in (a diagnostic: under ASGI every request opens a
-new database connection), and to the WSGI app (``gpuplatform.wsgi``) under gunicorn with sync
-workers, the alternative NOTES.md suggests, when gunicorn is installed. Tasks, the broker queue
-and the cache (throttle history) are emptied between servers. Clients share the CPUs with the
-server and PostgreSQL; CPU time per request is measured for each, and the number of database
-connections each server opened.
+The web server runs as `make run` starts it (daphne, one process, ``gpuplatform.asgi``, its
+database connections borrowed from the bounded pool) on a free loopback port against the bench
+database, with ``Q_SYNC=0`` (a submission's pass request is queued in the broker, as in
+production; no scheduler runs, so nothing is placed) and ``LAUNCH_TASKS=0``, the throttle
+raised out of the way. One node of 8 simulated GPUs makes a 1-GPU spec acceptable. CLIENTS
+processes, one tenant and token each, send their share of the requests over one keep-alive
+``http.client.HTTPConnection`` apiece: a warm-up, then POSTS submissions, then GETS listings (a
+phase stops at PHASE_LIMIT_S, so a slow server cannot stretch the run); each request's latency
+is recorded. The same load then goes to the WSGI app (``gpuplatform.wsgi``) under gunicorn with
+sync workers, the alternative NOTES.md suggests, when gunicorn is installed. Tasks, the broker
+queue and the cache (throttle history) are emptied between servers. Clients share the CPUs with
+the server and PostgreSQL; CPU time per request is measured for each, and the number of
+database connections each server opened.
 """
 
 from __future__ import annotations
@@ -139,41 +138,26 @@ def server_env() -> dict[str, str]:
     return environ
 
 
-# Daphne as `make run` starts it, with Django's PostgreSQL connection pool (Django >= 5.1,
-# psycopg_pool) patched into the server's settings before Django loads them. A diagnostic:
-# under ASGI each request runs in a thread of its own, so persistent connections
-# (CONN_MAX_AGE) do not outlive it and every request opens a new PostgreSQL connection; a pool
-# keeps them.
-POOLED_DAPHNE = """
-from gpuplatform import settings
-db = settings.DATABASES["default"]
-db.update(CONN_MAX_AGE=0, OPTIONS={**db.get("OPTIONS", {}), "pool": {"min_size": 2, "max_size": 8}})
-from daphne.cli import CommandLineInterface
-CommandLineInterface.entrypoint()
-"""
-
-
 def server_argv(kind: str, port: int, workers: int) -> list[str]:
-    daphne_args = ["-b", "127.0.0.1", "-p", str(port), "--proxy-headers",
-                   "gpuplatform.asgi:application"]  # fmt: skip
     if kind == "daphne":  # as scripts/run.py starts it
-        return [sys.executable, "-m", "daphne", *daphne_args]
-    if kind == "daphne-pool":
-        return [sys.executable, "-c", POOLED_DAPHNE, *daphne_args]
+        return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                "gpuplatform.asgi:application"]  # fmt: skip
     return [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers),
             "-b", f"127.0.0.1:{port}", "gpuplatform.wsgi:application"]  # fmt: skip
 
 
 @contextmanager
-def web_server(kind: str, workers: int, tmp: Path) -> Iterator[tuple[int, subprocess.Popen]]:
+def web_server(
+    kind: str, workers: int, tmp: Path, env: dict[str, str] | None = None, label: str = ""
+) -> Iterator[tuple[int, subprocess.Popen]]:
     """Start the server in its own process group, output to a file; always stop it."""
     port = free_port()
-    log = tmp / f"{kind}-{workers}.log"
+    log = tmp / f"{label or kind}-{workers}.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen(  # noqa: S603 - fixed argv
             server_argv(kind, port, workers),
             cwd=ROOT,
-            env=server_env(),
+            env=env or server_env(),
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -185,7 +169,7 @@ def web_server(kind: str, workers: int, tmp: Path) -> Iterator[tuple[int, subpro
             if proc.poll() is not None:
                 raise RuntimeError(f"{kind} exited with {proc.returncode}:\n{tail(log)}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):  # noqa: S310
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2):  # noqa: S310
                     break
             except OSError:
                 if time.monotonic() > deadline:
@@ -375,8 +359,6 @@ def gunicorn_version() -> str | None:
 def label_of(run: dict) -> str:
     if run["server"] == "daphne":
         return "daphne (ASGI, 1 process)"
-    if run["server"] == "daphne-pool":
-        return "daphne + DB pool (diagnostic)"
     return f"gunicorn -w {run['workers']} (WSGI, sync)"
 
 
@@ -394,10 +376,6 @@ def met_targets(run: dict) -> bool:
 def main() -> dict:
     secrets = build_estate()
     servers: list[tuple[str, int]] = [("daphne", 1)]
-    if importlib.util.find_spec("psycopg_pool") is not None:
-        servers.append(("daphne-pool", 1))
-    else:
-        print("daphne with a connection pool skipped: psycopg_pool is not installed")
     version = gunicorn_version()
     if version:
         servers += [("gunicorn", w) for w in GUNICORN_WORKERS]

@@ -20,11 +20,8 @@ import http.client
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +31,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from bench.bench_api import free_port, stop, tail
+from bench.bench_api import web_server
 from bench.common import clear_tasks, ms, percentile, table, verdict
 from gpuplatform.dburl import current_database_url
 from scheduling.inventory import simulated_uuid
@@ -96,30 +93,8 @@ def server_env(**extra: str) -> dict[str, str]:
 
 @contextmanager
 def daphne(tmp: Path, label: str, **extra_env: str) -> Iterator[int]:
-    port = free_port()
-    log = tmp / f"{label}.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(  # noqa: S603 - fixed argv
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "gpuplatform.asgi:application"],
-            cwd=ROOT, env=server_env(**extra_env), stdin=subprocess.DEVNULL, stdout=sink,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"daphne exited with {proc.returncode}:\n{tail(log)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2):  # noqa: S310
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"daphne did not answer:\n{tail(log)}") from None
-                time.sleep(0.2)
+    with web_server("daphne", 1, tmp, env=server_env(**extra_env), label=label) as (port, _):
         yield port
-    finally:
-        stop("daphne", proc)
 
 
 def build_estate() -> dict[str, str]:
