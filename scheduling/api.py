@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from django.db import IntegrityError, transaction
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Manager, Prefetch, QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -56,13 +56,28 @@ class TextYamlParser(YamlParser):
 # --- Serializers -------------------------------------------------------------------------------
 
 
+class TaskListOut(serializers.ListSerializer):
+    """Looks up the pending tasks' places in line in one query for the whole list."""
+
+    def to_representation(self, data):
+        tasks = list(data.all() if isinstance(data, Manager) else data)
+        Task.attach_places(tasks)
+        return super().to_representation(tasks)
+
+
 class TaskOut(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", default=None, allow_null=True)
     owner = serializers.CharField(source="owner.username", default=None, allow_null=True)
     task_class = serializers.CharField()
     gpus = serializers.SerializerMethodField()
+    reason = serializers.CharField(
+        source="reason_text",
+        read_only=True,
+        help_text="Why it waits (with its place in line), or how it ended.",
+    )
 
     class Meta:
+        list_serializer_class = TaskListOut
         model = Task
         fields = [
             "id",
@@ -160,14 +175,13 @@ class TaskDetail(TaskOut):
         ]
 
     def get_position(self, task: Task) -> int | None:
-        wait = self.get_wait(task)
-        return wait["position"] if wait else None
+        place = task.place
+        return place[0] if place else None
 
     @extend_schema_field(WaitOut(allow_null=True))
     def get_wait(self, task: Task) -> dict | None:
-        if task.state != TaskState.PENDING or not task.wait:
-            return None
-        return WaitOut(task.wait).data
+        view = task.wait_view
+        return None if view is None else WaitOut(view).data
 
     def get_gpu_uuids(self, task: Task) -> list[str]:
         return [a.gpu.uuid for a in task.allocations.all() if a.released_at is None]

@@ -7,11 +7,15 @@ GPU) are enforced by a trigger installed in migration 0002.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.conf import settings
-from django.db import models
+from django.contrib.postgres.fields import ArrayField
+from django.db import connection, models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from scheduling.policy.model import Wait, wait_record
 from scheduling.states import TaskState
 from tenants.models import SLUG_VALIDATOR
 
@@ -193,9 +197,13 @@ class Task(models.Model):
     wait = models.JSONField(
         default=dict,
         blank=True,
-        help_text="While pending, why it waits as data ({code, position, line, details}), as "
-        "the last scheduling pass decided; the reason text is rendered from it. Empty otherwise.",
+        help_text="While pending, why it waits as data ({code, details}), as the last "
+        "scheduling pass decided; the reason text is rendered from it, with the task's place in "
+        "line (SchedulerState.line) when it has one. Empty otherwise.",
     )
+    # A digest of (reason, wait) as the last pass wrote them (0: not written by a pass): the
+    # pass compares it to what it decided and writes only the tasks whose reason changed.
+    wait_digest = models.BigIntegerField(default=0, editable=False)
     node = models.ForeignKey(
         Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks"
     )
@@ -238,6 +246,45 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    # --- Why it waits, as read ---------------------------------------------------------------
+    # A pass stores each pending task's reason and wait without its place in line, which moves
+    # with every placement ahead of it; the line itself is one array (SchedulerState.line).
+    # Reads join the two: ``attach_places`` for many tasks in one query, else one per task.
+
+    @staticmethod
+    def attach_places(tasks: Iterable[Task]) -> None:
+        """Look up the place in line of every pending task of ``tasks`` in one query."""
+        tasks = list(tasks)
+        pending = [t.pk for t in tasks if t.state == TaskState.PENDING]
+        places = SchedulerState.places(pending) if pending else {}
+        for task in tasks:
+            task._place = places.get(task.pk)
+
+    @property
+    def place(self) -> tuple[int, int] | None:
+        """(position, how many wait in line) while it waits in line for GPUs or quota."""
+        if self.state != TaskState.PENDING:
+            return None
+        if not hasattr(self, "_place"):
+            self._place = SchedulerState.places([self.pk]).get(self.pk)
+        return self._place
+
+    @property
+    def reason_text(self) -> str:
+        """The reason as people read it: while in line, with its place there."""
+        place = self.place
+        if place is None or not self.wait:
+            return self.reason
+        return Wait(self.wait.get("code", ""), self.reason).render(*place)
+
+    @property
+    def wait_view(self) -> dict | None:
+        """While pending and assessed by a pass: ``{code, position, line, details}``."""
+        if self.state != TaskState.PENDING or not self.wait:
+            return None
+        position, line = self.place or (None, 0)
+        return wait_record(self.wait.get("code", ""), self.wait.get("details", {}), position, line)
 
 
 class StopRequest(models.TextChoices):
@@ -353,6 +400,16 @@ class SchedulerState(models.Model):
         "later one.",
     )
     passes = models.BigIntegerField(default=0)
+    line = ArrayField(
+        models.BigIntegerField(),
+        default=list,
+        blank=True,
+        help_text="The tasks that wait for GPUs or quota, in the order they would start, as the "
+        "last pass saw them: a task's place in line is its position here.",
+    )
+    # hash() of the line as a tuple (deterministic for integers): a pass that finds the same
+    # line does not write 10,000 ids again.
+    line_digest = models.BigIntegerField(default=0, editable=False)
     last_pass_at = models.DateTimeField(null=True, blank=True)
     last_pass_ms = models.FloatField(null=True, blank=True)
     last_placed = models.PositiveIntegerField(default=0)
@@ -371,6 +428,21 @@ class SchedulerState(models.Model):
 
     def __str__(self) -> str:
         return f"scheduler: {self.passes} passes"
+
+    @staticmethod
+    def places(task_ids: list[int]) -> dict[int, tuple[int, int]]:
+        """Task id -> (position, length of the line) for those of ``task_ids`` in line."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT u.id, u.position, cardinality(s.line)
+                  FROM scheduling_schedulerstate AS s,
+                       unnest(s.line) WITH ORDINALITY AS u(id, position)
+                 WHERE s.id = 1 AND u.id = ANY(%s)
+                """,
+                [task_ids],
+            )
+            return {task_id: (position, total) for task_id, position, total in cursor}
 
 
 class TenantUsage(models.Model):

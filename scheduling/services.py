@@ -67,6 +67,7 @@ def task_transition(
         "state": to_state,
         "reason": reason,
         "wait": {},
+        "wait_digest": 0,
         "updated_at": now,
         **fields,
     }

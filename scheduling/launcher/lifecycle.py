@@ -243,7 +243,11 @@ def task_retry(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
     infrastructure failures."""
     if task.state == TaskState.PENDING and task.hold_reason:
         Task.objects.filter(pk=task.pk).update(
-            hold_reason="", infra_requeues=0, reason=_by("released", by), wait={}
+            hold_reason="",
+            infra_requeues=0,
+            reason=_by("released", by),
+            wait={},
+            wait_digest=0,
         )
         passes.request_pass()
         task.refresh_from_db()

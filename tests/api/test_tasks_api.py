@@ -9,7 +9,16 @@ import pytest
 from django.utils import timezone
 
 from scheduling import scheduler, services
-from scheduling.models import GPU, Allocation, IdempotencyKey, Pool, Task, TaskAttempt, TaskEvent
+from scheduling.models import (
+    GPU,
+    Allocation,
+    IdempotencyKey,
+    Pool,
+    SchedulerState,
+    Task,
+    TaskAttempt,
+    TaskEvent,
+)
 from scheduling.spec import MAX_COMMAND_LENGTH, MAX_ENV, MAX_SWEEP_TASKS, TaskSpec
 from scheduling.submission import task_submit
 from tests.api.conftest import assert_constant_queries, assert_error_shape, bearer, make_actor
@@ -368,10 +377,17 @@ def test_detail_shows_the_place_in_line_while_pending(alice, owner, workstation)
 
 def test_the_place_in_line_is_read_from_data_not_from_the_reason_text(alice, owner, workstation):
     task = submit(owner, "next")
-    wait = {"code": "capacity", "position": 3, "line": 7, "details": {}}
+    others = [submit(owner, f"other-{i}") for i in range(2)]
+    wait = {"code": "capacity", "details": {"fitting_now": 0}}
     Task.objects.filter(pk=task.pk).update(reason="a reason in any words", wait=wait)
+    SchedulerState.objects.update_or_create(
+        pk=1, defaults={"line": [others[0].pk, others[1].pk, task.pk, 10**9]}
+    )
     body = alice.get(task_url(task)).json()
-    assert (body["position"], body["wait"]) == (3, wait)
+    assert (body["position"], body["wait"]) == (3, {**wait, "position": 3, "line": 4})
+    assert body["reason"] == "a reason in any words; 3rd of 4 in line"
+    listed = alice.get("/api/v1/tasks/").json()["results"]
+    assert {t["id"]: t["reason"] for t in listed}[task.pk] == body["reason"]
 
 
 def test_detail_shows_gpus_node_and_attempts_once_scheduled(alice, owner, workstation):

@@ -298,11 +298,11 @@ def test_waiting_reason_control_and_other_tenants(server, gpuctl, owner, outside
     schedule_pass()
     assert Task.objects.get(pk=big["id"]).state == "scheduled"
     waiting = Task.objects.get(pk=second)
-    assert waiting.state == "pending" and "2nd of 2 in line" in waiting.reason
+    assert waiting.state == "pending" and "2nd of 2 in line" in waiting.reason_text
 
     described = fields_of(gpuctl.ok("describe", "task", str(second)))
     assert (described["Task"], described["State"]) == (f"{second} sleep", "pending")
-    assert described["Waiting"] == waiting.reason
+    assert described["Waiting"] == waiting.reason_text
     assert described["Position"] == "2nd in line"
     assert described["GPUs wanted"] == "2 x any type (whole cards, exclusive)"
     assert described["Command"] == "sleep 1"

@@ -516,7 +516,9 @@ def test_a_replay_stops_when_the_policy_preempts_forever() -> None:
 
 def test_a_replay_stops_when_the_policy_never_places_a_job() -> None:
     def idle(snapshot: Snapshot) -> Decision:
-        return Decision(waiting={t.id: "no" for t in snapshot.pending})
+        decision = Decision()
+        decision.waiting.update((t.id, "no") for t in snapshot.pending)
+        return decision
 
     with pytest.raises(PolicyViolation, match="left 2 job.*pending on an idle cluster"):
         simulate(

@@ -94,8 +94,8 @@ def test_a_waiting_task_says_why_and_where_it_stands(lab, workstation):
     waiting = tasks[2]
     waiting.refresh_from_db()
     assert waiting.state == TaskState.PENDING
-    assert "tenant vision-lab uses 2 of its 2 GPUs" in waiting.reason
-    assert "1st of 1 in line" in waiting.reason
+    assert waiting.reason == "tenant vision-lab uses 2 of its 2 GPUs"
+    assert waiting.reason_text == "tenant vision-lab uses 2 of its 2 GPUs; 1st of 1 in line"
 
 
 def test_why_a_task_waits_is_stored_as_data_the_reason_is_rendered_from(lab, workstation):
@@ -106,15 +106,13 @@ def test_why_a_task_waits_is_stored_as_data_the_reason_is_rendered_from(lab, wor
     scheduler.schedule_pass()
     for task in (over_quota, *queued):
         task.refresh_from_db()
-    assert over_quota.wait == {
-        "code": "quota",
-        "position": 1,
-        "line": 2,
-        "details": {"limit": "gpus", "in_use": 3.0, "of": 3, "pool": None},
-    }
-    assert over_quota.reason == "tenant vision-lab uses 3 of its 3 GPUs; 1st of 2 in line"
+    details = {"limit": "gpus", "in_use": 3.0, "of": 3, "pool": None}
+    # Stored without the place in line, which is the pass's line (SchedulerState.line).
+    assert over_quota.wait == {"code": "quota", "details": details}
+    assert over_quota.wait_view == {"code": "quota", "position": 1, "line": 2, "details": details}
+    assert over_quota.reason_text == "tenant vision-lab uses 3 of its 3 GPUs; 1st of 2 in line"
     # The head of the serial queue is second in line; the next one waits behind it, out of line.
-    assert queued[1].wait == {
+    assert queued[1].wait_view == {
         "code": "queue",
         "position": None,
         "line": None,
@@ -123,14 +121,16 @@ def test_why_a_task_waits_is_stored_as_data_the_reason_is_rendered_from(lab, wor
     # Leaving pending clears it; the next pass writes a fresh one.
     finish(placed[0])
     over_quota.refresh_from_db()
-    assert over_quota.wait["position"] == 1
+    assert over_quota.wait_view["position"] == 1
     scheduler.schedule_pass()
     over_quota.refresh_from_db()
     assert (over_quota.state, over_quota.wait, over_quota.reason) == ("scheduled", {}, "")
+    assert over_quota.wait_view is None
 
 
 def test_a_pass_writes_every_reason_and_its_data_in_one_statement(lab, workstation):
-    """However many tasks wait, the pass costs the same queries (no per-task writes)."""
+    """However many tasks wait, the pass costs the same queries (no per-task writes), and it
+    rewrites only the reasons that changed."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -146,9 +146,21 @@ def test_a_pass_writes_every_reason_and_its_data_in_one_statement(lab, workstati
     for i in range(30):
         submit(lab, f"more-{i}", gpus_min=4, gpus_max=4)
     assert pass_queries() == few
-    waits = Task.objects.filter(state=TaskState.PENDING).values_list("wait", flat=True)
-    assert sorted(w["position"] for w in waits) == list(range(1, 32))
-    assert {w["code"] for w in waits} == {"capacity", "reserved"}
+    waiting = list(Task.objects.filter(state=TaskState.PENDING))
+    Task.attach_places(waiting)
+    assert sorted(t.place[0] for t in waiting) == list(range(1, 32))
+    assert {t.wait["code"] for t in waiting} == {"capacity", "reserved"}
+
+    # Nothing changed: the next pass writes no task at all (their places are in one array).
+    with CaptureQueriesContext(connection) as captured:
+        scheduler.schedule_pass()
+    writes = [q["sql"] for q in captured if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert not any("scheduling_task" in sql for sql in writes), writes
+    # One more task changes its own reason only; the others keep theirs and move in line.
+    Task.objects.filter(pk=waiting[-1].pk).update(priority=50)
+    with CaptureQueriesContext(connection) as captured:
+        scheduler.schedule_pass()
+    assert any("scheduling_task" in q["sql"] and "wait_digest" in q["sql"] for q in captured)
 
 
 def test_a_serial_queue_of_three_runs_one_at_a_time_in_order(lab, workstation):
