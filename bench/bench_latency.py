@@ -54,8 +54,8 @@ MIN_TASKS = 10
 MEASURE_UNTIL_S = 45.0
 WARMUP = 3
 COMMAND = "true"
-TARGET_P50_S = 0.500
-TARGET_P99_S = 1.500
+TARGET_P50_S = 0.060  # issue 9's targets on this 2-core machine
+TARGET_P99_S = 0.250
 STOP_GRACE_S = 20.0
 POLL_S = 0.01  # how often this process looks at the database while it waits
 STARTUP_RUNS = 3  # runs of each start-up probe
@@ -86,6 +86,9 @@ def child_env(tmp: Path, config: Path) -> dict[str, str]:
         GPUPLATFORM_TASKS_ROOT=str(tmp / "tasks"),
         GPUPLATFORM_TASK_LOG_DIR=str(tmp / "logs"),
         PYTHONUNBUFFERED="1",
+        # Kept for the breakdown below (when each pass and launch began); production keeps
+        # none (-1), which only spares the clusters' monitors work after a job has run.
+        Q_SAVE_LIMIT="200",
     )
     return environ
 
@@ -454,8 +457,9 @@ def main() -> dict:
     not_succeeded = [row["task"] for row in rows if row["state"] != "succeeded"]
 
     print(
-        f"scheduler: manage.py qcluster (poll {Conf.POLL} s, {Conf.WORKERS} workers); node agent "
-        f"{NODE}: {GPUS} simulated GPUs, heartbeat 1 s, its own cluster (Q_CLUSTER_NAME={NODE})"
+        f"scheduler: manage.py qcluster ({Conf.WORKERS} workers, queues woken by NOTIFY); "
+        f"node agent {NODE}: {GPUS} simulated GPUs, heartbeat 1 s, its own cluster "
+        f"(Q_CLUSTER_NAME={NODE})"
     )
     print(
         f"{len(total)} tasks ({COMMAND!r}, 1 GPU; {MIN_TASKS} to {TASKS}, as time allows) "
@@ -515,7 +519,6 @@ def main() -> dict:
         "tasks": len(total),
         "warmup": WARMUP,
         "lost": run["lost"],
-        "poll_s": Conf.POLL,
         "load_average": load,
         "p50_s": p50,
         "p90_s": p90,

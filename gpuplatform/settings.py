@@ -275,10 +275,16 @@ Q_CLUSTER = {
     "max_attempts": 3,
     "ack_failures": True,
     "catch_up": False,
-    "save_limit": 1000,
-    # Seconds an idle cluster waits between looks at the queue: a launch waits this long at
-    # most twice (scheduler, then node). 50 ms costs an idle cluster 20 tiny queries a second.
-    "poll": env.integer("Q_POLL_MS", 50, minimum=10) / 1000,
+    # Successful jobs are not stored (-1; failures always are): the platform records what a
+    # pass or a launch did in its own tables. With 1,000, each finished job made the cluster's
+    # monitor lock up to 1,000 stored results (SELECT ... FOR UPDATE) to prune one, every
+    # cluster contending for the same rows: about 3 ms of PostgreSQL per job, most of a core
+    # at 200 tasks a second (NOTES.md). A positive Q_SAVE_LIMIT keeps that many per function.
+    "save_limit": env.integer("Q_SAVE_LIMIT", -1, minimum=-1),
+    "save_limit_per": "func",
+    # Queues are woken by LISTEN/NOTIFY, not polled (gpuplatform/broker.py): a job starts about
+    # a millisecond after its commit, and an idle cluster costs two small queries a second.
+    "broker_class": "gpuplatform.broker.NotifyingOrm",
     "ALT_CLUSTERS": {},
 }
 if TESTING:

@@ -11,7 +11,8 @@ reclaimable) wake the scheduler when they are due, not at the next backstop: eac
 delayed pass for the earliest such time (``wake_at``). django-q2 cannot delay a task and its
 schedules run at most once a minute, but its ORM broker hands a queued row out once the row's
 ``lock`` time has passed (that is how it re-delivers unacknowledged tasks): a row enqueued with
-``lock = due`` is a pass that the scheduler cluster picks up within one poll (50 ms) of ``due``.
+``lock = due`` is a pass that the scheduler cluster picks up within milliseconds of ``due`` (its
+idle pusher waits until the earliest row falls due: gpuplatform/broker.py).
 The booking survives restarts (it is a row in PostgreSQL) and a pass booked for a time that
 turned out not to matter is just a cheap pass. ``SchedulerState.wake_at`` coalesces: a pass
 books a new wake-up only if none is booked at or before the time it needs.
@@ -30,10 +31,10 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
-from django_q.brokers.orm import ORM
 from django_q.models import Schedule
 from django_q.tasks import async_task
 
+from gpuplatform.broker import NotifyingOrm
 from scheduling.models import SchedulerState
 
 logger = logging.getLogger(__name__)
@@ -95,15 +96,18 @@ def _book(when: datetime) -> None:
     )
 
 
-class DelayedOrm(ORM):
-    """django-q2's ORM broker, enqueueing a row that is handed out only once ``due`` passed."""
+class DelayedOrm(NotifyingOrm):
+    """The platform's broker, enqueueing a row that is handed out only once ``due`` passed
+    (the notification makes the idle pusher wait until then rather than its usual second)."""
 
     def __init__(self, list_key: str, due: datetime) -> None:
         super().__init__(list_key=list_key)
         self.due = due
 
     def enqueue(self, task: str) -> int:
-        return self.get_connection().create(key=self.list_key, payload=task, lock=self.due).pk
+        pk = self.get_connection().create(key=self.list_key, payload=task, lock=self.due).pk
+        self.notify()
+        return pk
 
 
 def mark_started() -> None:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 from django_q.signing import SignedPackage
 
+from gpuplatform.broker import NotifyingOrm
 from scheduling import passes, scheduler
 from scheduling.models import SchedulerState, Task
 from scheduling.spec import TaskSpec
@@ -88,7 +89,7 @@ def test_the_delayed_broker_hands_a_row_out_only_once_it_is_due():
     due = timezone.now() + timedelta(seconds=60)
     broker = passes.DelayedOrm(list_key="gpuplatform", due=due)
     broker.enqueue("payload")
-    plain = passes.ORM(list_key="gpuplatform")
+    plain = NotifyingOrm(list_key="gpuplatform")
     assert plain.queue_size() == 0  # not yet
     OrmQ.objects.update(lock=timezone.now() - timedelta(seconds=1))
     assert plain.queue_size() == 1

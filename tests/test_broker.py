@@ -1,0 +1,95 @@
+"""The platform's django-q2 broker: the ORM broker's queue, woken by LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections, transaction
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from gpuplatform import broker as broker_module
+from gpuplatform.broker import NotifyingOrm, channel_for
+from scheduling.passes import DelayedOrm
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Far longer than any of these tests may take: a dequeue that returns at all was woken.
+NEVER_S = 60.0
+BOUND_S = 20.0
+
+
+@pytest.fixture(autouse=True)
+def idle_for_long(monkeypatch):
+    monkeypatch.setattr(broker_module, "IDLE_S", NEVER_S)
+
+
+def dequeue_in_thread(broker: NotifyingOrm) -> tuple[threading.Thread, list]:
+    """Call dequeue until it hands something out, in a thread with its own connection."""
+    got: list = []
+
+    def run() -> None:
+        try:
+            deadline = time.monotonic() + BOUND_S
+            while not got and time.monotonic() < deadline:
+                got.extend(broker.dequeue() or [])
+        finally:
+            broker.close_listener()
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def wait_until_listening(broker: NotifyingOrm) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while broker._listener is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert broker._listener is not None, "the broker never waited on its queue"
+
+
+def test_a_waiting_dequeue_is_woken_by_the_commit_of_an_enqueue():
+    waiting = NotifyingOrm(list_key="node-a")
+    thread, got = dequeue_in_thread(waiting)
+    wait_until_listening(waiting)
+    with transaction.atomic():
+        NotifyingOrm(list_key="node-a").enqueue("payload")
+        time.sleep(0.3)
+        assert got == [], "woken before the enqueue committed"
+    began = time.monotonic()
+    thread.join(BOUND_S)
+    assert [payload for _, payload in got] == ["payload"]
+    # Woken by the notification: without it the idle wait would have lasted NEVER_S.
+    assert time.monotonic() - began < BOUND_S
+
+
+def test_each_queue_hands_out_only_its_own_rows():
+    waiting = NotifyingOrm(list_key="node-a")
+    thread, got = dequeue_in_thread(waiting)
+    wait_until_listening(waiting)
+    NotifyingOrm(list_key="node-b").enqueue("for b")
+    NotifyingOrm(list_key="node-a").enqueue("for a")
+    thread.join(BOUND_S)
+    assert [payload for _, payload in got] == ["for a"]
+    assert list(OrmQ.objects.filter(key="node-b").values_list("payload", flat=True)) == ["for b"]
+
+
+def test_a_delayed_row_is_handed_out_once_due_without_another_notification():
+    waiting = NotifyingOrm(list_key="gpuplatform")
+    thread, got = dequeue_in_thread(waiting)
+    wait_until_listening(waiting)
+    due = timezone.now() + timedelta(seconds=0.5)
+    DelayedOrm(list_key="gpuplatform", due=due).enqueue("wake-up")
+    thread.join(BOUND_S)
+    assert [payload for _, payload in got] == ["wake-up"]
+    assert timezone.now() >= due
+
+
+def test_channel_names_are_identifiers_whatever_the_queue_is_called():
+    for key in ("gpuplatform", "node with spaces", "ü" * 80, 'a"; DROP TABLE x; --'):
+        name = channel_for(key)
+        assert name.startswith("djq_") and len(name) == 12 and name.isascii()
