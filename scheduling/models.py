@@ -387,6 +387,12 @@ class TaskEvent(models.Model):
         return f"{self.task_id}: {self.from_state or '-'} -> {self.to_state}"
 
 
+class SchedulerStateManager(models.Manager):
+    def get_queryset(self):
+        # The line holds one id per waiting task (10,000 and more): read only where asked for.
+        return super().get_queryset().defer("line")
+
+
 class SchedulerState(models.Model):
     """The one row that coalesces scheduling passes and tells operators how they go."""
 
@@ -420,6 +426,8 @@ class SchedulerState(models.Model):
         blank=True,
         help_text="The half-life the tenants' decayed usage counters are kept for.",
     )
+
+    objects = SchedulerStateManager()
 
     class Meta:
         verbose_name = "scheduler state"

@@ -192,6 +192,7 @@ class Supervisor:
                 supervisor_pid=me.pid, supervisor_started=me.started
             ),
             forever=True,
+            keep=True,  # reported again in milliseconds, once the task runs: one connection
         )
         tenant = self.task.tenant
         exit_file = paths.exit_path(tenant.name, self.task.pk, self.attempt.number)
@@ -355,23 +356,27 @@ class Supervisor:
         logger.info("attempt %s ended: %s (exit %s)", self.attempt, outcome, exit_code)
         return 0
 
-    def db(self, func, *, default=None, tries: int = 1, forever: bool = False):
+    def db(self, func, *, default=None, tries: int = 1, forever: bool = False, keep=False):
         """Call a database service, surviving a database that is down for a while, and hold no
-        connection afterwards (a running task's supervisor costs the server nothing)."""
+        connection afterwards (a running task's supervisor costs the server nothing), unless
+        ``keep`` (the next report follows at once) and the call succeeded."""
         from django.db import DatabaseError, connections
 
         attempt = 0
         while True:
             attempt += 1
             try:
-                return func()
+                result = func()
             except DatabaseError as exc:
+                connections.close_all()
                 logger.warning("database unavailable (%s); will retry", exc)
                 if not forever and attempt >= tries:
                     return default
                 time.sleep(1)
-            finally:
+                continue
+            if not keep:
                 connections.close_all()
+            return result
 
 
 def task_limits(task):
