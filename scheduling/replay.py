@@ -272,11 +272,17 @@ class _GpuState:
     exclusive: bool = False
 
 
-def check_decision(snapshot: Snapshot, decision: Decision) -> None:
+def check_decision(
+    snapshot: Snapshot, decision: Decision, class_shares: dict[str, float] | None = None
+) -> None:
     """Raise PolicyViolation if applying ``decision`` to ``snapshot`` would break a rule.
 
     Preemptions are applied first (a victim's GPUs are free for placements in the same
     decision), then placements one by one, each against what the ones before it took.
+
+    With ``class_shares`` (the policy's class guarantees), a task that is not preemptible may
+    still be preempted by a task of another class, to give back what its own class borrowed,
+    never taking its class below its guarantee (``_check_guarantees``); without them, never.
     """
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}
     state = {
@@ -297,10 +303,14 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             fail(f"preempts task {victim.id} twice")
         if victim.stopping:
             fail(f"preempts task {victim.id}, which is already stopping")
-        if not victim.preemptible:
-            fail(f"preempts task {victim.id} ({victim.task_class}), which is not preemptible")
         if preemption.for_task_id not in pending:
             fail(f"preempts task {victim.id} for task {preemption.for_task_id}, not pending")
+        reclaim = (
+            class_shares is not None
+            and pending[preemption.for_task_id].task_class != victim.task_class
+        )
+        if not victim.preemptible and not reclaim:
+            fail(f"preempts task {victim.id} ({victim.task_class}), which is not preemptible")
         victims.add(victim.id)
         for gpu_id, mb in victim.gpus:
             gpu_state = state[gpu_id]
@@ -308,6 +318,9 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             gpu_state.reserved_mb -= mb
             if victim.exclusive:
                 gpu_state.exclusive = False
+
+    if class_shares is not None:
+        _check_guarantees(snapshot, decision, class_shares, fail)
 
     placed: set[int] = set()
     for placement in decision.placements:
@@ -342,6 +355,47 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             gpu_state.holders += 1
             gpu_state.reserved_mb += mb
             gpu_state.exclusive = placement.exclusive
+
+
+def _check_guarantees(
+    snapshot: Snapshot,
+    decision: Decision,
+    class_shares: dict[str, float],
+    fail: Callable[[str], NoReturn],
+) -> None:
+    """Tasks that are not preemptible (online ones included) are preempted only as capacity
+    their class borrowed: their class keeps at least its guaranteed share (counted over
+    schedulable GPUs, stopping tasks not counted)."""
+    from scheduling.policy.core import _guarantees
+
+    schedulable = sum(1 for gpu in snapshot.gpus if gpu.schedulable)
+    guarantee = _guarantees(schedulable, class_shares)
+    memory = {gpu.id: gpu.memory_mb for gpu in snapshot.gpus}
+
+    def share(task: RunningView) -> float:
+        if task.exclusive:
+            return float(len(task.gpus))
+        return sum(mb / (memory.get(gpu_id) or 1) for gpu_id, mb in task.gpus)
+
+    held: dict[str, float] = {}
+    for task in snapshot.running:
+        if not task.stopping:
+            held[task.task_class] = held.get(task.task_class, 0.0) + share(task)
+    running = {task.id: task for task in snapshot.running}
+    for preemption in decision.preemptions:
+        victim = running[preemption.task_id]
+        held[victim.task_class] -= share(victim)
+    for preemption in decision.preemptions:
+        victim = running[preemption.task_id]
+        if victim.preemptible and victim.task_class != ONLINE:
+            continue  # the usual rules, checked by the caller
+        kept = held[victim.task_class]
+        if kept < guarantee.get(victim.task_class, 0) - 1e-9:
+            fail(
+                f"preempts task {victim.id} ({victim.task_class}) for task "
+                f"{preemption.for_task_id} of another class, leaving {victim.task_class} "
+                f"{kept:g} GPUs, below its guaranteed {guarantee.get(victim.task_class, 0)}"
+            )
 
 
 def _check_gpu(
@@ -388,6 +442,7 @@ def _check_gpu(
 
 _DONE = 0  # completions sort before arrivals at the same instant (order within an instant
 _ARRIVE = 1  # does not matter: the policy runs once all of them are applied)
+_WAKE = 2  # a time the policy asked to look again at (``Decision.wake_at``)
 
 
 @dataclass(slots=True)
@@ -514,6 +569,8 @@ def simulate(
                 f"nodes have {gpus_per_node}"
             )
     name, decide = _policy_function(policy, settings)
+    # The policy's own guarantees, for the checker: only our core promises them.
+    shares = (settings or PolicySettings()).class_shares if policy == "ours" else None
     cluster = _Cluster(
         jobs,
         nodes=nodes,
@@ -559,6 +616,7 @@ def simulate(
         (job.submit_s, _ARRIVE, i + 1, 0) for i, job in enumerate(jobs)
     ]
     heapq.heapify(events)
+    wake_ups: set[float] = set()  # booked, as the scheduler books one delayed pass each
 
     def occupied(run: _Run, until: float) -> float:
         gpu_s = run.weight * (until - run.task.started_at)
@@ -575,6 +633,9 @@ def simulate(
             if kind == _ARRIVE:
                 cluster.pending[task_id] = waiting[task_id]
                 changed = True
+            elif kind == _WAKE:
+                wake_ups.discard(now)
+                changed = True
             elif run_no == runs[task_id] and task_id in cluster.running:
                 occupied(cluster.stop(task_id), now)
                 records[task_id - 1].end_s = now
@@ -590,7 +651,7 @@ def simulate(
             result.passes += 1
             result.policy_time_total_s += spent
             result.policy_time_max_s = max(result.policy_time_max_s, spent)
-            check_decision(snapshot, decision)
+            check_decision(snapshot, decision, shares)
 
             for preemption in decision.preemptions:
                 run = cluster.stop(preemption.task_id)
@@ -641,6 +702,11 @@ def simulate(
                 f"t={now:g}: the policy preempted on {_MAX_PASSES_PER_INSTANT} passes in a row "
                 f"at the same instant (a livelock); the last preempted {last} and placed {placed}"
             )
+        # A wait that ends by time alone gets its pass then, not at the next arrival or end.
+        if decision.wake_at is not None and decision.wake_at > now:
+            if decision.wake_at not in wake_ups:
+                wake_ups.add(decision.wake_at)
+                heapq.heappush(events, (decision.wake_at, _WAKE, 0, 0))
         result.timeline.append((now, cluster.busy_gpus()))
 
     if cluster.pending:

@@ -87,9 +87,9 @@ def schedule_pass() -> PassResult:
             transaction.on_commit(lambda: lifecycle.dispatch_launches(placed))
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision)
-        wake_at = next_wake_up(snapshot)
-        if wake_at is not None:
-            result.wake_at = datetime.fromtimestamp(wake_at, UTC)
+        # The policy says when a wait ends by time alone (backoff, starvation, reclaim).
+        if decision.wake_at is not None:
+            result.wake_at = datetime.fromtimestamp(decision.wake_at, UTC)
             passes.book_wake_up(result.wake_at)
         result.ms = (time.perf_counter() - began) * 1000
         SchedulerState.objects.get_or_create(pk=1)
@@ -253,13 +253,6 @@ def build_snapshot(now: datetime) -> Snapshot:
         pending=tuple(pending),
         tenants=_tenant_views(tenants, pool_names, now),
     )
-
-
-def next_wake_up(snapshot: Snapshot) -> float | None:
-    """The earliest time a pending task's wait ends by itself (its retry backoff), as epoch
-    seconds: the pass books a pass for then, so the task starts when due, not at the backstop."""
-    due = [p.not_before for p in snapshot.pending if p.not_before and p.not_before > snapshot.now]
-    return min(due, default=None)
 
 
 def _pending_rows() -> list[tuple]:

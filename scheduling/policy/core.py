@@ -13,6 +13,23 @@ Pure: a Snapshot in, a Decision out, no I/O. One pass:
    without a timeout never can), so a big task is never starved by a stream of small ones.
 5. A blocked task that is online (while online is under its guaranteed share) or of higher
    priority may preempt preemptible lower-priority work, choosing the victims that lose least.
+
+Class guarantees. Each class (online, batch) has a guaranteed share of the schedulable GPUs
+(``class_shares``, rounded to whole GPUs) and may borrow what the other leaves idle. The
+invariant: a class that has demand gets at least its guaranteed share within a bounded time.
+Two rules keep it:
+
+- No preemption across classes ever takes the victims' class below its guarantee: priority
+  lets online displace batch only from what batch borrowed, and the reverse.
+- A task whose class, with it, stays within its guarantee and that has waited
+  ``reclaim_after_s`` may take back what the other class borrowed: it preempts tasks of that
+  class beyond its guarantee, whatever their priority, preemptibility or run time (borrowed
+  capacity is lent, not given; services borrow too, and are evicted from borrowed GPUs only).
+
+So a task that fits in its class's unused guarantee starts, or has its victims chosen, at most
+``reclaim_after_s`` after it began to wait, unless its quota, its constraints (pool, type,
+node) or placement on one node stop it, not the other class. Each pass tells the caller when
+the next time-based change is due (``Decision.wake_at``).
 """
 
 from __future__ import annotations
@@ -47,6 +64,8 @@ from scheduling.policy.model import (
 )
 
 INF = math.inf
+PREEMPT = "preempt"  # the usual rules allow it
+RECLAIM = "reclaim"  # only as capacity borrowed beyond its class's guarantee
 NO_LIMITS = Limits()
 
 
@@ -160,6 +179,14 @@ class Pass:
             (r.priority for r in snapshot.running if r.preemptible and r.task_class != ONLINE),
             default=None,
         )
+        self.guarantee = _guarantees(len(self.capacity.gpus), settings.class_shares)
+        # Per class, the GPUs held by tasks that are stopping or that this pass preempts: they
+        # are on their way out and count for neither class's guarantee.
+        self.leaving: dict[str, float] = defaultdict(float)
+        for task in snapshot.running:
+            if task.stopping:
+                self.leaving[task.task_class] += self.share_of(task)
+        self.wake_times: list[float] = []
 
     # -- ordering --
 
@@ -188,8 +215,9 @@ class Pass:
                 left = int(task.not_before - self.now)
                 details = {"not_before": task.not_before, "seconds_left": left}
                 # A time, not a countdown: the text stays true until the pass booked for then.
-                until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(task.not_before))
-                self.wait(task, Wait(WAIT_BACKOFF, f"retry backoff until {until} UTC", details))
+                text = f"retry backoff until {_utc(task.not_before)}"
+                self.wait(task, Wait(WAIT_BACKOFF, text, details))
+                self.wake(task.not_before)
                 continue
             eligible.append(task)
         return eligible
@@ -240,10 +268,31 @@ class Pass:
     # -- one task --
 
     def run(self) -> Decision:
-        for task in self.ordered(self.gate()):
+        eligible = self.gate()
+        # Tasks that may reclaim, per class, not yet considered in this pass.
+        claims: dict[str, int] = defaultdict(int)
+        for task in eligible:
+            if self.now >= self.reclaim_at(task):
+                claims[task.task_class] += 1
+        deferred: list[PendingView] = []
+        for task in self.ordered(eligible):
+            if self.defer(task, claims):
+                deferred.append(task)
+                continue
+            self.consider(task)
+            if self.now >= self.reclaim_at(task):
+                claims[task.task_class] -= 1
+        # What the lenders left (GPUs they cannot use: wrong node, type, size) is still lent.
+        for task in deferred:
             self.consider(task)
         self.finish_reasons()
+        self.decision.wake_at = min(self.wake_times, default=None)
         return self.decision
+
+    def wake(self, at: float) -> None:
+        """A wait ends by itself at ``at``: the caller should run a pass then."""
+        if at > self.now:
+            self.wake_times.append(at)
 
     def consider(self, task: PendingView) -> None:
         problem = self.quota_problem(task, None)
@@ -254,7 +303,7 @@ class Pass:
         shape = (task.exclusive, task.gpus_min, task.gpu_memory_mb, task.gpu_type, task.pool,
                  task.node, task.task_class, allowed)  # fmt: skip
         if shape in self.blocked_shapes:  # capacity only shrinks within a pass
-            self.wait(task, self.blocked_shapes[shape], in_line=True)
+            self.wait(task, self.reclaim_note(task, self.blocked_shapes[shape]), in_line=True)
             return
         placement = self.capacity.find(task, self.allowed_for(task))
         if placement is not None and task.gpus_max > task.gpus_min:
@@ -271,17 +320,19 @@ class Pass:
                 self.backfill_reserved = True
                 self.reservations.append(reservation)
                 when = reservation.start
-                eta = "when they free up" if when == INF else f"in ~{int(when - self.now)} s"
+                # A time, not a countdown frozen at this pass.
+                eta = "when they free up" if when == INF else f"expected by {_utc(when)}"
                 details = {
                     **reason.details,
                     "node": reservation.node,
-                    "eta_s": None if when == INF else int(when - self.now),
+                    "expected_at": None if when == INF else when,
                 }
                 text = f"{reason.text}; next to start: GPUs on {reservation.node} are held for it"
-                self.wait(task, Wait(WAIT_RESERVED, f"{text}, {eta}", details), in_line=True)
+                why = Wait(WAIT_RESERVED, f"{text}, {eta}", details)
+                self.wait(task, self.reclaim_note(task, why), in_line=True)
                 return
         self.blocked_shapes[shape] = reason
-        self.wait(task, reason, in_line=True)
+        self.wait(task, self.reclaim_note(task, reason), in_line=True)
 
     def allowed_for(self, task: PendingView):
         held = frozenset().union(
@@ -302,6 +353,8 @@ class Pass:
         self.decision.waits[task.id] = why
         if in_line:
             self.decision.line.append(task.id)
+            # Past the starvation limit it goes to the front of the line: look again then.
+            self.wake(task.submitted_at + self.settings.starvation_after_s)
 
     def finish_reasons(self) -> None:
         """Render every reason from its data and its place in line."""
@@ -413,8 +466,27 @@ class Pass:
 
     # -- preemption --
 
-    def may_preempt(self, task: PendingView, victim: RunningView) -> bool:
+    def may_preempt(self, task: PendingView, victim: RunningView, reclaiming: bool) -> str:
+        """Why ``victim`` may be stopped for ``task``: ``PREEMPT`` (the usual rules),
+        ``RECLAIM`` (its class borrowed what ``task``'s class takes back; ``try_preempt``
+        takes no more than was borrowed) or "" (it may not)."""
+        if self.preemptible_for(task, victim):
+            return PREEMPT
+        if reclaiming and victim.task_class != task.task_class:
+            return RECLAIM
+        return ""
+
+    def preemptible_for(self, task: PendingView, victim: RunningView) -> bool:
         if not victim.preemptible or victim.task_class == ONLINE:
+            return False
+        if (
+            victim.task_class != task.task_class
+            and victim.submitted_at is not None
+            and victim.started_at - victim.submitted_at >= self.settings.reclaim_after_s
+            and self.borrowed(victim.task_class) <= 1e-9
+        ):
+            # It started by its class's right to its guarantee, which it does not exceed:
+            # evicting it across classes would only start the reclaim over again.
             return False
         if (
             victim.submitted_at is not None
@@ -433,13 +505,75 @@ class Pass:
             and self.under_guarantee(ONLINE, task)
         )
 
+    # -- class guarantees --
+
+    def share_of(self, running: RunningView) -> float:
+        """The GPUs a running task holds, a shared card counting as its share."""
+        return sum(
+            card_share(exclusive=running.exclusive, memory_mb=mb,
+                       card_memory_mb=self.books.gpu_memory.get(gpu_id, mb))
+            for gpu_id, mb in running.gpus
+        )  # fmt: skip
+
+    def held(self, task_class: str) -> float:
+        """The GPUs a class holds and keeps: placed this pass included, leaving excluded."""
+        return self.books.by_class[task_class] - self.leaving[task_class]
+
+    def borrowed(self, task_class: str) -> float:
+        """What a class holds beyond its guarantee: all that may be taken from it."""
+        return max(0.0, self.held(task_class) - self.guarantee.get(task_class, 0))
+
     def under_guarantee(self, task_class: str, task: PendingView) -> bool:
-        shares = self.settings.class_shares
-        guarantee = _guarantees(len(self.capacity.gpus), shares).get(task_class, 0)
-        return self.books.by_class[task_class] + task.gpus_min <= guarantee
+        need = _request(task, None, self.typical_gpu_mb).gpus
+        return self.held(task_class) + need <= self.guarantee.get(task_class, 0) + 1e-9
+
+    def reclaim_at(self, task: PendingView) -> float:
+        """When the task may take back borrowed GPUs: ``reclaim_after_s`` after it began to
+        wait (its submission, or the end of its retry backoff)."""
+        since = max(task.submitted_at, task.not_before or task.submitted_at)
+        return since + self.settings.reclaim_after_s
+
+    def lender(self, task: PendingView) -> bool:
+        """Its class, with it, stays within its guarantee, and another class borrows."""
+        if not self.under_guarantee(task.task_class, task):
+            return False
+        return any(self.borrowed(name) > 1e-9 for name in self.guarantee if name != task.task_class)
+
+    def reclaiming(self, task: PendingView) -> bool:
+        return self.lender(task) and self.now >= self.reclaim_at(task)
+
+    def defer(self, task: PendingView, claims: dict[str, int]) -> bool:
+        """Whether a task that would borrow waits until the tasks that may reclaim have had
+        their turn: GPUs freed for them (by a reclaim, or by tasks ending) must go to them, not
+        back to the class that borrowed, or a reclaim would never end. Within a class the
+        order stays as it was."""
+        if not claims or self.under_guarantee(task.task_class, task):
+            return False
+        return any(
+            count > 0 and self.held(name) < self.guarantee.get(name, 0) - 1e-9
+            for name, count in claims.items()
+            if name != task.task_class
+        )
+
+    def reclaim_note(self, task: PendingView, why: Wait) -> Wait:
+        """A lender not yet allowed to reclaim: say from when it may, and look again then."""
+        if not self.settings.preemption or not self.lender(task):
+            return why
+        at = self.reclaim_at(task)
+        if at <= self.now:
+            return why
+        self.wake(at)
+        guarantee = self.guarantee.get(task.task_class, 0)
+        text = (
+            f"{why.text}; {task.task_class} holds {_num(self.held(task.task_class))} of its "
+            f"guaranteed {guarantee} GPUs: takes borrowed GPUs back from {_utc(at)}"
+        )
+        return Wait(why.code, text, {**why.details, "reclaim_at": at})
 
     def could_preempt(self, task: PendingView) -> bool:
         """Cheap test before the search: is any running task a possible victim?"""
+        if self.reclaiming(task):
+            return True
         if self.lowest_preemptible is None:
             return any(r.stopping for r in self.snap.running)
         return self.lowest_preemptible < task.priority or (
@@ -449,11 +583,19 @@ class Pass:
     def try_preempt(self, task: PendingView) -> bool:
         """Choose victims on one node that free enough for ``task`` at the least lost work."""
         by_node: dict[str, list[RunningView]] = defaultdict(list)
+        reclaiming = self.reclaiming(task)
+        reclaims: set[int] = set()  # victims allowed only as borrowed capacity
         for running in self.snap.running:
             if running.id in self.removed:
                 continue
-            if running.stopping or self.may_preempt(task, running):
+            if running.stopping:
                 by_node[running.node].append(running)
+                continue
+            why = self.may_preempt(task, running, reclaiming)
+            if why:
+                by_node[running.node].append(running)
+                if why == RECLAIM:
+                    reclaims.add(running.id)
         best: tuple[float, str, list[RunningView], list] | None = None
         allowed = self.allowed_for(task)
         for node, members in self.capacity.candidates(task):
@@ -464,7 +606,14 @@ class Pass:
                 continue
             candidates.sort(key=lambda r: (self.lost_work(r), r.id))
             chosen: list[RunningView] = []
+            # Reclaimed from another class: only what it borrowed, never below its guarantee.
+            lendable = {name: self.borrowed(name) for name in self.guarantee}
             for victim in candidates:
+                if victim.id in reclaims:
+                    cost = self.share_of(victim)
+                    if cost > lendable.get(victim.task_class, INF) + 1e-9:
+                        continue
+                    lendable[victim.task_class] = lendable.get(victim.task_class, INF) - cost
                 chosen.append(victim)
                 if self.fits_without(task, matching, chosen):
                     break
@@ -482,6 +631,7 @@ class Pass:
         for victim in victims:
             self.removed.add(victim.id)
         for victim in fresh:
+            self.leaving[victim.task_class] += self.share_of(victim)
             self.decision.preemptions.append(
                 Preemption(
                     task_id=victim.id,
@@ -581,6 +731,10 @@ def schedule_fifo(snapshot: Snapshot) -> Decision:
         capacity.take(placement)
         decision.placements.append(placement)
     return decision
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 def _gib(mb: int) -> str:
