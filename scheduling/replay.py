@@ -281,8 +281,9 @@ def check_decision(
     decision), then placements one by one, each against what the ones before it took.
 
     With ``class_shares`` (the policy's class guarantees), a task that is not preemptible may
-    still be preempted by a task of another class, to give back what its own class borrowed,
-    never taking its class below its guarantee (``_check_guarantees``); without them, never.
+    still be preempted by a task of another class, to give back what its own class borrowed:
+    its class keeps more than its guarantee less one GPU (``_check_guarantees``); without
+    them, never.
     """
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}
     state = {
@@ -364,8 +365,9 @@ def _check_guarantees(
     fail: Callable[[str], NoReturn],
 ) -> None:
     """Tasks that are not preemptible (online ones included) are preempted only as capacity
-    their class borrowed: their class keeps at least its guaranteed share (counted over
-    schedulable GPUs, stopping tasks not counted)."""
+    their class borrowed: their class keeps more than its guaranteed share less one GPU (a
+    task cannot be evicted by halves; counted over schedulable GPUs, stopping tasks not
+    counted)."""
     from scheduling.policy.core import _guarantees
 
     schedulable = sum(1 for gpu in snapshot.gpus if gpu.schedulable)
@@ -390,11 +392,11 @@ def _check_guarantees(
         if victim.preemptible and victim.task_class != ONLINE:
             continue  # the usual rules, checked by the caller
         kept = held[victim.task_class]
-        if kept < guarantee.get(victim.task_class, 0) - 1e-9:
+        if kept <= guarantee.get(victim.task_class, 0) - 1 + 1e-9:
             fail(
-                f"preempts task {victim.id} ({victim.task_class}) for task "
-                f"{preemption.for_task_id} of another class, leaving {victim.task_class} "
-                f"{kept:g} GPUs, below its guaranteed {guarantee.get(victim.task_class, 0)}"
+                f"preempts task {victim.id} ({victim.task_class}), which is not preemptible, "
+                f"for task {preemption.for_task_id}, leaving {victim.task_class} {kept:g} GPUs, "
+                f"a whole GPU below its guaranteed {guarantee.get(victim.task_class, 0)}"
             )
 
 

@@ -19,12 +19,16 @@ Class guarantees. Each class (online, batch) has a guaranteed share of the sched
 invariant: a class that has demand gets at least its guaranteed share within a bounded time.
 Two rules keep it:
 
-- No preemption across classes ever takes the victims' class below its guarantee: priority
-  lets online displace batch only from what batch borrowed, and the reverse.
 - A task whose class, with it, stays within its guarantee and that has waited
   ``reclaim_after_s`` may take back what the other class borrowed: it preempts tasks of that
-  class beyond its guarantee, whatever their priority, preemptibility or run time (borrowed
-  capacity is lent, not given; services borrow too, and are evicted from borrowed GPUs only).
+  class, whatever their priority, preemptibility or run time (borrowed capacity is lent, not
+  given; services borrow too), but only what that class holds beyond its own guarantee,
+  rounded up to whole GPUs (``lendable``): it keeps more than its guarantee less one GPU.
+- Tasks that started by that right are not evicted across classes while their class holds
+  no more than its guarantee (by priority or by the other class's guarantee), so a reclaim is
+  never undone; and while a class may reclaim, the other class's tasks that would borrow
+  more are considered after its own in each pass, so GPUs freed for the lender (by a reclaim
+  or by tasks ending) go to it, not back to the borrower.
 
 So a task that fits in its class's unused guarantee starts, or has its victims chosen, at most
 ``reclaim_after_s`` after it began to wait, unless its quota, its constraints (pool, type,
@@ -523,6 +527,17 @@ class Pass:
         """What a class holds beyond its guarantee: all that may be taken from it."""
         return max(0.0, self.held(task_class) - self.guarantee.get(task_class, 0))
 
+    def lendable(self, task_class: str) -> float:
+        """What a reclaim may take from a class: what it borrowed, rounded up to whole GPUs.
+
+        A task holds whole cards or a share of one, and cannot be evicted by halves: with
+        exactly what was borrowed as the limit, a class 0.9 GPUs over its guarantee could give
+        up only shared-card tasks (on the trace, one 11-day service, evicted five times while
+        newer whole-card services were spared). Rounded up, it keeps more than its guarantee
+        less one GPU, and the reclaim evicts what loses least."""
+        extra = self.borrowed(task_class)
+        return float(math.ceil(extra - 1e-9)) if extra > 1e-9 else 0.0
+
     def under_guarantee(self, task_class: str, task: PendingView) -> bool:
         need = _request(task, None, self.typical_gpu_mb).gpus
         return self.held(task_class) + need <= self.guarantee.get(task_class, 0) + 1e-9
@@ -606,8 +621,8 @@ class Pass:
                 continue
             candidates.sort(key=lambda r: (self.lost_work(r), r.id))
             chosen: list[RunningView] = []
-            # Reclaimed from another class: only what it borrowed, never below its guarantee.
-            lendable = {name: self.borrowed(name) for name in self.guarantee}
+            # Reclaimed from another class: only what it borrowed (see ``lendable``).
+            lendable = {name: self.lendable(name) for name in self.guarantee}
             for victim in candidates:
                 if victim.id in reclaims:
                     cost = self.share_of(victim)

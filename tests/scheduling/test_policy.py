@@ -595,6 +595,21 @@ def test_a_reclaim_never_takes_the_other_class_below_its_guarantee():
     assert len(decision.preemptions) == 1  # online keeps its guaranteed GPU
 
 
+def test_a_reclaim_evicts_whole_gpus_that_lose_least_rather_than_an_old_shared_service():
+    cluster = gpus(per_node=4)
+    # Online is guaranteed 1 GPU and holds 1.5: a day-old service on half a card, a new one
+    # on a whole card. Batch holds the other 2 of its guaranteed 3 and has a task waiting.
+    old = running("svc", [cluster[0]], shared_mb=12 * GIB, priority=90, task_class=ONLINE,
+                  preemptible=False, started_at=NOW - 86400)  # fmt: skip
+    new = services_on([cluster[1]], started_at=NOW - 600)[0]
+    batch = [running("other", [g], priority=10) for g in cluster[2:]]
+    waiting = task(priority=10, gpu_memory_mb=16 * GIB, submitted_at=NOW - RECLAIM)
+    decision = schedule(snap(cluster, [waiting], [old, new, *batch]))
+    # Exactly what online borrowed (0.5) would allow evicting only the old service; whole
+    # tasks cannot be evicted by halves, so online keeps more than its guarantee less 1.
+    assert [p.task_id for p in decision.preemptions] == [new.id]
+
+
 def test_priority_does_not_evict_batch_that_started_by_its_guarantee():
     cluster = gpus(per_node=4)
     services = services_on(cluster[:1])
