@@ -54,6 +54,7 @@ PASS_LOCK = zlib.crc32(b"gpuplatform.scheduling.pass")
 # What a policy that gives only text (a baseline, a test's) leaves in ``Task.wait``.
 UNSTRUCTURED = {"code": "other", "position": None, "line": None, "details": {}}
 FAILED_DEPENDENCY = (TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT)
+WAKE_MIN_GAP_S = 1.0  # a time-based pass is booked at least this long after the one booking it
 
 
 @dataclass
@@ -87,9 +88,12 @@ def schedule_pass() -> PassResult:
             transaction.on_commit(lambda: lifecycle.dispatch_launches(placed))
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision)
-        # The policy says when a wait ends by time alone (backoff, starvation, reclaim).
+        # The policy says when a wait ends by time alone (backoff, starvation, reclaim); at
+        # most one such pass a second, so tasks crossing starvation_after one after another
+        # (a backlog submitted over hours) do not keep the scheduler busy with a pass each.
         if decision.wake_at is not None:
-            result.wake_at = datetime.fromtimestamp(decision.wake_at, UTC)
+            wake_at = max(decision.wake_at, now.timestamp() + WAKE_MIN_GAP_S)
+            result.wake_at = datetime.fromtimestamp(wake_at, UTC)
             passes.book_wake_up(result.wake_at)
         result.ms = (time.perf_counter() - began) * 1000
         SchedulerState.objects.get_or_create(pk=1)

@@ -91,6 +91,18 @@ def test_a_task_waiting_for_gpus_books_a_wake_up_for_when_it_starts_to_starve(
 
 
 @pytest.mark.django_db
+def test_time_based_passes_come_at_most_one_a_second(lab, workstation, run_pass):
+    task = backing_off(lab, 0.5)
+    result = run_pass()
+    if result.placed:
+        pytest.skip("the machine took over 0.5 s to start the pass; the backoff had ended")
+    last_pass_at = SchedulerState.objects.get().last_pass_at
+    # Not 0.5 s after the pass that books it but a second after, within a second of its time.
+    assert task.not_before < last_pass_at + timedelta(seconds=1)
+    assert result.wake_at == last_pass_at + timedelta(seconds=1)
+
+
+@pytest.mark.django_db
 def test_nothing_waiting_for_a_time_books_nothing(lab, workstation, run_pass):
     task_submit(tenant=lab, spec=TaskSpec(name="t", command="true"))
     assert run_pass().wake_at is None
