@@ -203,6 +203,12 @@ class ReplayResult:
     busy_gpu_s: float = 0.0  # including work later lost to preemption
     lost_gpu_s: float = 0.0
     tenant_gpu_s: dict[str, float] = field(default_factory=dict)
+    class_gpu_s: dict[str, float] = field(default_factory=lambda: {ONLINE: 0.0, BATCH: 0.0})
+    # Per class, the longest stretch during which it had a pending job that would fit within
+    # its unused guaranteed share (``deprived``): what the class guarantee bounds.
+    class_deprived_max_s: dict[str, float] = field(
+        default_factory=lambda: {ONLINE: 0.0, BATCH: 0.0}
+    )
     preemptions: int = 0
     # (time, victim job id, job id it made room for, the policy's reason)
     preemption_log: list[tuple[float, str, str, str]] = field(default_factory=list)
@@ -236,6 +242,11 @@ class ReplayResult:
                 tenant: (seconds / tenant_total if tenant_total else 0.0)
                 for tenant, seconds in sorted(self.tenant_gpu_s.items())
             },
+            "class_gpu_share": {
+                name: (seconds / tenant_total if tenant_total else 0.0)
+                for name, seconds in sorted(self.class_gpu_s.items())
+            },
+            "class_deprived_max_s": dict(sorted(self.class_deprived_max_s.items())),
             "policy_passes": self.passes,
             "policy_time_total_s": self.policy_time_total_s,
             "policy_time_max_s": self.policy_time_max_s,
@@ -445,6 +456,7 @@ def _check_gpu(
 _DONE = 0  # completions sort before arrivals at the same instant (order within an instant
 _ARRIVE = 1  # does not matter: the policy runs once all of them are applied)
 _WAKE = 2  # a time the policy asked to look again at (``Decision.wake_at``)
+INF_S = math.inf
 
 
 @dataclass(slots=True)
@@ -619,11 +631,16 @@ def simulate(
     ]
     heapq.heapify(events)
     wake_ups: set[float] = set()  # booked, as the scheduler books one delayed pass each
+    guarantee = _class_guarantees(nodes * gpus_per_node, settings)
+    deprived_since: dict[str, float] = {}
 
     def occupied(run: _Run, until: float) -> float:
         gpu_s = run.weight * (until - run.task.started_at)
         result.busy_gpu_s += gpu_s
         result.tenant_gpu_s[run.task.tenant] += gpu_s
+        result.class_gpu_s[run.task.task_class] = (
+            result.class_gpu_s.get(run.task.task_class, 0.0) + gpu_s
+        )
         return gpu_s
 
     while events:
@@ -704,6 +721,7 @@ def simulate(
                 f"t={now:g}: the policy preempted on {_MAX_PASSES_PER_INSTANT} passes in a row "
                 f"at the same instant (a livelock); the last preempted {last} and placed {placed}"
             )
+        _track_deprivation(cluster, jobs, guarantee, deprived_since, result, now)
         # A wait that ends by time alone gets its pass then, not at the next arrival or end.
         if decision.wake_at is not None and decision.wake_at > now:
             if decision.wake_at not in wake_ups:
@@ -718,6 +736,40 @@ def simulate(
             f"(task ids {stuck}, e.g. {jobs[stuck[0] - 1].job_id})"
         )
     return result
+
+
+def _class_guarantees(total_gpus: int, settings: PolicySettings | None) -> dict[str, int]:
+    from scheduling.policy.core import _guarantees
+
+    return _guarantees(total_gpus, (settings or PolicySettings()).class_shares)
+
+
+def _track_deprivation(
+    cluster: _Cluster,
+    jobs: Sequence[TraceJob],
+    guarantee: dict[str, int],
+    since: dict[str, float],
+    result: ReplayResult,
+    now: float,
+) -> None:
+    """Note when each class starts or stops having a pending job that fits within its unused
+    guaranteed share (the same for every policy, so FIFO's figure shows what is at stake)."""
+    held: dict[str, float] = {}
+    for run in cluster.running.values():
+        held[run.task.task_class] = held.get(run.task.task_class, 0.0) + run.weight
+    smallest: dict[str, float] = {}
+    for task_id, task in cluster.pending.items():
+        weight = jobs[task_id - 1].gpu_weight
+        smallest[task.task_class] = min(smallest.get(task.task_class, INF_S), weight)
+    for name, share in guarantee.items():
+        need = smallest.get(name)
+        deprived = need is not None and held.get(name, 0.0) + need <= share + 1e-9
+        if deprived:
+            since.setdefault(name, now)
+        elif name in since:
+            began = since.pop(name)
+            longest = result.class_deprived_max_s
+            longest[name] = max(longest.get(name, 0.0), now - began)
 
 
 def _policy_function(
@@ -819,6 +871,13 @@ def format_table(comparison: dict[str, Any]) -> str:
     for tenant in tenants:
         values = [summaries[name]["tenant_gpu_share"].get(tenant) for name in names]
         add(f"GPU-hours share {tenant}", values, "pct")
+    classes = sorted({c for s in summaries.values() for c in s.get("class_gpu_share", {})})
+    for name_ in classes:
+        values = [summaries[name]["class_gpu_share"].get(name_) for name in names]
+        add(f"GPU-hours share {name_}", values, "pct")
+    for name_ in classes:
+        values = [summaries[name]["class_deprived_max_s"].get(name_) for name in names]
+        add(f"longest under share, {name_}", values, "s")
 
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
     lines = []

@@ -17,18 +17,20 @@ Pure: a Snapshot in, a Decision out, no I/O. One pass:
 Class guarantees. Each class (online, batch) has a guaranteed share of the schedulable GPUs
 (``class_shares``, rounded to whole GPUs) and may borrow what the other leaves idle. The
 invariant: a class that has demand gets at least its guaranteed share within a bounded time.
-Two rules keep it:
+These rules keep it:
 
 - A task whose class, with it, stays within its guarantee and that has waited
   ``reclaim_after_s`` may take back what the other class borrowed: it preempts tasks of that
   class, whatever their priority, preemptibility or run time (borrowed capacity is lent, not
   given; services borrow too), but only what that class holds beyond its own guarantee,
   rounded up to whole GPUs (``lendable``): it keeps more than its guarantee less one GPU.
-- Tasks that started by that right are not evicted across classes while their class holds
-  no more than its guarantee (by priority or by the other class's guarantee), so a reclaim is
-  never undone; and while a class may reclaim, the other class's tasks that would borrow
-  more are considered after its own in each pass, so GPUs freed for the lender (by a reclaim
-  or by tasks ending) go to it, not back to the borrower.
+- A task whose class would hold more than its guarantee with it (a borrower) preempts tasks
+  of the other class, by priority too, only from what that class borrowed: a class pushed
+  below its guarantee would only reclaim it back. Tasks that started by the right to reclaim
+  are not evicted across classes while their class holds no more than its guarantee.
+- While a class may reclaim, the other class's tasks that would borrow more are considered
+  after its own in each pass, so GPUs freed for the lender (by a reclaim or by tasks ending)
+  go to it, not back to the borrower.
 
 So a task that fits in its class's unused guarantee starts, or has its victims chosen, at most
 ``reclaim_after_s`` after it began to wait, unless its quota, its constraints (pool, type,
@@ -599,6 +601,10 @@ class Pass:
         """Choose victims on one node that free enough for ``task`` at the least lost work."""
         by_node: dict[str, list[RunningView]] = defaultdict(list)
         reclaiming = self.reclaiming(task)
+        # A task whose class would then hold more than its guarantee takes from the other
+        # class only what that class borrowed, by priority as by reclaim: taking more would
+        # make the other class a lender that reclaims it back.
+        borrowing = not self.under_guarantee(task.task_class, task)
         reclaims: set[int] = set()  # victims allowed only as borrowed capacity
         for running in self.snap.running:
             if running.id in self.removed:
@@ -609,7 +615,7 @@ class Pass:
             why = self.may_preempt(task, running, reclaiming)
             if why:
                 by_node[running.node].append(running)
-                if why == RECLAIM:
+                if why == RECLAIM or (borrowing and running.task_class != task.task_class):
                     reclaims.add(running.id)
         best: tuple[float, str, list[RunningView], list] | None = None
         allowed = self.allowed_for(task)

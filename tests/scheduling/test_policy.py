@@ -621,6 +621,20 @@ def test_priority_does_not_evict_batch_that_started_by_its_guarantee():
     assert reclaimed.id not in {p.task_id for p in decision.preemptions}
 
 
+def test_priority_takes_no_more_than_the_other_class_borrowed_for_a_borrower():
+    cluster = gpus(per_node=4)
+    services = services_on(cluster[:1])  # online holds its guaranteed GPU
+    batch = [running("other", [g], priority=10) for g in cluster[1:]]  # batch its 3
+    urgent = task("svc", priority=90, task_class=ONLINE)
+    decision = schedule(snap(cluster, [urgent], services + batch))
+    # Priority alone would stop a batch task, and batch would then take the GPU back.
+    assert not decision.preemptions
+    # Under its own share, online still takes it by priority (test above: it reclaims).
+    everywhere = [running("other", [g], priority=10) for g in cluster]
+    decision = schedule(snap(cluster, [urgent], everywhere))
+    assert len(decision.preemptions) == 1
+
+
 def test_gpus_that_free_up_go_to_the_class_reclaiming_them_first():
     cluster = gpus(per_node=4)
     services = services_on(cluster[:3])  # one GPU idle: online borrows 2 already
