@@ -204,9 +204,9 @@ class ReplayResult:
     lost_gpu_s: float = 0.0
     tenant_gpu_s: dict[str, float] = field(default_factory=dict)
     class_gpu_s: dict[str, float] = field(default_factory=lambda: {ONLINE: 0.0, BATCH: 0.0})
-    # Per class, the longest stretch during which it had a pending job that would fit within
-    # its unused guaranteed share (``deprived``): what the class guarantee bounds.
-    class_deprived_max_s: dict[str, float] = field(
+    # Per class, the longest a job of it waited while it would have fitted within its class's
+    # unused guaranteed share (``_track_share_waits``): what the class guarantee bounds.
+    class_share_wait_max_s: dict[str, float] = field(
         default_factory=lambda: {ONLINE: 0.0, BATCH: 0.0}
     )
     preemptions: int = 0
@@ -246,7 +246,7 @@ class ReplayResult:
                 name: (seconds / tenant_total if tenant_total else 0.0)
                 for name, seconds in sorted(self.class_gpu_s.items())
             },
-            "class_deprived_max_s": dict(sorted(self.class_deprived_max_s.items())),
+            "class_share_wait_max_s": dict(sorted(self.class_share_wait_max_s.items())),
             "policy_passes": self.passes,
             "policy_time_total_s": self.policy_time_total_s,
             "policy_time_max_s": self.policy_time_max_s,
@@ -456,7 +456,6 @@ def _check_gpu(
 _DONE = 0  # completions sort before arrivals at the same instant (order within an instant
 _ARRIVE = 1  # does not matter: the policy runs once all of them are applied)
 _WAKE = 2  # a time the policy asked to look again at (``Decision.wake_at``)
-INF_S = math.inf
 
 
 @dataclass(slots=True)
@@ -632,7 +631,7 @@ def simulate(
     heapq.heapify(events)
     wake_ups: set[float] = set()  # booked, as the scheduler books one delayed pass each
     guarantee = _class_guarantees(nodes * gpus_per_node, settings)
-    deprived_since: dict[str, float] = {}
+    within_share_since: dict[int, float] = {}  # pending job -> since when it fits the share
 
     def occupied(run: _Run, until: float) -> float:
         gpu_s = run.weight * (until - run.task.started_at)
@@ -721,7 +720,7 @@ def simulate(
                 f"t={now:g}: the policy preempted on {_MAX_PASSES_PER_INSTANT} passes in a row "
                 f"at the same instant (a livelock); the last preempted {last} and placed {placed}"
             )
-        _track_deprivation(cluster, jobs, guarantee, deprived_since, result, now)
+        _track_share_waits(cluster, jobs, guarantee, within_share_since, result, now)
         # A wait that ends by time alone gets its pass then, not at the next arrival or end.
         if decision.wake_at is not None and decision.wake_at > now:
             if decision.wake_at not in wake_ups:
@@ -744,32 +743,35 @@ def _class_guarantees(total_gpus: int, settings: PolicySettings | None) -> dict[
     return _guarantees(total_gpus, (settings or PolicySettings()).class_shares)
 
 
-def _track_deprivation(
+def _track_share_waits(
     cluster: _Cluster,
     jobs: Sequence[TraceJob],
     guarantee: dict[str, int],
-    since: dict[str, float],
+    since: dict[int, float],
     result: ReplayResult,
     now: float,
 ) -> None:
-    """Note when each class starts or stops having a pending job that fits within its unused
-    guaranteed share (the same for every policy, so FIFO's figure shows what is at stake)."""
+    """Note when each pending job starts or stops fitting within its class's unused guaranteed
+    share (its class's GPUs plus its own at most the share), and when it starts. Measured the
+    same way for every policy, so FIFO's figure shows what is at stake."""
     held: dict[str, float] = {}
     for run in cluster.running.values():
         held[run.task.task_class] = held.get(run.task.task_class, 0.0) + run.weight
-    smallest: dict[str, float] = {}
+    longest = result.class_share_wait_max_s
+
+    def close(task_id: int) -> None:
+        name = jobs[task_id - 1].task_class
+        longest[name] = max(longest.get(name, 0.0), now - since.pop(task_id))
+
+    for task_id in [t for t in since if t not in cluster.pending]:
+        close(task_id)  # it started (or was placed) now
     for task_id, task in cluster.pending.items():
         weight = jobs[task_id - 1].gpu_weight
-        smallest[task.task_class] = min(smallest.get(task.task_class, INF_S), weight)
-    for name, share in guarantee.items():
-        need = smallest.get(name)
-        deprived = need is not None and held.get(name, 0.0) + need <= share + 1e-9
-        if deprived:
-            since.setdefault(name, now)
-        elif name in since:
-            began = since.pop(name)
-            longest = result.class_deprived_max_s
-            longest[name] = max(longest.get(name, 0.0), now - began)
+        share = guarantee.get(task.task_class, 0)
+        if held.get(task.task_class, 0.0) + weight <= share + 1e-9:
+            since.setdefault(task_id, now)
+        elif task_id in since:
+            close(task_id)
 
 
 def _policy_function(
@@ -876,8 +878,8 @@ def format_table(comparison: dict[str, Any]) -> str:
         values = [summaries[name]["class_gpu_share"].get(name_) for name in names]
         add(f"GPU-hours share {name_}", values, "pct")
     for name_ in classes:
-        values = [summaries[name]["class_deprived_max_s"].get(name_) for name in names]
-        add(f"longest under share, {name_}", values, "s")
+        values = [summaries[name]["class_share_wait_max_s"].get(name_) for name in names]
+        add(f"longest wait within share, {name_}", values, "s")
 
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
     lines = []

@@ -192,7 +192,11 @@ class Pass:
         for task in snapshot.running:
             if task.stopping:
                 self.leaving[task.task_class] += self.share_of(task)
-        self.wake_times: list[float] = []
+        self.wake_at = INF  # the earliest time a wait ends by itself
+        # (class, GPUs, memory) -> ``lender`` (and ``defer``), until a placement or preemption
+        # changes what each class holds, or a class's last claim is considered: asked for
+        # nearly every waiting task, and the same for many.
+        self.lenders: dict[tuple, bool] = {}
 
     # -- ordering --
 
@@ -277,8 +281,9 @@ class Pass:
         eligible = self.gate()
         # Tasks that may reclaim, per class, not yet considered in this pass.
         claims: dict[str, int] = defaultdict(int)
+        entitled = {task.id for task in eligible if self.now >= self.reclaim_at(task)}
         for task in eligible:
-            if self.now >= self.reclaim_at(task):
+            if task.id in entitled:
                 claims[task.task_class] += 1
         deferred: list[PendingView] = []
         for task in self.ordered(eligible):
@@ -286,19 +291,21 @@ class Pass:
                 deferred.append(task)
                 continue
             self.consider(task)
-            if self.now >= self.reclaim_at(task):
+            if task.id in entitled:
                 claims[task.task_class] -= 1
+                if not claims[task.task_class]:
+                    self.lenders.clear()
         # What the lenders left (GPUs they cannot use: wrong node, type, size) is still lent.
         for task in deferred:
             self.consider(task)
         self.finish_reasons()
-        self.decision.wake_at = min(self.wake_times, default=None)
+        self.decision.wake_at = None if self.wake_at == INF else self.wake_at
         return self.decision
 
     def wake(self, at: float) -> None:
         """A wait ends by itself at ``at``: the caller should run a pass then."""
-        if at > self.now:
-            self.wake_times.append(at)
+        if self.now < at < self.wake_at:
+            self.wake_at = at
 
     def consider(self, task: PendingView) -> None:
         problem = self.quota_problem(task, None)
@@ -351,6 +358,7 @@ class Pass:
     def place(self, task: PendingView, placement: Placement) -> None:
         self.capacity.take(placement)
         self.books.charge(task.tenant, task.task_class, placement.gpus, placement.exclusive)
+        self.lenders.clear()  # what each class holds changed
         if task.queue:
             self.busy_queues[(task.tenant, task.queue)] = task.id
         self.decision.placements.append(placement)
@@ -534,14 +542,17 @@ class Pass:
 
         A task holds whole cards or a share of one, and cannot be evicted by halves: with
         exactly what was borrowed as the limit, a class 0.9 GPUs over its guarantee could give
-        up only shared-card tasks (on the trace, one 11-day service, evicted five times while
-        newer whole-card services were spared). Rounded up, it keeps more than its guarantee
-        less one GPU, and the reclaim evicts what loses least."""
+        up only shared-card tasks, however long they have run, while newer whole-card ones are
+        spared (on the trace, one 11-day service was evicted five times that way before the
+        borrower rule; README). Rounded up, it keeps more than its guarantee less one GPU, and
+        the reclaim evicts what loses least."""
         extra = self.borrowed(task_class)
         return float(math.ceil(extra - 1e-9)) if extra > 1e-9 else 0.0
 
     def under_guarantee(self, task_class: str, task: PendingView) -> bool:
-        need = _request(task, None, self.typical_gpu_mb).gpus
+        need = task.gpus_min  # whole cards; a shared task counts its share of a typical one
+        if task.gpu_memory_mb is not None:
+            need *= task.gpu_memory_mb / (self.typical_gpu_mb or 1)
         return self.held(task_class) + need <= self.guarantee.get(task_class, 0) + 1e-9
 
     def reclaim_at(self, task: PendingView) -> float:
@@ -552,9 +563,14 @@ class Pass:
 
     def lender(self, task: PendingView) -> bool:
         """Its class, with it, stays within its guarantee, and another class borrows."""
-        if not self.under_guarantee(task.task_class, task):
-            return False
-        return any(self.borrowed(name) > 1e-9 for name in self.guarantee if name != task.task_class)
+        key = (task.task_class, task.gpus_min, task.gpu_memory_mb)
+        known = self.lenders.get(key)
+        if known is None:
+            borrows = any(
+                self.borrowed(name) > 1e-9 for name in self.guarantee if name != task.task_class
+            )
+            known = self.lenders[key] = borrows and self.under_guarantee(task.task_class, task)
+        return known
 
     def reclaiming(self, task: PendingView) -> bool:
         return self.lender(task) and self.now >= self.reclaim_at(task)
@@ -564,13 +580,20 @@ class Pass:
         their turn: GPUs freed for them (by a reclaim, or by tasks ending) must go to them, not
         back to the class that borrowed, or a reclaim would never end. Within a class the
         order stays as it was."""
-        if not claims or self.under_guarantee(task.task_class, task):
-            return False
-        return any(
+        key = ("defer", task.task_class, task.gpus_min, task.gpu_memory_mb)
+        known = self.lenders.get(key)
+        if known is None:
+            known = self.lenders[key] = self._defer(task, claims)
+        return known
+
+    def _defer(self, task: PendingView, claims: dict[str, int]) -> bool:
+        if not any(
             count > 0 and self.held(name) < self.guarantee.get(name, 0) - 1e-9
             for name, count in claims.items()
             if name != task.task_class
-        )
+        ):
+            return False
+        return not self.under_guarantee(task.task_class, task)
 
     def reclaim_note(self, task: PendingView, why: Wait) -> Wait:
         """A lender not yet allowed to reclaim: say from when it may, and look again then."""
@@ -653,6 +676,7 @@ class Pass:
             self.removed.add(victim.id)
         for victim in fresh:
             self.leaving[victim.task_class] += self.share_of(victim)
+            self.lenders.clear()
             self.decision.preemptions.append(
                 Preemption(
                     task_id=victim.id,
