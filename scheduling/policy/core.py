@@ -677,13 +677,11 @@ class Pass:
         for victim in fresh:
             self.leaving[victim.task_class] += self.share_of(victim)
             self.lenders.clear()
+            reason = f"preempted for #{task.id} ({task.task_class}, priority {task.priority})"
+            if victim.id in reclaims:
+                reason += f": {victim.task_class} holds more than its guaranteed share"
             self.decision.preemptions.append(
-                Preemption(
-                    task_id=victim.id,
-                    for_task_id=task.id,
-                    reason=f"preempted for #{task.id} ({task.task_class}, "
-                    f"priority {task.priority})",
-                )
+                Preemption(task_id=victim.id, for_task_id=task.id, reason=reason)
             )
         count = len(fresh) + len(stopping)
         text = f"waiting for {count} preempted task(s) to stop on {node}"

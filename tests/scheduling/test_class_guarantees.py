@@ -60,8 +60,11 @@ def test_a_batch_task_takes_back_its_share_from_four_services(lab, workstation, 
     victim = Task.objects.get(pk=result.preempted[0])
     assert victim.pk in {s.pk for s in services}
     assert victim.state == TaskState.PENDING  # never started: straight back to the queue
-    assert "preempted for" in victim.events.order_by("pk").filter(
-        to_state=TaskState.PREEMPTED).get().reason  # fmt: skip
+    preempted = victim.events.filter(to_state=TaskState.PREEMPTED).get()
+    assert preempted.reason == (
+        f"preempted for #{batch.pk} (batch, priority 10): "
+        "online holds more than its guaranteed share"
+    )
 
     result = run_pass()
     batch.refresh_from_db()
