@@ -1,11 +1,13 @@
 """Trace replay: run a scheduling policy against a recorded GPU workload on a simulated clock.
 
 A discrete-event simulation of a cluster of identical nodes. Events are job arrivals and
-completions; after every instant that had events the simulator builds a ``Snapshot`` of the
-simulated cluster, calls the pure policy core and applies its ``Decision``. Every decision is
-checked first (``check_decision``), so a replay doubles as a checker for the core: a policy that
-over-allocates a GPU, shares an exclusive one or splits a task across nodes stops the replay with
-``PolicyViolation``.
+completions, and the times the policy asks to look again (``Decision.wake_at``: a wait that
+ends by time alone, as the scheduler books a pass for it); after every instant that had events
+the simulator builds a ``Snapshot`` of the simulated cluster, calls the pure policy core and
+applies its ``Decision``. Every decision is checked first (``check_decision``), so a replay
+doubles as a checker for the core: a policy that over-allocates a GPU, shares an exclusive one,
+splits a task across nodes or evicts a task that is not preemptible from its class's guaranteed
+share stops the replay with ``PolicyViolation``.
 
 Replay rules (``/work/shared/traces/README.md``): the scheduler is never told a job's duration,
 only the simulator uses it to end the job; multi-GPU jobs need all their GPUs on one node; a
