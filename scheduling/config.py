@@ -123,6 +123,9 @@ class SchedulingConfig(_Strict):
     preemption: bool = True
     starvation_after_s: DurationS = Field(default=2 * 3600, alias="starvation_after")
     preempt_max_runtime_s: DurationS = Field(default=3600, alias="preempt_max_runtime")
+    # A class under its guaranteed share takes back what the other class borrowed (preempting
+    # it, services included) once its task has waited this long: the bound of the guarantee.
+    reclaim_after_s: DurationS = Field(default=2 * 3600, alias="reclaim_after")
     # A task using more GPU memory than it reserved: raise an alert, or also stop it (failed).
     gpu_memory_overuse: Literal["alert", "kill"] = "alert"
 
@@ -134,6 +137,7 @@ class SchedulingConfig(_Strict):
             preemption=self.preemption,
             starvation_after_s=self.starvation_after_s,
             preempt_max_runtime_s=self.preempt_max_runtime_s,
+            reclaim_after_s=self.reclaim_after_s,
         )
 
 

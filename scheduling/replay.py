@@ -1,11 +1,13 @@
 """Trace replay: run a scheduling policy against a recorded GPU workload on a simulated clock.
 
 A discrete-event simulation of a cluster of identical nodes. Events are job arrivals and
-completions; after every instant that had events the simulator builds a ``Snapshot`` of the
-simulated cluster, calls the pure policy core and applies its ``Decision``. Every decision is
-checked first (``check_decision``), so a replay doubles as a checker for the core: a policy that
-over-allocates a GPU, shares an exclusive one or splits a task across nodes stops the replay with
-``PolicyViolation``.
+completions, and the times the policy asks to look again (``Decision.wake_at``: a wait that
+ends by time alone, as the scheduler books a pass for it); after every instant that had events
+the simulator builds a ``Snapshot`` of the simulated cluster, calls the pure policy core and
+applies its ``Decision``. Every decision is checked first (``check_decision``), so a replay
+doubles as a checker for the core: a policy that over-allocates a GPU, shares an exclusive one,
+splits a task across nodes or evicts a task that is not preemptible from its class's guaranteed
+share stops the replay with ``PolicyViolation``.
 
 Replay rules (``/work/shared/traces/README.md``): the scheduler is never told a job's duration,
 only the simulator uses it to end the job; multi-GPU jobs need all their GPUs on one node; a
@@ -203,6 +205,12 @@ class ReplayResult:
     busy_gpu_s: float = 0.0  # including work later lost to preemption
     lost_gpu_s: float = 0.0
     tenant_gpu_s: dict[str, float] = field(default_factory=dict)
+    class_gpu_s: dict[str, float] = field(default_factory=lambda: {ONLINE: 0.0, BATCH: 0.0})
+    # Per class, the longest a job of it waited while it would have fitted within its class's
+    # unused guaranteed share (``_track_share_waits``): what the class guarantee bounds.
+    class_share_wait_max_s: dict[str, float] = field(
+        default_factory=lambda: {ONLINE: 0.0, BATCH: 0.0}
+    )
     preemptions: int = 0
     # (time, victim job id, job id it made room for, the policy's reason)
     preemption_log: list[tuple[float, str, str, str]] = field(default_factory=list)
@@ -236,6 +244,11 @@ class ReplayResult:
                 tenant: (seconds / tenant_total if tenant_total else 0.0)
                 for tenant, seconds in sorted(self.tenant_gpu_s.items())
             },
+            "class_gpu_share": {
+                name: (seconds / tenant_total if tenant_total else 0.0)
+                for name, seconds in sorted(self.class_gpu_s.items())
+            },
+            "class_share_wait_max_s": dict(sorted(self.class_share_wait_max_s.items())),
             "policy_passes": self.passes,
             "policy_time_total_s": self.policy_time_total_s,
             "policy_time_max_s": self.policy_time_max_s,
@@ -272,11 +285,18 @@ class _GpuState:
     exclusive: bool = False
 
 
-def check_decision(snapshot: Snapshot, decision: Decision) -> None:
+def check_decision(
+    snapshot: Snapshot, decision: Decision, class_shares: dict[str, float] | None = None
+) -> None:
     """Raise PolicyViolation if applying ``decision`` to ``snapshot`` would break a rule.
 
     Preemptions are applied first (a victim's GPUs are free for placements in the same
     decision), then placements one by one, each against what the ones before it took.
+
+    With ``class_shares`` (the policy's class guarantees), a task that is not preemptible may
+    still be preempted by a task of another class, to give back what its own class borrowed:
+    its class keeps more than its guarantee less one GPU (``_check_guarantees``); without
+    them, never.
     """
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}
     state = {
@@ -297,10 +317,14 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             fail(f"preempts task {victim.id} twice")
         if victim.stopping:
             fail(f"preempts task {victim.id}, which is already stopping")
-        if not victim.preemptible:
-            fail(f"preempts task {victim.id} ({victim.task_class}), which is not preemptible")
         if preemption.for_task_id not in pending:
             fail(f"preempts task {victim.id} for task {preemption.for_task_id}, not pending")
+        reclaim = (
+            class_shares is not None
+            and pending[preemption.for_task_id].task_class != victim.task_class
+        )
+        if not victim.preemptible and not reclaim:
+            fail(f"preempts task {victim.id} ({victim.task_class}), which is not preemptible")
         victims.add(victim.id)
         for gpu_id, mb in victim.gpus:
             gpu_state = state[gpu_id]
@@ -308,6 +332,9 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             gpu_state.reserved_mb -= mb
             if victim.exclusive:
                 gpu_state.exclusive = False
+
+    if class_shares is not None:
+        _check_guarantees(snapshot, decision, class_shares, fail)
 
     placed: set[int] = set()
     for placement in decision.placements:
@@ -342,6 +369,48 @@ def check_decision(snapshot: Snapshot, decision: Decision) -> None:
             gpu_state.holders += 1
             gpu_state.reserved_mb += mb
             gpu_state.exclusive = placement.exclusive
+
+
+def _check_guarantees(
+    snapshot: Snapshot,
+    decision: Decision,
+    class_shares: dict[str, float],
+    fail: Callable[[str], NoReturn],
+) -> None:
+    """Tasks that are not preemptible (online ones included) are preempted only as capacity
+    their class borrowed: their class keeps more than its guaranteed share less one GPU (a
+    task cannot be evicted by halves; counted over schedulable GPUs, stopping tasks not
+    counted)."""
+    from scheduling.policy.core import _guarantees
+
+    schedulable = sum(1 for gpu in snapshot.gpus if gpu.schedulable)
+    guarantee = _guarantees(schedulable, class_shares)
+    memory = {gpu.id: gpu.memory_mb for gpu in snapshot.gpus}
+
+    def share(task: RunningView) -> float:
+        if task.exclusive:
+            return float(len(task.gpus))
+        return sum(mb / (memory.get(gpu_id) or 1) for gpu_id, mb in task.gpus)
+
+    held: dict[str, float] = {}
+    for task in snapshot.running:
+        if not task.stopping:
+            held[task.task_class] = held.get(task.task_class, 0.0) + share(task)
+    running = {task.id: task for task in snapshot.running}
+    for preemption in decision.preemptions:
+        victim = running[preemption.task_id]
+        held[victim.task_class] -= share(victim)
+    for preemption in decision.preemptions:
+        victim = running[preemption.task_id]
+        if victim.preemptible and victim.task_class != ONLINE:
+            continue  # the usual rules, checked by the caller
+        kept = held[victim.task_class]
+        if kept <= guarantee.get(victim.task_class, 0) - 1 + 1e-9:
+            fail(
+                f"preempts task {victim.id} ({victim.task_class}), which is not preemptible, "
+                f"for task {preemption.for_task_id}, leaving {victim.task_class} {kept:g} GPUs, "
+                f"a whole GPU below its guaranteed {guarantee.get(victim.task_class, 0)}"
+            )
 
 
 def _check_gpu(
@@ -388,6 +457,7 @@ def _check_gpu(
 
 _DONE = 0  # completions sort before arrivals at the same instant (order within an instant
 _ARRIVE = 1  # does not matter: the policy runs once all of them are applied)
+_WAKE = 2  # a time the policy asked to look again at (``Decision.wake_at``)
 
 
 @dataclass(slots=True)
@@ -514,6 +584,8 @@ def simulate(
                 f"nodes have {gpus_per_node}"
             )
     name, decide = _policy_function(policy, settings)
+    # The policy's own guarantees, for the checker: only our core promises them.
+    shares = (settings or PolicySettings()).class_shares if policy == "ours" else None
     cluster = _Cluster(
         jobs,
         nodes=nodes,
@@ -559,11 +631,17 @@ def simulate(
         (job.submit_s, _ARRIVE, i + 1, 0) for i, job in enumerate(jobs)
     ]
     heapq.heapify(events)
+    wake_ups: set[float] = set()  # booked, as the scheduler books one delayed pass each
+    guarantee = _class_guarantees(nodes * gpus_per_node, settings)
+    within_share_since: dict[int, float] = {}  # pending job -> since when it fits the share
 
     def occupied(run: _Run, until: float) -> float:
         gpu_s = run.weight * (until - run.task.started_at)
         result.busy_gpu_s += gpu_s
         result.tenant_gpu_s[run.task.tenant] += gpu_s
+        result.class_gpu_s[run.task.task_class] = (
+            result.class_gpu_s.get(run.task.task_class, 0.0) + gpu_s
+        )
         return gpu_s
 
     while events:
@@ -574,6 +652,9 @@ def simulate(
             _, kind, task_id, run_no = heapq.heappop(events)
             if kind == _ARRIVE:
                 cluster.pending[task_id] = waiting[task_id]
+                changed = True
+            elif kind == _WAKE:
+                wake_ups.discard(now)
                 changed = True
             elif run_no == runs[task_id] and task_id in cluster.running:
                 occupied(cluster.stop(task_id), now)
@@ -590,7 +671,7 @@ def simulate(
             result.passes += 1
             result.policy_time_total_s += spent
             result.policy_time_max_s = max(result.policy_time_max_s, spent)
-            check_decision(snapshot, decision)
+            check_decision(snapshot, decision, shares)
 
             for preemption in decision.preemptions:
                 run = cluster.stop(preemption.task_id)
@@ -641,6 +722,12 @@ def simulate(
                 f"t={now:g}: the policy preempted on {_MAX_PASSES_PER_INSTANT} passes in a row "
                 f"at the same instant (a livelock); the last preempted {last} and placed {placed}"
             )
+        _track_share_waits(cluster, jobs, guarantee, within_share_since, result, now)
+        # A wait that ends by time alone gets its pass then, not at the next arrival or end.
+        if decision.wake_at is not None and decision.wake_at > now:
+            if decision.wake_at not in wake_ups:
+                wake_ups.add(decision.wake_at)
+                heapq.heappush(events, (decision.wake_at, _WAKE, 0, 0))
         result.timeline.append((now, cluster.busy_gpus()))
 
     if cluster.pending:
@@ -650,6 +737,43 @@ def simulate(
             f"(task ids {stuck}, e.g. {jobs[stuck[0] - 1].job_id})"
         )
     return result
+
+
+def _class_guarantees(total_gpus: int, settings: PolicySettings | None) -> dict[str, int]:
+    from scheduling.policy.core import _guarantees
+
+    return _guarantees(total_gpus, (settings or PolicySettings()).class_shares)
+
+
+def _track_share_waits(
+    cluster: _Cluster,
+    jobs: Sequence[TraceJob],
+    guarantee: dict[str, int],
+    since: dict[int, float],
+    result: ReplayResult,
+    now: float,
+) -> None:
+    """Note when each pending job starts or stops fitting within its class's unused guaranteed
+    share (its class's GPUs plus its own at most the share), and when it starts. Measured the
+    same way for every policy, so FIFO's figure shows what is at stake."""
+    held: dict[str, float] = {}
+    for run in cluster.running.values():
+        held[run.task.task_class] = held.get(run.task.task_class, 0.0) + run.weight
+    longest = result.class_share_wait_max_s
+
+    def close(task_id: int) -> None:
+        name = jobs[task_id - 1].task_class
+        longest[name] = max(longest.get(name, 0.0), now - since.pop(task_id))
+
+    for task_id in [t for t in since if t not in cluster.pending]:
+        close(task_id)  # it started (or was placed) now
+    for task_id, task in cluster.pending.items():
+        weight = jobs[task_id - 1].gpu_weight
+        share = guarantee.get(task.task_class, 0)
+        if held.get(task.task_class, 0.0) + weight <= share + 1e-9:
+            since.setdefault(task_id, now)
+        elif task_id in since:
+            close(task_id)
 
 
 def _policy_function(
@@ -751,6 +875,13 @@ def format_table(comparison: dict[str, Any]) -> str:
     for tenant in tenants:
         values = [summaries[name]["tenant_gpu_share"].get(tenant) for name in names]
         add(f"GPU-hours share {tenant}", values, "pct")
+    classes = sorted({c for s in summaries.values() for c in s.get("class_gpu_share", {})})
+    for name_ in classes:
+        values = [summaries[name]["class_gpu_share"].get(name_) for name in names]
+        add(f"GPU-hours share {name_}", values, "pct")
+    for name_ in classes:
+        values = [summaries[name]["class_share_wait_max_s"].get(name_) for name in names]
+        add(f"longest wait within share, {name_}", values, "s")
 
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
     lines = []

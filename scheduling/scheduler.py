@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 PASS_LOCK = zlib.crc32(b"gpuplatform.scheduling.pass")
 FAILED_DEPENDENCY = (TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT)
+WAKE_MIN_GAP_S = 1.0  # a time-based pass is booked at least this long after the one booking it
 
 
 @dataclass
@@ -90,8 +91,11 @@ def schedule_pass() -> PassResult:
             transaction.on_commit(lambda: lifecycle.dispatch_launches(placed))
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision, digests)
-        wake_at = next_wake_up(snapshot)
-        if wake_at is not None:
+        # The policy says when a wait ends by time alone (backoff, starvation, reclaim); at
+        # most one such pass a second, so tasks crossing starvation_after one after another
+        # (a backlog submitted over hours) do not keep the scheduler busy with a pass each.
+        if decision.wake_at is not None:
+            wake_at = max(decision.wake_at, now.timestamp() + WAKE_MIN_GAP_S)
             result.wake_at = datetime.fromtimestamp(wake_at, UTC)
             passes.book_wake_up(result.wake_at)
         result.ms = (time.perf_counter() - began) * 1000
@@ -262,13 +266,6 @@ def build_snapshot(now: datetime, digests: dict[int, int] | None = None) -> Snap
         pending=tuple(pending),
         tenants=_tenant_views(tenants, pool_names, now),
     )
-
-
-def next_wake_up(snapshot: Snapshot) -> float | None:
-    """The earliest time a pending task's wait ends by itself (its retry backoff), as epoch
-    seconds: the pass books a pass for then, so the task starts when due, not at the backstop."""
-    due = [p.not_before for p in snapshot.pending if p.not_before and p.not_before > snapshot.now]
-    return min(due, default=None)
 
 
 def _pending_rows() -> list[tuple]:

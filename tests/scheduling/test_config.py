@@ -89,6 +89,13 @@ def test_it_fills_in_the_defaults() -> None:
     assert config.nodes[0].simulate is None
 
 
+def test_the_guarantee_bound_reaches_the_policy() -> None:
+    default = parse_config({"nodes": [{"name": "solo"}]}, "inline").scheduling
+    assert default.policy_settings().reclaim_after_s == 2 * 3600
+    tuned = {"scheduling": {"reclaim_after": "15m"}, "nodes": [{"name": "solo"}]}
+    assert parse_config(tuned, "inline").scheduling.policy_settings().reclaim_after_s == 900
+
+
 @pytest.mark.parametrize("name", ["configs/scheduler.yaml", "configs/examples/two-nodes.yaml"])
 def test_it_loads_the_shipped_configurations(name: str) -> None:
     config = load_config(REPO / name)

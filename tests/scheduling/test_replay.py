@@ -22,6 +22,7 @@ from scheduling.policy.model import (
     GpuView,
     PendingView,
     Placement,
+    PolicySettings,
     Preemption,
     RunningView,
     Snapshot,
@@ -460,6 +461,32 @@ def test_the_checker_catches_preempting_an_online_task() -> None:
         check_decision(snapshot, decision)
 
 
+SHARES = {ONLINE: 0.3, BATCH: 0.7}  # on 4 GPUs: online is guaranteed 1, batch 3
+
+
+def services(count: int) -> tuple[RunningView, ...]:
+    """Online services, not preemptible, on GPUs 0.. of node n1."""
+    return tuple(
+        holder(id=i + 1, priority=90, task_class=ONLINE, preemptible=False, gpus=((i, MEM),))
+        for i in range(count)
+    )
+
+
+def test_the_checker_lets_batch_take_back_what_services_borrowed() -> None:
+    snapshot = Snapshot(
+        now=0,
+        gpus=tuple(gpu(i, reserved_mb=MEM, holders=1, exclusive=True) for i in range(4)),
+        running=services(4),
+        pending=(pending(9),),
+    )
+    check_decision(snapshot, Decision(preemptions=[Preemption(4, 9, "reclaim")]), SHARES)
+    three = Decision(preemptions=[Preemption(i, 9, "reclaim") for i in (2, 3, 4)])
+    check_decision(snapshot, three, SHARES)  # online keeps its guaranteed GPU
+    four = Decision(preemptions=[Preemption(i, 9, "reclaim") for i in (1, 2, 3, 4)])
+    with pytest.raises(PolicyViolation, match="leaving online 0 GPUs.*guaranteed 1"):
+        check_decision(snapshot, four, SHARES)
+
+
 def test_the_checker_frees_a_victims_gpus_for_placements_in_the_same_decision() -> None:
     running = holder(priority=10, task_class=BATCH, preemptible=True)
     snapshot = Snapshot(
@@ -474,6 +501,31 @@ def test_the_checker_frees_a_victims_gpus_for_placements_in_the_same_decision() 
             placements=[Placement(2, "n1", ((0, MEM),), True)],
             preemptions=[Preemption(1, 2, "priority")],
         ),
+    )
+
+
+def test_batch_gets_its_guarantee_back_from_services_at_reclaim_after() -> None:
+    """The scenario of issue 10: four services on four GPUs, then a batch job. It starts when
+    it may reclaim (the replay wakes the policy then: nothing ends or arrives for a day), and
+    online keeps its guaranteed GPU."""
+    reclaim = PolicySettings().reclaim_after_s
+    day = 86400.0
+    jobs = [job(f"svc-{i}", i, day) for i in range(4)]
+    jobs.append(job("batch", 10, 100, qos="BE"))
+    ours = simulate(jobs, nodes=1, gpus_per_node=4, gpu_memory_mb=MEM)
+    batch = ours.records[4]
+    assert batch.first_start_s == 10 + reclaim
+    assert ours.preemptions == 1  # one service from the three online borrowed
+    assert all(r.end_s is not None for r in ours.records)
+
+    fifo = simulate(jobs, nodes=1, gpus_per_node=4, gpu_memory_mb=MEM, policy="fifo")
+    assert fifo.records[4].first_start_s == day  # without the guarantee: when one ends
+
+    # The figure the replay reports for it: the longest a job waited within its class's share.
+    assert ours.summary()["class_share_wait_max_s"] == {BATCH: reclaim, ONLINE: 0.0}
+    assert fifo.summary()["class_share_wait_max_s"] == {BATCH: day - 10, ONLINE: 0.0}
+    assert "longest wait within share, batch" in format_table(
+        {"summaries": {"ours": ours.summary(), "fifo": fifo.summary()}}
     )
 
 

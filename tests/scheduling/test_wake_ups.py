@@ -78,6 +78,32 @@ def test_a_pass_books_one_wake_up_for_the_earliest_backoff(lab, workstation, run
 
 
 @pytest.mark.django_db
+def test_a_task_waiting_for_gpus_books_a_wake_up_for_when_it_starts_to_starve(
+    lab, workstation, run_pass
+):
+    for _ in range(4):
+        task_submit(tenant=lab, spec=TaskSpec(name="t", command="true"))
+    run_pass()
+    waiting = task_submit(tenant=lab, spec=TaskSpec(name="t", command="true"))
+    result = run_pass()
+    starves_at = waiting.submitted_at + timedelta(hours=2)  # starvation_after, shipped
+    assert result.wake_at == starves_at
+    assert wake_ups() == [("gpuplatform", starves_at)]
+
+
+@pytest.mark.django_db
+def test_time_based_passes_come_at_most_one_a_second(lab, workstation, run_pass):
+    task = backing_off(lab, 0.5)
+    result = run_pass()
+    if result.placed:
+        pytest.skip("the machine took over 0.5 s to start the pass; the backoff had ended")
+    last_pass_at = SchedulerState.objects.get().last_pass_at
+    # Not 0.5 s after the pass that books it but a second after, within a second of its time.
+    assert task.not_before < last_pass_at + timedelta(seconds=1)
+    assert result.wake_at == last_pass_at + timedelta(seconds=1)
+
+
+@pytest.mark.django_db
 def test_nothing_waiting_for_a_time_books_nothing(lab, workstation, run_pass):
     task_submit(tenant=lab, spec=TaskSpec(name="t", command="true"))
     assert run_pass().wake_at is None
@@ -99,9 +125,22 @@ def test_the_delayed_broker_hands_a_row_out_only_once_it_is_due():
 
 
 @pytest.fixture
-def scheduler_cluster():
-    """``manage.py qcluster`` as `make run` starts it, exchanging work through the broker."""
-    environ = process_env(Q_SYNC="0")
+def estate_config(settings, tmp_path):
+    """The shipped configuration with a 3 s ``reclaim_after``, for this process and the
+    scheduler cluster alike."""
+    shipped = (ROOT / "configs" / "scheduler.yaml").read_text()
+    assert "  reclaim_after: 2h\n" in shipped
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(shipped.replace("  reclaim_after: 2h\n", "  reclaim_after: 3s\n"))
+    settings.GPUPLATFORM_CONFIG = str(path)
+    return path
+
+
+@pytest.fixture
+def scheduler_cluster(settings):
+    """``manage.py qcluster`` as `make run` starts it, exchanging work through the broker,
+    reading the configuration this process reads."""
+    environ = process_env(Q_SYNC="0", GPUPLATFORM_CONFIG=str(settings.GPUPLATFORM_CONFIG))
     environ.pop("Q_CLUSTER_NAME", None)
     proc = subprocess.Popen(
         [PYTHON, "manage.py", "qcluster"],
@@ -120,6 +159,15 @@ def scheduler_cluster():
         proc.wait()
 
 
+def wait_until_placed(task: Task, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        task.refresh_from_db()
+        if task.state != TaskState.PENDING:
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_3_s_backoff_starts_within_1_5_s_of_its_due_time_without_a_backstop(
@@ -130,15 +178,34 @@ def test_a_3_s_backoff_starts_within_1_5_s_of_its_due_time_without_a_backstop(
     task = backing_off(lab, 3)  # the pass it asks for (run inline here) books the wake-up
     task.refresh_from_db()
     assert task.reason.startswith("retry backoff until ")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        task.refresh_from_db()
-        if task.state != TaskState.PENDING:
-            break
-        time.sleep(0.05)
+    wait_until_placed(task)
     assert task.state == TaskState.SCHEDULED, task.reason
     late = (task.scheduled_at - task.not_before).total_seconds()
     assert 0 <= late <= 1.5, f"started {late:.2f} s after its backoff ended"
     state = SchedulerState.objects.get()
     assert state.passes == passes_before + 2  # the inline one, then the booked one: no other
+    assert not Schedule.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_task_reclaims_its_share_within_1_5_s_of_reclaim_after_without_a_backstop(
+    lab, workstation, estate_config, scheduler_cluster
+):
+    Schedule.objects.all().delete()  # no backstop pass can be what starts it
+    service = TaskSpec(name="svc", command="sleep 1000", task_class="online",
+                       preemptible=False, priority=90)  # fmt: skip
+    with transaction.atomic():
+        services = [task_submit(tenant=lab, spec=service) for _ in range(4)]
+    for task in services:
+        wait_until_placed(task)
+        assert task.state == TaskState.SCHEDULED
+    with transaction.atomic():  # its pass (run by the cluster) books the reclaim wake-up
+        batch = task_submit(tenant=lab, spec=TaskSpec(name="train", command="true", priority=10))
+    reclaim_at = batch.submitted_at + timedelta(seconds=3)
+    wait_until_placed(batch)
+    assert batch.state == TaskState.SCHEDULED, batch.reason
+    late = (batch.scheduled_at - reclaim_at).total_seconds()
+    assert 0 <= late <= 1.5, f"started {late:.2f} s after it could reclaim"
+    assert Task.objects.filter(task_class="online", state=TaskState.SCHEDULED).count() == 3
     assert not Schedule.objects.exists()
