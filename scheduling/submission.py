@@ -254,14 +254,20 @@ def tasks_submit(
     many = len(specs) > 1
     resolved: list[list[Task | str]] = []
     batch: set[str] = set()
+    # Resolving a workdir walks the file system (symlinks); a sweep's tasks mostly share one.
+    workdirs: dict[str, str] = {}
     for i, spec in enumerate(specs):
         prefix = f"[{i}]." if many else ""
         errors.update(_feasibility(spec, estate, prefix))
         errors.update(_quota_errors(spec, estate.quota, prefix))
-        try:
-            paths.workdir(tenant.name, spec.workdir)
-        except paths.PathEscape as exc:
-            errors[f"{prefix}workdir"] = [str(exc).removeprefix("workdir: ")]
+        if spec.workdir not in workdirs:
+            try:
+                paths.workdir(tenant.name, spec.workdir)
+                workdirs[spec.workdir] = ""
+            except paths.PathEscape as exc:
+                workdirs[spec.workdir] = str(exc).removeprefix("workdir: ")
+        if workdirs[spec.workdir]:
+            errors[f"{prefix}workdir"] = [workdirs[spec.workdir]]
         deps, problems = _resolve_after(spec, tenant, batch) if spec.after else ([], [])
         if problems:
             errors[f"{prefix}policy.after"] = problems
