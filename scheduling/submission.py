@@ -7,12 +7,16 @@ instead of waiting forever.
 
 from __future__ import annotations
 
+import functools
+import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from gpuplatform.units import format_memory_mb
@@ -229,6 +233,52 @@ def _resolve_after(
     return found, problems
 
 
+def _json_value(value: object) -> object:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+@functools.cache
+def _insert_sql() -> tuple[str, list[Field]]:
+    """Tasks and their "submitted" events in one statement, from one JSON parameter.
+
+    PostgreSQL builds the rows itself with ``json_populate_recordset`` over the task table's own
+    row type, so the columns and their types come from the table, and the task columns from the
+    model (any field it gains is written too). Django's bulk_create spent about 0.15 ms of the
+    web process's CPU per task preparing each value of each row (about 150 ms for a 1,000-task
+    batch, more than half of the request) and 0.7 ms for one task; this costs a json.dumps.
+    Ids are taken in the array's order (ORDER BY ordinality), so sorted they match the tasks."""
+    fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
+    table, events = Task._meta.db_table, TaskEvent._meta.db_table
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    picked = ", ".join(f'r."{f.column}"' for f in fields)
+    sql = (
+        f'WITH t AS (INSERT INTO "{table}" ({columns}) '  # noqa: S608 - names from the model
+        f'SELECT {picked} FROM json_populate_recordset(NULL::"{table}", %(rows)s) '
+        "WITH ORDINALITY AS r ORDER BY r.ordinality RETURNING id), "
+        f'e AS (INSERT INTO "{events}" (task_id, at, from_state, to_state, reason, attempt, '
+        "actor_id) SELECT id, %(at)s, '', %(state)s, %(reason)s, 0, %(actor)s FROM t) "
+        "SELECT id FROM t"
+    )
+    return sql, fields
+
+
+def _insert(tasks: list[Task], *, now: datetime, reason: str, actor) -> None:
+    """INSERT ``tasks`` with a "submitted" event each; sets their ids as bulk_create would."""
+    sql, fields = _insert_sql()
+    rows = [{f.column: _json_value(getattr(t, f.attname)) for f in fields} for t in tasks]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {"rows": json.dumps(rows), "at": now, "state": TaskState.PENDING.value,
+             "reason": reason, "actor": actor.pk if actor is not None else None},
+        )  # fmt: skip
+        ids = sorted(row[0] for row in cursor.fetchall())
+    for task, pk in zip(tasks, ids, strict=True):
+        task.pk = pk
+        task._state.adding = False
+        task._state.db = connection.alias
+
+
 @transaction.atomic
 def tasks_submit(
     *,
@@ -280,7 +330,7 @@ def tasks_submit(
         raise SubmitError(errors)
 
     now = timezone.now()
-    created = Task.objects.bulk_create(
+    created = [
         Task(
             tenant=tenant,
             owner=owner,
@@ -303,9 +353,15 @@ def tasks_submit(
             retries=spec.retries,
             reason="submitted; waiting for the scheduler",
             submitted_at=now,
+            updated_at=now,
         )
         for spec in specs
-    )
+    ]
+    reason = "submitted"
+    if by is not None and by != owner:
+        whose = owner.get_username() if owner is not None else "nobody"
+        reason = f"submitted by {by.get_username()} for {whose}"
+    _insert(created, now=now, reason=reason, actor=by or owner)
     # A name in ``after`` means the latest task of that name earlier in the batch.
     earlier: dict[str, Task] = {}
     links: set[tuple[int, int]] = set()
@@ -317,14 +373,6 @@ def tasks_submit(
         through.objects.bulk_create(
             through(from_task_id=source, to_task_id=target) for source, target in sorted(links)
         )
-    reason = "submitted"
-    if by is not None and by != owner:
-        whose = owner.get_username() if owner is not None else "nobody"
-        reason = f"submitted by {by.get_username()} for {whose}"
-    TaskEvent.objects.bulk_create(
-        TaskEvent(task=t, at=now, to_state=TaskState.PENDING, reason=reason, actor=by or owner)
-        for t in created
-    )
     passes.request_pass()
     return created
 
