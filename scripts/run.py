@@ -31,10 +31,12 @@ def trusted_proxies() -> str:
 
 def web_command(python: str, host: str, port: str) -> list[str]:
     """daphne (ASGI: HTTP and websockets) by default; WEB_SERVER=gunicorn serves HTTP only,
-    with WEB_WORKERS processes of WEB_THREADS threads each: about twice the API throughput of
-    daphne on two cores (bench_api). gthread workers rather than sync ones: they keep client
-    connections alive and, with the submit path's fixes, spent 6.5 ms of CPU per submission
-    where sync workers spent 8.3-8.8 (bench_api, 8 clients, 2-core machine).
+    with WEB_WORKERS processes of WEB_THREADS threads each. Measured with bench_api (8 clients,
+    2-core machine, other work running) once the submit path was cut down: daphne spent 7.5 ms
+    of CPU per submission and 14 per task listing, gunicorn 6.7 and 10 (before: daphne 20 and
+    17, gunicorn sync workers 13-14 and 12). gthread workers rather than sync ones: they keep
+    client connections alive (sync workers close each after one answer) and spent 6.5-6.7 ms
+    per submission where sync workers spent 6.7-8.8.
 
     Forwarded headers are believed only from TRUSTED_PROXIES, and Django decides that
     (gpuplatform.middleware.TrustedProxyMiddleware), for both servers. daphne therefore never
