@@ -31,12 +31,11 @@ def trusted_proxies() -> str:
 
 def web_command(python: str, host: str, port: str) -> list[str]:
     """daphne (ASGI: HTTP and websockets) by default; WEB_SERVER=gunicorn serves HTTP only,
-    with WEB_WORKERS processes of WEB_THREADS threads each. Measured with bench_api (8 clients,
-    2-core machine, other work running) once the submit path was cut down: daphne spent 7.5 ms
-    of CPU per submission and 14 per task listing, gunicorn 6.7 and 10 (before: daphne 20 and
-    17, gunicorn sync workers 13-14 and 12). gthread workers rather than sync ones: they keep
-    client connections alive (sync workers close each after one answer) and spent 6.5-6.7 ms
-    per submission where sync workers spent 6.7-8.8.
+    with WEB_WORKERS sync workers. Measured with bench_api (8 clients, 2-core machine, other
+    work running) once the submit path was cut down: daphne spent 6.5-8.7 ms of CPU per
+    submission and 13-15 per task listing, gunicorn's sync workers 5.0-7.2 and 9-12 (before the
+    cuts: daphne 20 and 17, sync workers 13-14 and 12). gthread workers (keep-alive) measured
+    no better: 6.4-6.9 ms per submission, and fewer tasks a second in a 1,000-task batch.
 
     Forwarded headers are believed only from TRUSTED_PROXIES, and Django decides that
     (gpuplatform.middleware.TrustedProxyMiddleware), for both servers. daphne therefore never
@@ -46,7 +45,6 @@ def web_command(python: str, host: str, port: str) -> list[str]:
     empty, instead of its default of trusting loopback)."""
     if os.environ.get("WEB_SERVER", "daphne") == "gunicorn":
         workers = os.environ.get("WEB_WORKERS", "2")
-        threads = os.environ.get("WEB_THREADS", "4")
         return [
             python,
             "-m",
@@ -55,10 +53,6 @@ def web_command(python: str, host: str, port: str) -> list[str]:
             f"{host}:{port}",
             "-w",
             workers,
-            "-k",
-            "gthread",
-            "--threads",
-            threads,
             "--forwarded-allow-ips",
             trusted_proxies(),
             "--access-logfile",
