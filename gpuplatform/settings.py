@@ -242,6 +242,12 @@ def _rate(name: str, default: str) -> str:
 API_THROTTLE_RATE = _rate("API_THROTTLE_RATE", "300/min")
 # Requests a key may send at once after a pause, before the even pace applies.
 API_THROTTLE_BURST = env.integer("API_THROTTLE_BURST", 10, minimum=1)
+# API requests one daphne process has handed to Django and not yet answered; past this, the
+# next is answered 503 with Retry-After at once (gpuplatform.throttle.EarlyThrottle). daphne
+# runs the views one at a time: at the 6.5-8.7 ms of CPU a submission costs there (bench_api,
+# 2-core reference machine), 64 waiting requests are about half a second of queue, past which a
+# prompt 503 serves a client better than an answer that keeps getting later.
+WEB_MAX_IN_FLIGHT = env.integer("WEB_MAX_IN_FLIGHT", 64, minimum=1)
 # Requests without a valid token (none, bad, expired, revoked), per client address.
 API_ANON_THROTTLE_RATE = _rate("API_ANON_THROTTLE_RATE", "300/min")
 SPECTACULAR_SETTINGS = {

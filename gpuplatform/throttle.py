@@ -178,11 +178,17 @@ class EarlyThrottle:
     """ASGI wrapper (HTTP only, /api/ only): answers 429 for keys this process remembers as
     over their rate, before Django sees the request; and lets the request a remembered key
     may still send wait (up to MAX_YIELD_S) until no other client's request is in progress, so
-    neighbours go first."""
+    neighbours go first.
+
+    It also sheds load: daphne runs Django's views one at a time in one thread, so a burst
+    that outruns the process queues up in it and every answer comes later and later, until
+    clients time out. Past WEB_MAX_IN_FLIGHT API requests already handed to Django, the next
+    is answered 503 with Retry-After (no Django, no database)."""
 
     def __init__(self, app) -> None:
         self.app = app
         self.neighbours_in_flight = 0  # requests of keys not remembered (event loop only)
+        self.in_flight = 0  # requests handed to Django and not answered yet (event loop only)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
@@ -195,14 +201,19 @@ class EarlyThrottle:
         now = time.time()
         wait_s = PACER.hold(key, now)
         if wait_s is None:
+            if self.in_flight >= settings.WEB_MAX_IN_FLIGHT:
+                # Held like a refusal of the pacer, so a client that retries at once cannot
+                # make the server spin.
+                await asyncio.sleep(BUSY_RETRY_AFTER_S)
+                return await _refuse(send, 503, BUSY_DETAIL, BUSY_RETRY_AFTER_S)
             if PACER.remembered(key, now):
                 deadline = now + MAX_YIELD_S
                 while self.neighbours_in_flight and time.time() < deadline:
                     await asyncio.sleep(YIELD_STEP_S)
-                return await self.app(scope, receive, send)
+                return await self._handle(scope, receive, send)
             self.neighbours_in_flight += 1
             try:
-                return await self.app(scope, receive, send)
+                return await self._handle(scope, receive, send)
             finally:
                 self.neighbours_in_flight -= 1
         # Hold the refusal as long as Retry-After says (a sleeping coroutine costs nothing):
@@ -210,13 +221,32 @@ class EarlyThrottle:
         wait_s = max(1.0, wait_s)
         await asyncio.sleep(min(wait_s, MAX_HOLD_S))
         body, retry_after = too_many_requests_body(wait_s)
-        await send({"type": "http.response.start", "status": 429, "headers": [
-            (b"content-type", b"application/json"),
-            (b"retry-after", str(retry_after).encode()),
-            (b"content-length", str(len(body)).encode()),
-        ]})  # fmt: skip
-        await send({"type": "http.response.body", "body": body})
-        return None
+        return await _answer(send, 429, body, retry_after)
+
+    async def _handle(self, scope, receive, send):
+        self.in_flight += 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+BUSY_DETAIL = "the server is busy; retry later"
+BUSY_RETRY_AFTER_S = 1
+
+
+async def _refuse(send, status: int, detail: str, retry_after: int) -> None:
+    body = json.dumps({"detail": detail, "errors": {}}).encode()
+    await _answer(send, status, body, retry_after)
+
+
+async def _answer(send, status: int, body: bytes, retry_after: int) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"),
+        (b"retry-after", str(retry_after).encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 # --- Client addresses --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 from django.db import IntegrityError, transaction
@@ -99,9 +100,7 @@ class TaskOut(serializers.ModelSerializer):
         ]
 
     def get_gpus(self, task: Task) -> str:
-        if task.gpus_min == task.gpus_max:
-            return str(task.gpus_min)
-        return f"{task.gpus_min}-{task.gpus_max}"
+        return _gpus(task)
 
 
 class TaskSubmitted(TaskOut):
@@ -116,6 +115,44 @@ class TaskSubmitted(TaskOut):
 
     def get_warnings(self, task: Task) -> list[str]:
         return self.context.get("warnings", {}).get(task.pk, [])
+
+
+def submitted_data(tasks: list[Task], warnings: dict[int, list[str]]) -> list[dict]:
+    """``TaskSubmitted(tasks, many=True).data`` for tasks just created, built directly.
+
+    DRF builds a ModelSerializer's fields from the model for every response and then runs each
+    field of each task: about 0.5 ms of CPU for one task and 0.1 ms per task of a batch (100 ms
+    of a 1,000-task submission) for what is a dozen attribute reads. The serializer remains the
+    schema; tests/api/test_tasks_api.py checks that this answers exactly what it would."""
+    stamp = serializers.DateTimeField().to_representation
+    return [
+        {
+            "id": task.pk,
+            "name": task.name,
+            "state": str(task.state),
+            "reason": task.reason,
+            "queue": task.queue,
+            "priority": task.priority,
+            "task_class": str(task.task_class),
+            "gpus": _gpus(task),
+            "gpu_memory_mb": task.gpu_memory_mb,
+            "node": task.node.name if task.node_id is not None else None,
+            "owner": task.owner.get_username() if task.owner_id is not None else None,
+            "attempt": task.attempt,
+            "exit_code": task.exit_code,
+            "submitted_at": stamp(task.submitted_at),
+            "started_at": stamp(task.started_at),
+            "finished_at": stamp(task.finished_at),
+            "warnings": warnings.get(task.pk, []),
+        }
+        for task in tasks
+    ]
+
+
+def _gpus(task: Task) -> str:
+    if task.gpus_min == task.gpus_max:
+        return str(task.gpus_min)
+    return f"{task.gpus_min}-{task.gpus_max}"
 
 
 class AttemptOut(serializers.Serializer):
@@ -279,7 +316,9 @@ class TaskList(generics.ListAPIView):
         if len(key) > 200:
             return errors_response({"Idempotency-Key": ["at most 200 characters"]})
         body = request.body
-        with transaction.atomic():
+        # Without a key, tasks_submit's own transaction is the only one (no savepoint: two
+        # round trips fewer per submission); with one, the key's row commits with the tasks.
+        with transaction.atomic() if key else contextlib.nullcontext():
             if key:
                 replay = _idempotent_replay(caller.tenant, key, body)
                 if replay is not None:
@@ -290,7 +329,7 @@ class TaskList(generics.ListAPIView):
             )
             tasks = tasks_submit(tenant=caller.tenant, specs=specs, owner=request.user)
             warnings = _new_queue_warnings(caller.tenant, tasks, new_queues)
-            data = TaskSubmitted(tasks, many=True, context={"warnings": warnings}).data
+            data = submitted_data(tasks, warnings)
             if key:
                 IdempotencyKey.objects.filter(tenant=caller.tenant, key=key).update(
                     status=201, response=data

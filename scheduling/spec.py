@@ -360,12 +360,24 @@ def _task_class(value: object) -> str:
     return str(value)
 
 
+def _check_text(text: str) -> None:
+    """What PostgreSQL cannot store: NUL, and lone surrogates (JSON's "\\ud800" decodes to
+    one; it has no UTF-8 form), refused here as bad input rather than failing the INSERT."""
+    if "\0" in text:
+        raise ValueError("must not contain NUL bytes")
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start : exc.end]
+            raise ValueError(f"must be valid Unicode text, got a lone surrogate {bad!r}") from None
+
+
 def _command(value: object) -> str:
     text = _string(value)
     if not text.strip():
         raise ValueError("must not be empty")
-    if "\0" in text:
-        raise ValueError("must not contain NUL bytes")
+    _check_text(text)
     if len(text) > MAX_COMMAND_LENGTH:
         raise ValueError(
             f"must be at most {MAX_COMMAND_LENGTH} characters, got {len(text)}; "
@@ -376,8 +388,7 @@ def _command(value: object) -> str:
 
 def _workdir(value: object) -> str:
     text = _string(value)
-    if "\0" in text:
-        raise ValueError("must not contain NUL bytes")
+    _check_text(text)
     if len(text) > MAX_WORKDIR:
         raise ValueError(f"must be at most {MAX_WORKDIR} characters, got {len(text)}")
     if text.startswith("/"):
@@ -432,8 +443,7 @@ def _env_name(key: object) -> str:
 
 def _env_value(value: object) -> str:
     text = _scalar_text(value)
-    if "\0" in text:
-        raise ValueError("must not contain NUL bytes")
+    _check_text(text)
     if len(text) > MAX_ENV_VALUE:
         raise ValueError(f"must be at most {MAX_ENV_VALUE} characters, got {len(text)}")
     return text

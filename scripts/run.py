@@ -31,7 +31,11 @@ def trusted_proxies() -> str:
 
 def web_command(python: str, host: str, port: str) -> list[str]:
     """daphne (ASGI: HTTP and websockets) by default; WEB_SERVER=gunicorn serves HTTP only,
-    with WEB_WORKERS sync workers: about twice the API throughput on two cores (bench_api).
+    with WEB_WORKERS sync workers. Measured with bench_api (8 clients, 2-core machine, other
+    work running) once the submit path was cut down: daphne spent 6.5-8.7 ms of CPU per
+    submission and 13-15 per task listing, gunicorn's sync workers 5.0-7.2 and 9-12 (before the
+    cuts: daphne 20 and 17, sync workers 13-14 and 12). gthread workers (keep-alive) measured
+    no better: 6.4-6.9 ms per submission, and fewer tasks a second in a 1,000-task batch.
 
     Forwarded headers are believed only from TRUSTED_PROXIES, and Django decides that
     (gpuplatform.middleware.TrustedProxyMiddleware), for both servers. daphne therefore never

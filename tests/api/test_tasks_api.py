@@ -3,12 +3,15 @@ events, logs, controls, throttling, and what list pages cost in queries."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from rest_framework.renderers import JSONRenderer
 
 from scheduling import scheduler, services
+from scheduling.api import TaskSubmitted, submitted_data
 from scheduling.models import (
     GPU,
     Allocation,
@@ -20,7 +23,7 @@ from scheduling.models import (
     TaskEvent,
 )
 from scheduling.spec import MAX_COMMAND_LENGTH, MAX_ENV, MAX_SWEEP_TASKS, TaskSpec
-from scheduling.submission import task_submit
+from scheduling.submission import task_submit, tasks_submit
 from tests.api.conftest import assert_constant_queries, assert_error_shape, bearer, make_actor
 from tests.factories import (
     AllocationFactory,
@@ -692,3 +695,28 @@ def test_gpus_show_only_the_callers_tasks(alice, owner, outsider, workstation):
         g for g in bearer(viewer.token).get("/api/v1/gpus/").json()["results"] if g["id"] == gpu.pk
     )
     assert [t["name"] for t in row["my_tasks"]] == ["mine"]
+
+
+def test_a_submissions_answer_is_exactly_what_its_serializer_would_say(owner, workstation):
+    specs = [
+        TaskSpec(name="a", command="true"),
+        TaskSpec(name="b", command="true", queue="q", gpus_min=1, gpus_max=4, gpu_memory_mb=1024),
+    ]
+    tasks = tasks_submit(tenant=owner.tenant, specs=specs, owner=owner.user)
+    warnings = {tasks[1].pk: ["queue 'q' is new"]}
+
+    def rendered(data) -> list[dict]:
+        return json.loads(JSONRenderer().render(data))
+
+    def serialized(tasks) -> list[dict]:
+        return rendered(TaskSubmitted(tasks, many=True, context={"warnings": warnings}).data)
+
+    assert rendered(submitted_data(tasks, warnings)) == serialized(tasks)
+    assert [list(task) for task in submitted_data(tasks, warnings)] == [
+        list(task) for task in serialized(tasks)
+    ]
+    # Later states too (a node, a start time), should it ever answer for older tasks.
+    scheduler.schedule_pass()
+    placed = list(Task.objects.filter(pk__in=[t.pk for t in tasks]).order_by("pk"))
+    assert any(task.node_id for task in placed)
+    assert rendered(submitted_data(placed, warnings)) == serialized(placed)
