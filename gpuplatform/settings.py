@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "tenants",
     "scheduling",
     "monitoring",
+    "telemetry",
 ]
 
 MIDDLEWARE = [
