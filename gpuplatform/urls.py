@@ -14,6 +14,7 @@ api_patterns = [
     path("", include("tenants.api_urls")),
     path("", include("scheduling.api_urls")),
     path("", include("telemetry.api_urls")),
+    path("", include("monitoring.api_urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
 ]

@@ -133,3 +133,24 @@ def test_live_gpus_show_the_callers_own_task(history, owner, teammate):
     gpus = bearer(owner.token).get("/api/v1/gpus/live/").json()
     assert [g["tenant"] for g in gpus] == ["vision-lab", "vision-lab", None, None]
     assert gpus[0]["task"] == history[0]["alice"].pk and gpus[0]["util_gpu"] == 80
+
+
+def test_a_tenant_sees_the_alerts_about_its_tasks_and_operators_see_all(
+    history, owner, operator, workstation
+):
+    from monitoring import services as alert_services
+
+    tasks, *_ = history
+    gpu = workstation.gpus.get(index=0)
+    alert_services.alert_raise(
+        kind="gpu_idle", severity="warning", message="idle", gpu=gpu, task=tasks["alice"]
+    )
+    alert_services.alert_raise(kind="gpu_over_temperature", severity="warning", message="hot",
+                               gpu=gpu)  # fmt: skip
+
+    mine = bearer(owner.token).get("/api/v1/alerts/", {"open": "1"}).json()["results"]
+    assert [(a["kind"], a["task"], a["node"]) for a in mine] == [
+        ("gpu_idle", tasks["alice"].pk, "workstation-1")
+    ]
+    every = bearer(operator.token).get("/api/v1/operator/alerts/").json()["results"]
+    assert {a["kind"] for a in every} == {"gpu_idle", "gpu_over_temperature"}

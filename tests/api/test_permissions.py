@@ -28,6 +28,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from django.utils import timezone
 
+from monitoring.models import Alert
 from scheduling.models import GPU, Task, TaskAttempt
 from telemetry.models import GpuSample
 from tenants import services as tenant_services
@@ -153,6 +154,9 @@ MATRIX = [
     _e("GET", "operator/nodes/workstation-1/metrics/", OPERATOR),
     _e("GET", "operator/gpus/live/", OPERATOR),
     _e("GET", "operator/usage/sampled/", OPERATOR),
+    # monitoring.api_urls
+    _e("GET", "alerts/", TENANT, LIST),
+    _e("GET", "operator/alerts/", OPERATOR),
     _e("POST", "operator/gpus/{gpu}/drain/", OPERATOR),
     _e("POST", "operator/gpus/{gpu}/undrain/", OPERATOR),
     _e("POST", "operator/nodes/workstation-1/drain/", OPERATOR),
@@ -268,6 +272,10 @@ def world(owner, teammate, outsider, viewer, operator, workstation, tmp_path) ->
     GpuSample.objects.create(
         gpu=gpus[0], at=timezone.now(), task=running, tenant=lab, util_gpu=90, simulated=True
     )
+    Alert.objects.create(
+        kind="gpu_idle", severity="warning", gpu=gpus[0], task=running,
+        message="alice-secret-running holds an idle GPU",
+    )  # fmt: skip
     TaskFactory(tenant=outsider.tenant, owner=outsider.user, name="charlie-own-run")
     spare, _ = tenant_services.apitoken_create(user=teammate.user, tenant=lab, name="spare")
     quota = Quota.objects.create(tenant=lab, max_gpus=4)
@@ -334,6 +342,8 @@ def check_outsider(world: World, endpoint: Endpoint) -> None:
         assert {t["tenant"] for t in body["results"]} == {"nlp-lab"}
     if endpoint.path.endswith("/members/"):
         assert sorted(m["username"] for m in body["results"]) == ["charlie", "erin"]
+    if endpoint.path.endswith("/alerts/"):
+        assert body["results"] == []
     if endpoint.path.endswith("/gpus/live/"):
         assert [g["tenant"] for g in body] == ["another tenant", None, None, None]
         assert all(g.get("task") is None for g in body)
