@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import EXIT_OK
@@ -88,7 +89,7 @@ def metrics_table(data: dict) -> str:
         lines.append(f"\n{series['node']} GPU {series['index']} ({series['gpu']})")
         rows = [
             [
-                out.local_time(p[0]),
+                out.local_time(datetime.fromtimestamp(p[0], UTC).isoformat()),
                 _num(p[1], "%"),
                 _num(p[6], "%"),
                 out.memory(p[3]) if p[3] is not None else "-",

@@ -60,8 +60,9 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         return {"source": source, "step": step_s, "series": []}
     if source == "raw":
         table, time_col = GpuSample._meta.db_table, "at"
-        means = [f"avg({m})" for m in SERIES_METRICS]
-        peak, weight = "max(util_gpu)", "count(*)"
+        # float8 on the server: psycopg turns numeric into Decimal, ten times slower to build.
+        means = [f"avg({m})::float8" for m in SERIES_METRICS]
+        peak, weight = "max(util_gpu)::float8", "count(*)"
         extra = " AND NOT lost"
         reach = 0
     else:
@@ -76,7 +77,10 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         extra = " AND (w.task_id IS NULL OR s.task_id = w.task_id)"
         # A bucket that began before the window still overlaps it.
         reach = 60 if source == "1m" else 3600
-    # One (gpu, start, end) row per window; joined, each sample is read once per its window.
+    # One (gpu, start, end, task) row per window, each read by its own range scan of the
+    # (gpu, time) index: LATERAL with OFFSET 0, which keeps PostgreSQL from flattening the
+    # subquery into a hash join over a sequential scan of every sample (measured: 1 s instead
+    # of milliseconds for 15 minutes of 32 GPUs in a 2-hour, 256-GPU table).
     values = ", ".join(
         ["(%s::bigint, %s::timestamptz, %s::timestamptz, %s::bigint)"] * len(windows)
     )
@@ -85,13 +89,18 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         w_start = max(w.start, start) - timedelta(seconds=reach)
         params += [w.gpu_id, w_start, min(w.end, end), w.task_id]
     sql = f"""
-        SELECT s.gpu_id, date_bin(make_interval(secs => %s), s.{time_col}, %s) AS t,
+        SELECT w.gpu_id, extract(epoch FROM date_bin(make_interval(secs => %s), s.{time_col},
+                                                     %s))::bigint AS t,
                {", ".join(means)}, {peak}, {weight}
           FROM (VALUES {values}) AS w(gpu_id, w_start, w_end, task_id)
-          JOIN {table} s ON s.gpu_id = w.gpu_id
-                        AND s.{time_col} >= w.w_start AND s.{time_col} < w.w_end{extra}
-         GROUP BY s.gpu_id, t
-         ORDER BY s.gpu_id, t
+          CROSS JOIN LATERAL (
+                SELECT * FROM {table} s
+                 WHERE s.gpu_id = w.gpu_id AND s.{time_col} >= w.w_start
+                   AND s.{time_col} < w.w_end{extra}
+                OFFSET 0
+          ) s
+         GROUP BY w.gpu_id, t
+         ORDER BY w.gpu_id, t
     """  # noqa: S608 - table and column names are ours; values are parameters
     with connection.cursor() as cursor:
         cursor.execute(sql, [step_s, start, *params])
@@ -101,14 +110,12 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         for gpu in GPU.objects.filter(pk__in={w.gpu_id for w in windows}).select_related("node")
     }
     by_gpu: dict[int, list] = {}
-    for gpu_id, t, *metrics in rows:
-        *means_row, util_max, samples = metrics
-        by_gpu.setdefault(gpu_id, []).append(
-            [t.isoformat(), *(_round(v) for v in means_row), _round(util_max), int(samples)]
-        )
+    for gpu_id, *point in rows:
+        by_gpu.setdefault(gpu_id, []).append(point)
     return {
         "source": source,
         "step": step_s,
+        # time: the bucket's start in Unix seconds (what chart libraries take).
         "columns": ["time", *SERIES_METRICS, "util_gpu_max", "samples"],
         "series": [
             {
@@ -120,10 +127,6 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
             for gpu_id, points in by_gpu.items()
         ],
     }
-
-
-def _round(value) -> float | None:
-    return None if value is None else round(float(value), 2)
 
 
 def gpu_windows(*, gpus: Iterable[GPU], start: datetime, end: datetime) -> list[Window]:
