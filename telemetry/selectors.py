@@ -22,6 +22,8 @@ from tenants.models import Tenant
 
 # The metrics a series carries, in this order in each point after the time.
 SERIES_METRICS = ("util_gpu", "util_memory", "memory_used_mb", "temperature_c", "power_w")
+# time: the bucket's start in Unix seconds (what chart libraries take).
+COLUMNS = ("time", *SERIES_METRICS, "util_gpu_max", "samples")
 MAX_POINTS = 5000  # per GPU; more is a mistake (a month at 1 s), answered with a 400
 
 
@@ -57,7 +59,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
     windows = [w for w in windows if w.start < end and w.end > start]
     source = choose_source(start=start, step_s=step_s)
     if not windows:
-        return {"source": source, "step": step_s, "series": []}
+        return {"source": source, "step": step_s, "columns": COLUMNS, "series": []}
     if source == "raw":
         table, time_col = GpuSample._meta.db_table, "at"
         # float8 on the server: psycopg turns numeric into Decimal, ten times slower to build.
@@ -115,8 +117,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
     return {
         "source": source,
         "step": step_s,
-        # time: the bucket's start in Unix seconds (what chart libraries take).
-        "columns": ["time", *SERIES_METRICS, "util_gpu_max", "samples"],
+        "columns": COLUMNS,
         "series": [
             {
                 "gpu": gpus[gpu_id].uuid,
