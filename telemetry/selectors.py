@@ -90,10 +90,19 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
     for w in windows:
         w_start = max(w.start, start) - timedelta(seconds=reach)
         params += [w.gpu_id, w_start, min(w.end, end), w.task_id]
+    if source == "raw" and step_s == 1:
+        # One sample a second at most: every sample is its own point, no grouping to do.
+        columns = ", ".join(f"{m}::float8" for m in SERIES_METRICS)
+        select = f"extract(epoch FROM s.at)::bigint, {columns}, s.util_gpu::float8, 1"
+        group = ""
+    else:
+        select = (
+            f"extract(epoch FROM date_bin(make_interval(secs => %s), s.{time_col}, %s))::bigint"
+            f" AS t, {', '.join(means)}, {peak}, {weight}"
+        )
+        group = "GROUP BY w.gpu_id, t"
     sql = f"""
-        SELECT w.gpu_id, extract(epoch FROM date_bin(make_interval(secs => %s), s.{time_col},
-                                                     %s))::bigint AS t,
-               {", ".join(means)}, {peak}, {weight}
+        SELECT w.gpu_id, {select}
           FROM (VALUES {values}) AS w(gpu_id, w_start, w_end, task_id)
           CROSS JOIN LATERAL (
                 SELECT * FROM {table} s
@@ -101,11 +110,12 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
                    AND s.{time_col} < w.w_end{extra}
                 OFFSET 0
           ) s
-         GROUP BY w.gpu_id, t
-         ORDER BY w.gpu_id, t
+         {group}
+         ORDER BY 1, 2
     """  # noqa: S608 - table and column names are ours; values are parameters
+    head = [step_s, start] if group else []
     with connection.cursor() as cursor:
-        cursor.execute(sql, [step_s, start, *params])
+        cursor.execute(sql, [*head, *params])
         rows = cursor.fetchall()
     gpus = {
         gpu.pk: gpu

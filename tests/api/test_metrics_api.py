@@ -154,3 +154,17 @@ def test_a_tenant_sees_the_alerts_about_its_tasks_and_operators_see_all(
     ]
     every = bearer(operator.token).get("/api/v1/operator/alerts/").json()["results"]
     assert {a["kind"] for a in every} == {"gpu_idle", "gpu_over_temperature"}
+
+
+def test_a_one_second_step_gives_every_raw_sample(history, owner):
+    tasks, start, now = history
+    body = (
+        bearer(owner.token)
+        .get(f"/api/v1/tasks/{tasks['alice'].pk}/metrics/", {"since": "2m", "step": "1s"})
+        .json()
+    )
+    points = body["series"][0]["points"]
+    assert body["source"] == "raw" and 119 <= len(points) <= 120
+    assert points[0][0] >= int((now - timedelta(minutes=2)).timestamp()) and points[0][1] == 80.0
+    assert {p[-1] for p in points} == {1}
+    assert [p[0] for p in points] == sorted(p[0] for p in points)
