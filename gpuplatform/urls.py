@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gpuplatform import api_index, views
+from telemetry.views import prometheus_metrics
 
 admin.site.site_header = "gpuplatform operations"
 admin.site.site_title = "gpuplatform"
@@ -12,6 +13,8 @@ api_patterns = [
     path("", api_index.ApiIndex.as_view(), name="index"),
     path("", include("tenants.api_urls")),
     path("", include("scheduling.api_urls")),
+    path("", include("telemetry.api_urls")),
+    path("", include("monitoring.api_urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
 ]
@@ -28,4 +31,5 @@ urlpatterns = [
     path("livez", views.livez, name="livez"),
     path("readyz", views.readyz, name="readyz"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", prometheus_metrics, name="metrics"),
 ]

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from monitoring import webhook
 from monitoring.models import Alert
 from scheduling.models import GPU, Node, Task
 
@@ -52,6 +53,7 @@ def alert_raise(
                 raise
         else:
             logger.warning("alert opened: %s", alert)
+            webhook.notify(alert_ids=[alert.pk], event="opened")
             return alert
     alert.severity = severity
     alert.message = message
@@ -119,7 +121,25 @@ def _open(kind: str, subject: dict[str, int | None]) -> QuerySet[Alert]:
 
 def _resolve(alerts: QuerySet[Alert]) -> int:
     # One conditional UPDATE: an alert resolved concurrently is not resolved (or counted) twice.
-    count = alerts.filter(resolved_at__isnull=True).update(resolved_at=timezone.now())
+    ids = (
+        list(
+            Alert.objects.filter(
+                pk__in=alerts.filter(resolved_at__isnull=True).values("pk"),
+                resolved_at__isnull=True,
+            )
+            .order_by()
+            .values_list("pk", flat=True)
+        )
+        if webhook.webhook_url()
+        else None
+    )
+    if ids is None:
+        count = alerts.filter(resolved_at__isnull=True).update(resolved_at=timezone.now())
+    else:
+        count = Alert.objects.filter(pk__in=ids, resolved_at__isnull=True).update(
+            resolved_at=timezone.now()
+        )
+        webhook.notify(alert_ids=ids, event="resolved")
     if count:
         logger.info("%d alert(s) resolved", count)
     return count
