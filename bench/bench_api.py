@@ -18,21 +18,13 @@ database connections each server opened.
 from __future__ import annotations
 
 import functools
-import http.client
 import importlib.util
-import json
 import multiprocessing
 import os
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -41,7 +33,15 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django_q.models import OrmQ
 
-from bench.common import clear_tasks, percentile, table, verdict
+from bench.common import (
+    ClientJob,
+    api_client,
+    clear_tasks,
+    percentile,
+    table,
+    verdict,
+    web_server,
+)
 from gpuplatform.dburl import current_database_url
 from scheduling.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool, Task
@@ -63,64 +63,10 @@ TARGET_SUBMITS_PER_S = 500
 TARGET_P99_S = 0.050
 STARTUP_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
-ROOT = Path(__file__).resolve().parent.parent
 CPUS = os.cpu_count() or 1
 
 
-# --- Clients (forked child processes that never touch the database) -----------------------------
-
-
-def _client(job: tuple) -> dict:
-    """Send ``count`` requests on one keep-alive connection; one latency per request."""
-    port, token, method, path, count, start_at, limit_s, tag = job
-    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-    if method == "POST":
-        headers["Content-Type"] = "application/json"
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    latencies: list[float] = []
-    statuses: Counter[int] = Counter()
-    sample = ""
-    connects = 0
-    while (wait := start_at - time.perf_counter()) > 0:
-        time.sleep(wait)
-    began, cpu = time.perf_counter(), time.process_time()
-    deadline = began + limit_s
-    for n in range(count):
-        if time.perf_counter() > deadline:
-            break
-        body = None
-        if method == "POST":
-            spec = {"name": f"{tag}-{n}", "command": "python train.py --epochs 1",
-                    "resources": {"gpus": 1}}  # fmt: skip
-            body = json.dumps(spec)
-        t0 = time.perf_counter()
-        try:
-            if conn.sock is None:
-                connects += 1
-            conn.request(method, path, body=body, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-            status = response.status
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            status, data = 0, repr(exc).encode()
-        latencies.append(time.perf_counter() - t0)
-        statuses[status] += 1
-        if not 200 <= status < 300 and not sample:
-            sample = f"{status}: {data[:300].decode(errors='replace')}"
-    ended, cpu = time.perf_counter(), time.process_time() - cpu
-    conn.close()
-    return {"latencies": latencies, "statuses": dict(statuses), "began": began, "ended": ended,
-            "sample": sample, "connects": connects, "cpu_s": cpu}  # fmt: skip
-
-
 # --- Servers -------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_env() -> dict[str, str]:
@@ -136,79 +82,6 @@ def server_env() -> dict[str, str]:
         API_THROTTLE_BURST="1000000",  # the pace allows this many at once
     )
     return environ
-
-
-def server_argv(kind: str, port: int, workers: int) -> list[str]:
-    if kind == "daphne":  # as scripts/run.py starts it
-        return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "gpuplatform.asgi:application"]  # fmt: skip
-    return [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers),
-            "-b", f"127.0.0.1:{port}", "gpuplatform.wsgi:application"]  # fmt: skip
-
-
-@contextmanager
-def web_server(
-    kind: str, workers: int, tmp: Path, env: dict[str, str] | None = None, label: str = ""
-) -> Iterator[tuple[int, subprocess.Popen]]:
-    """Start the server in its own process group, output to a file; always stop it."""
-    port = free_port()
-    log = tmp / f"{label or kind}-{workers}.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(  # noqa: S603 - fixed argv
-            server_argv(kind, port, workers),
-            cwd=ROOT,
-            env=env or server_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} exited with {proc.returncode}:\n{tail(log)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2):  # noqa: S310
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{kind} did not answer in {STARTUP_TIMEOUT_S:.0f} s:\n"
-                                       f"{tail(log)}") from None  # fmt: skip
-                time.sleep(0.2)
-        yield port, proc
-    finally:
-        stop(kind, proc)
-
-
-def stop(kind: str, proc: subprocess.Popen) -> None:
-    """SIGTERM the server, SIGKILL it after STOP_GRACE_S, then any of its workers left."""
-    try:
-        workers = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        workers = []
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        print(f"{kind} did not stop within {STOP_GRACE_S:.0f} s: killing it", flush=True)
-        proc.kill()
-        proc.wait()
-    # psutil checks each is still the process it was (not a reused pid) before killing it.
-    _, alive = psutil.wait_procs(workers, timeout=2)
-    for worker in alive:
-        try:
-            worker.kill()
-        except psutil.Error:
-            pass
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def cpu_by_pid(proc: subprocess.Popen) -> tuple[dict[int, float], dict[int, float]]:
@@ -276,11 +149,11 @@ def run_phase(pool, port: int, secrets: list[str], method: str, path: str, total
               proc: subprocess.Popen, label: str, limit_s: float) -> dict:  # fmt: skip
     start_at = time.perf_counter() + 0.2
     jobs = [
-        (port, secrets[i % len(secrets)], method, path,
-         total // CLIENTS + (i < total % CLIENTS), start_at, limit_s, f"{label}-{i}")
+        ClientJob(port, secrets[i % len(secrets)], method, path,
+                  total // CLIENTS + (i < total % CLIENTS), start_at, limit_s, f"{label}-{i}")
         for i in range(CLIENTS)
     ]  # fmt: skip
-    result = pool.map_async(_client, jobs)
+    result = pool.map_async(api_client, jobs)
     time.sleep(max(0.0, start_at - time.perf_counter()))
     (server_before, db_before), (busy_before, all_before) = cpu_by_pid(proc), machine_busy()
     parts = result.get()
@@ -325,7 +198,8 @@ def measure_server(pool, kind: str, workers: int, secrets: list[str], tmp: Path)
     reset()
     sessions = db_sessions()
     began = time.perf_counter()
-    with web_server(kind, workers, tmp) as (port, proc):
+    with web_server(kind, workers, tmp, server_env(), startup_timeout_s=STARTUP_TIMEOUT_S,
+                    grace_s=STOP_GRACE_S) as (port, proc):  # fmt: skip
         startup_s = time.perf_counter() - began
         phase = functools.partial(run_phase, pool, port, secrets, proc=proc)
         warm = phase("POST", POST_PATH, WARMUP, label="warm", limit_s=WARMUP_LIMIT_S)
