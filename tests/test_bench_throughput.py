@@ -1,0 +1,107 @@
+"""The end-to-end benchmark's pure parts: figures from recorded timestamps, the peers' set-up and
+the clean-up that must run whatever happens. No timing is asserted; nothing here starts a server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from bench import bench_throughput as bench
+from scheduling.config import load_config
+
+
+def test_mean_busy_counts_each_allocation_only_while_tasks_wait():
+    intervals = [(0.0, 10.0), (5.0, None), (12.0, 15.0)]
+    # Over 2..12: the first covers 8 s, the open one 7 s, the last starts at the window's end.
+    assert bench.mean_busy(intervals, 2.0, 12.0) == pytest.approx(1.5)
+
+
+def test_mean_busy_of_an_empty_window_is_zero():
+    assert bench.mean_busy([(0.0, 1.0)], 5.0, 5.0) == 0.0
+
+
+def test_completion_runs_from_the_first_submit_to_the_last_finish():
+    done = bench.completion(100.0, [101.0, 104.0, 102.0], 3, stopped=110.0)
+    assert (done.finished, done.elapsed_s, done.limited) == (3, 4.0, False)
+    assert done.per_s == pytest.approx(0.75)
+    assert done.describe() == "0.8/s (3 in 4.0 s)"
+
+
+def test_a_run_stopped_at_its_limit_says_how_many_finished():
+    done = bench.completion(100.0, [101.0] * 1_234, 2_000, stopped=220.0)
+    assert done.limited
+    assert done.per_s == pytest.approx(1_234 / 120)
+    assert done.describe() == "10.3/s (1,234 of 2,000 finished in 120 s)"
+
+
+def test_it_reads_the_stamp_date_wrote():
+    assert bench.parse_stamp("1795499575.259238699\n") == pytest.approx(1795499575.259238699)
+    assert bench.parse_stamp("warning: something\n1795499575.5\n") == pytest.approx(1795499575.5)
+    assert bench.parse_stamp("") is None
+    assert bench.parse_stamp("no stamp here\n") is None
+
+
+def test_latency_percentiles_and_the_probes_that_never_ran():
+    latency = bench.Latency(samples=[0.010, 0.020, 0.030, 0.400], lost=1)
+    assert latency.p(50) == pytest.approx(0.020)
+    assert latency.p(99) == pytest.approx(0.400)
+    assert latency.describe() == "20.0 / 400.0 ms (4 runs)"
+    assert bench.Latency().describe() == "n/a"
+    assert bench.Latency().p(50) is None
+
+
+def test_ratios_are_ours_over_the_peers():
+    assert bench.ratio(8.0, 800.0) == "0.010x"
+    assert bench.ratio(600.0, 3.0) == "200x"
+    assert bench.ratio(None, 3.0) == "-"
+    assert bench.ratio(5.0, None) == "-"
+
+
+def test_slurm_runs_one_node_of_32_slots_without_munge_inside_its_scratch_directory(tmp_path):
+    conf = bench.slurm_conf(tmp_path, host="box", ctld_port=40001, node_port=40002, cpus=32)
+    settings = dict(
+        line.split("=", 1) for line in conf.splitlines() if line and not line.startswith("#")
+    )
+    assert settings["AuthType"] == "auth/none"
+    assert settings["CredType"] == "cred/none"
+    assert settings["SlurmctldHost"] == "box(127.0.0.1)"
+    assert (settings["SlurmctldPort"], settings["SlurmdPort"]) == ("40001", "40002")
+    assert "CPUs=32" in settings["NodeName"]
+    # Every file the daemons write lies in the scratch directory.
+    for key in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile"):
+        assert settings[key].startswith(str(tmp_path)), key
+
+
+def test_the_estate_is_one_the_platform_accepts(tmp_path):
+    path = tmp_path / "estate.yaml"
+    path.write_text(bench.estate_yaml())
+    estate = load_config(path)
+    assert len(estate.nodes) == bench.NODES
+    assert {node.pool for node in estate.nodes} == {bench.POOL}
+    assert sum(node.simulate.count for node in estate.nodes) == bench.SLOTS == 32
+
+
+def test_cleanup_runs_once_on_leaving_even_after_an_error():
+    calls = []
+    with pytest.raises(RuntimeError), bench.cleanup(lambda: calls.append(1)):
+        raise RuntimeError("boom")
+    assert calls == [1]
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="signal handlers can only be set in the main thread",
+)
+def test_sigterm_unwinds_so_that_the_daemons_are_stopped():
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = []
+    with pytest.raises(SystemExit) as exc, bench.sigterm_as_exit():
+        with bench.cleanup(lambda: stopped.append(True)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0)  # the handler runs before this returns
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert stopped == [True]
+    assert signal.getsignal(signal.SIGTERM) == before
