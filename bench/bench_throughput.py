@@ -279,15 +279,15 @@ def cleanup(action: Callable[[], None]) -> Iterator[None]:
         atexit.unregister(once)
 
 
-def kill_matching(name: str, variable: str, value: str) -> int:
-    """SIGKILL processes called ``name`` whose environment has ``variable=value`` (ours only:
-    the value is a path in our scratch directory)."""
+def kill_ours(name: str, ours: Callable[[psutil.Process], bool]) -> int:
+    """SIGKILL the processes called ``name`` that ``ours`` recognises (by a path in our scratch
+    directory: never another user's daemon of the same name)."""
     killed = 0
     for proc in psutil.process_iter(["name"]):
         if proc.info["name"] != name:
             continue
         try:
-            if proc.environ().get(variable) == value:
+            if ours(proc):
                 proc.kill()
                 killed += 1
         except psutil.Error:
@@ -362,7 +362,7 @@ def measure_tsp(scratch: Path) -> dict:
 
     def stop() -> None:
         subprocess.run(["tsp", "-K"], env=environ, capture_output=True, check=False)  # noqa: S607
-        kill_matching("tsp", "TS_SOCKET", socket_path)
+        kill_ours("tsp", lambda proc: proc.environ().get("TS_SOCKET") == socket_path)
 
     with cleanup(stop):
         tsp(["tsp", "-S", str(SLOTS)])  # starts its server
@@ -424,8 +424,9 @@ def measure_slurm(scratch: Path) -> dict:
     if not slurm_auth_none():
         return {"skipped": "this Slurm has no auth/none plugin (a munge set-up is not automated)"}
     version = run_quiet(["slurmctld", "-V"], dict(os.environ)).strip()
-    for sub in ("state", "spool", "out"):
+    for sub in ("state", "spool", "out", "jobs"):
         (scratch / sub).mkdir(parents=True)
+    jobs = scratch / "jobs"
     conf = scratch / "slurm.conf"
     conf.write_text(slurm_conf(scratch, host=HOSTNAME, ctld_port=free_port(),
                                node_port=free_port(), cpus=SLOTS))  # fmt: skip
@@ -437,13 +438,18 @@ def measure_slurm(scratch: Path) -> dict:
     ]
 
     def stop() -> None:
-        try:  # jobs first, so that no step daemon outlives slurmd
-            subprocess.run(["scancel", "--user", "root"], env=environ, capture_output=True,  # noqa: S607
-                           check=False, timeout=15)  # fmt: skip
+        # Jobs first, and gone, before slurmd: a step daemon whose slurmd was killed under it
+        # hangs on (seen: 15 left behind), so any still there are killed too, found by the
+        # working directory every job of ours was given.
+        try:
+            slurm(["scancel", "--user", "root"], timeout=15)
+            until = time.monotonic() + 15
+            while slurm(["squeue", "-h"], timeout=15).strip() and time.monotonic() < until:
+                time.sleep(0.2)
         except (OSError, subprocess.SubprocessError):
             pass
-        stop_all(daemons, grace_s=10)
-        kill_matching("slurmstepd", "SLURM_CONF", str(conf))
+        stop_all(daemons, grace_s=15)
+        kill_ours("slurmstepd", lambda proc: Path(proc.cwd()).is_relative_to(jobs))
 
     with cleanup(stop):
         wait_for("Slurm's node to be idle",
@@ -458,7 +464,7 @@ def measure_slurm(scratch: Path) -> dict:
             out = scratch / "out" / f"latency-{n}.out"
             n += 1
             submitted = time.time()
-            slurm(["sbatch", "-Q", "--parsable", "-o", str(out), "--wrap", STAMP])
+            slurm(["sbatch", "-Q", "--parsable", "-D", str(jobs), "-o", str(out), "--wrap", STAMP])
             stamp = None
             with_deadline = time.monotonic() + 30
             while stamp is None and time.monotonic() < with_deadline:
@@ -475,8 +481,8 @@ def measure_slurm(scratch: Path) -> dict:
 
         first = time.time()
         for _ in range(TASKS // BATCH):  # two submissions, as the platform's two API calls
-            slurm(["sbatch", "-Q", "--parsable", f"--array=0-{BATCH - 1}", "-o", "/dev/null",
-                   "--wrap", "true"])  # fmt: skip
+            slurm(["sbatch", "-Q", "--parsable", "-D", str(jobs), f"--array=0-{BATCH - 1}",
+                   "-o", "/dev/null", "--wrap", "true"])  # fmt: skip
         deadline = first + SLURM_THROUGHPUT_LIMIT_S
         while True:
             left = len(slurm(["squeue", "-h", "-r", "-o", "%i"]).split())
