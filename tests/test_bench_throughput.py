@@ -31,7 +31,8 @@ def test_completion_runs_from_the_first_submit_to_the_last_finish():
 
 
 def test_a_run_stopped_at_its_limit_says_how_many_finished():
-    done = bench.completion(100.0, [101.0] * 1_234, 2_000, stopped=220.0)
+    late = [221.0] * 10  # finished while the figures were read, after the limit
+    done = bench.completion(100.0, [101.0] * 1_234 + late, 2_000, stopped=220.0)
     assert done.limited
     assert done.per_s == pytest.approx(1_234 / 120)
     assert done.describe() == "10.3/s (1,234 of 2,000 finished in 120 s)"
