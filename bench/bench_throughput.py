@@ -2,10 +2,11 @@
 
 gpuplatform: daphne, the scheduler (``manage.py qcluster``) and 4 node agents of 8 simulated
 GPUs each (every agent with its node's own django-q2 cluster, as in production) run as
-subprocesses against the bench database with production settings (no GPUPLATFORM_TESTING: the
-PostgreSQL channel layer, LAUNCH_TASKS on), a fresh SECRET_KEY, the API throttle raised out of
-the way (it is a policy, not a capacity), and their own pool, so nodes other benchmarks left in
-the database get nothing. All traffic goes over HTTP with tenant tokens. Phases, in order:
+subprocesses against the bench database (emptied first of the tasks, nodes and GPUs earlier
+benchmarks left) with production settings (no GPUPLATFORM_TESTING: the PostgreSQL channel layer,
+LAUNCH_TASKS on), this process's SECRET_KEY (django-q2 signs with it) and the API throttle raised
+out of the way (it is a policy, not a capacity). All traffic goes over HTTP with tenant tokens.
+Phases, in order:
 
 1. Idle latency: one task at a time, ``date +%s.%N``, submitted by one POST; "submit -> process
    exists" is the stamp the task's own process wrote (read from its log) minus the wall clock
@@ -81,7 +82,7 @@ from bench.common import (
 )
 from gpuplatform.dburl import current_database_url
 from scheduling.launcher.lifecycle import task_cancel
-from scheduling.models import Allocation, Node, Task, TaskAttempt
+from scheduling.models import GPU, Allocation, Node, Task, TaskAttempt
 from scheduling.states import TERMINAL, TaskState
 from tenants import services as tenant_services
 from tenants.models import Membership, Role, Tenant
@@ -713,7 +714,10 @@ def measure_platform(pool, tmp: Path) -> dict:
     config = tmp / "estate.yaml"
     config.write_text(estate_yaml())
     environ = platform_env(tmp, config)
+    # Whatever benchmarks before this one left (tasks, nodes, GPUs) would be in every pass.
     clear_tasks(OrmQ._meta.db_table)
+    GPU.objects.all().delete()
+    Node.objects.all().delete()
     _, (token,) = make_tenant("bench-throughput", 1)
     api_tenant, api_tokens = make_tenant("bench-throughput-api", CLIENTS)
     connection.close()  # nothing of ours crosses the clients' fork, or the sampler's thread
