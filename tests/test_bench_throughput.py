@@ -106,3 +106,52 @@ def test_sigterm_unwinds_so_that_the_daemons_are_stopped():
     assert exc.value.code == 128 + signal.SIGTERM
     assert stopped == [True]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def _figures() -> dict:
+    return {
+        "startup_s": 12.0,
+        "latency": bench.Latency(samples=[0.25, 0.3, 0.6]),
+        "api": {
+            "requests": 160,
+            "per_s": 20.0,
+            "p50_s": 0.3,
+            "p99_s": 0.65,
+            "errors": 24,
+            "http_500": 24,
+            "statuses": {201: 136, 500: 24},
+            "error_sample": "500: boom",
+            "cancelled_after": 3,
+            "left_running": 0,
+        },  # fmt: skip
+        "throughput": {
+            "completion": bench.completion(0.0, [1.0] * 400, 2_000, stopped=50.0),
+            "left": 1_600,
+            "states": {"succeeded": 400, "pending": 1_600},
+            "batches_per_s": [400.0, 90.0],
+            "busy": 16.0,
+            "busy_window_s": 48.0,
+        },
+        "connections": {"warm-up": 24, "2,000 tasks": 54},
+        "max_connections": 50,  # below the peak: that target is missed too
+    }
+
+
+def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
+    tsp = {
+        "version": "Task Spooler v1.0.1",
+        "latency": bench.Latency(samples=[0.0035, 0.0048]),
+        "throughput": bench.completion(0.0, [2.6] * 2_000, 2_000, stopped=2.6),
+    }
+    slurm = {"skipped": "not installed (slurm-wlm), and not root to install it"}
+    targets = dict(bench.report(_figures(), tsp, slurm))
+    out = capsys.readouterr().out
+    assert "8.0/s (400 of 2,000 finished in 50 s)" in out
+    assert "769.2/s (2,000 in 2.6 s)" in out
+    assert "Slurm: not installed (slurm-wlm), and not root to install it" in out
+    assert "20/s, p99 650.0 ms, 24 errors (24 HTTP 5xx) of 160" in out
+    assert "400 tasks/s / 90 tasks/s" in out
+    assert "16.0 of 32" in out
+    assert len(targets) == 7
+    assert not any(targets.values())  # the figures above meet none of issue 9's targets
+    assert "target: PostgreSQL connections under the cap" in out
