@@ -22,7 +22,7 @@ Phases, in order:
    batch, tasks/s). Completed per second runs from the first POST to the last
    ``Task.finished_at``; mean busy GPUs is the allocations' overlap (``Allocation.started_at`` to
    ``released_at``) with the time tasks waited: from the first POST's answer (its tasks are
-   committed, visible to the scheduler) to the last ``Task.scheduled_at``.
+   committed, visible to the scheduler) to the last ``Task.scheduled_at`` (or the time limit).
 
 A thread counts this database's sessions in ``pg_stat_activity`` throughout (its own included);
 the peak is printed per phase. Each phase stops at a time limit, and a run stopped there says so
