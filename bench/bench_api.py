@@ -26,17 +26,11 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -46,7 +40,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django_q.models import OrmQ
 
-from bench.common import clear_tasks, percentile, table, verdict
+from bench.common import GTHREAD_THREADS, clear_tasks, percentile, table, verdict, web_server
 from gpuplatform.dburl import current_database_url
 from scheduling.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool, Task
@@ -68,7 +62,6 @@ BATCHES = 3  # sent one after another by one client
 # (kind, worker processes): gunicorn's sync workers close the connection after each answer,
 # its gthread workers keep it alive (each worker then serves several connections in threads).
 SERVERS = (("daphne", 1), ("gunicorn", 2), ("gunicorn", 4), ("gthread", 2))
-GTHREAD_THREADS = 4
 TARGET_SUBMITS_PER_S = 300  # issue 9: 8 clients, one task each, 0 errors
 TARGET_BATCH_TASKS_PER_S = 2_000  # issue 9: a 1,000-task batch
 TARGET_P99_S = 0.050  # listings only
@@ -128,12 +121,6 @@ def _client(job: tuple) -> dict:
 # --- Servers -------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def server_env() -> dict[str, str]:
     environ = dict(os.environ)
     environ.pop("DEBUG", None)
@@ -147,80 +134,6 @@ def server_env() -> dict[str, str]:
         API_THROTTLE_BURST="1000000",  # the pace allows this many at once
     )
     return environ
-
-
-def server_argv(kind: str, port: int, workers: int) -> list[str]:
-    if kind == "daphne":  # as scripts/run.py starts it
-        return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "gpuplatform.asgi:application"]  # fmt: skip
-    threads = ["-k", "gthread", "--threads", str(GTHREAD_THREADS)] if kind == "gthread" else []
-    return [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers), *threads,
-            "-b", f"127.0.0.1:{port}", "gpuplatform.wsgi:application"]  # fmt: skip
-
-
-@contextmanager
-def web_server(
-    kind: str, workers: int, tmp: Path, env: dict[str, str] | None = None, label: str = ""
-) -> Iterator[tuple[int, subprocess.Popen]]:
-    """Start the server in its own process group, output to a file; always stop it."""
-    port = free_port()
-    log = tmp / f"{label or kind}-{workers}.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(  # noqa: S603 - fixed argv
-            server_argv(kind, port, workers),
-            cwd=ROOT,
-            env=env or server_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} exited with {proc.returncode}:\n{tail(log)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2):  # noqa: S310
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{kind} did not answer in {STARTUP_TIMEOUT_S:.0f} s:\n"
-                                       f"{tail(log)}") from None  # fmt: skip
-                time.sleep(0.2)
-        yield port, proc
-    finally:
-        stop(kind, proc)
-
-
-def stop(kind: str, proc: subprocess.Popen) -> None:
-    """SIGTERM the server, SIGKILL it after STOP_GRACE_S, then any of its workers left."""
-    try:
-        workers = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        workers = []
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        print(f"{kind} did not stop within {STOP_GRACE_S:.0f} s: killing it", flush=True)
-        proc.kill()
-        proc.wait()
-    # psutil checks each is still the process it was (not a reused pid) before killing it.
-    _, alive = psutil.wait_procs(workers, timeout=2)
-    for worker in alive:
-        try:
-            worker.kill()
-        except psutil.Error:
-            pass
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def cpu_by_pid(proc: subprocess.Popen) -> tuple[dict[int, float], dict[int, float]]:
@@ -339,7 +252,10 @@ def measure_server(pool, kind: str, workers: int, secrets: list[str], tmp: Path)
     reset()
     sessions = db_sessions()
     began = time.perf_counter()
-    with web_server(kind, workers, tmp) as (port, proc), ConnectionPeak() as peak:
+    with (
+        web_server(kind, workers, tmp, server_env(), grace_s=STOP_GRACE_S) as (port, proc),
+        ConnectionPeak() as peak,
+    ):
         startup_s = time.perf_counter() - began
         phase = functools.partial(run_phase, pool, port, secrets, proc=proc)
         warm = phase("POST", POST_PATH, WARMUP, label="warm", limit_s=WARMUP_LIMIT_S)

@@ -1,4 +1,4 @@
-"""A pass's cost with a long history: 10,000 pending tasks, 256 GPUs, 1,000,000 past allocations.
+"""In-process: a pass's cost with 10,000 pending tasks, 256 GPUs, 1,000,000 past allocations.
 
 In-process figures (the scheduling service against PostgreSQL; no web server, no launches):
 each pass is timed around ``schedule_pass()``, its commit included. The history is written the

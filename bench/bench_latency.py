@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,16 @@ from django_q.conf import Conf
 from django_q.models import OrmQ, Success
 from django_q.tasks import async_task
 
-from bench.common import median, percentile, table, verdict
+from bench.common import (
+    Proc,
+    close_other_sessions,
+    median,
+    percentile,
+    stop_all,
+    table,
+    verdict,
+    wait_for,
+)
 from gpuplatform.dburl import current_database_url
 from scheduling import passes
 from scheduling.launcher import lifecycle, reports
@@ -93,62 +101,6 @@ def child_env(tmp: Path, config: Path) -> dict[str, str]:
     return environ
 
 
-class Proc:
-    """A platform process in its own process group, its output in a file."""
-
-    def __init__(self, name: str, argv: list[str], environ: dict[str, str], tmp: Path) -> None:
-        self.name = name
-        self.log = tmp / f"{name}.log"
-        with open(self.log, "wb") as sink:
-            self.proc = subprocess.Popen(  # noqa: S603 - fixed argv
-                argv,
-                cwd=ROOT,
-                env=environ,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def check(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def stop_all(procs: list[Proc]) -> None:
-    """SIGTERM each leader, SIGKILL whatever of its group is left after STOP_GRACE_S."""
-    for p in procs:
-        if p.proc.poll() is None:
-            p.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for p in procs:
-        try:
-            p.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"{p.name} did not stop within {STOP_GRACE_S:.0f} s: killing it", flush=True)
-        try:
-            os.killpg(p.proc.pid, signal.SIGKILL)  # the group: workers, the node's cluster
-        except (ProcessLookupError, PermissionError):
-            pass
-        p.proc.wait()
-
-
-def close_other_sessions() -> None:
-    """Sessions left on the bench database (a supervisor still reporting) would keep it from
-    being dropped."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-
-
 @contextmanager
 def through_the_broker():
     """Pass requests (and launches) go to the broker, never inline in this process.
@@ -163,19 +115,6 @@ def through_the_broker():
         yield
     finally:
         passes.async_task, lifecycle.async_task = saved
-
-
-def wait_for(what: str, predicate: Callable[[], object], timeout: float, procs: list[Proc]):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        for p in procs:
-            p.check()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 # --- One task ----------------------------------------------------------------------------------
@@ -430,7 +369,7 @@ def measure(tmp: Path, environ: dict[str, str], config: Path) -> dict:
             print(f"--- {p.name} log ({p.log}) ---\n{p.tail()}", flush=True)
         raise
     finally:
-        stop_all(procs)
+        stop_all(procs, STOP_GRACE_S)
         close_other_sessions()
     return {"measured": measured, "lost": lost, "registered_s": registered_s,
             "warm_s": warm_s, "run_s": run_s}  # fmt: skip

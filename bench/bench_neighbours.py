@@ -31,8 +31,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from bench.bench_api import web_server
-from bench.common import clear_tasks, ms, percentile, table, verdict
+from bench.common import clear_tasks, ms, percentile, table, verdict, web_server
 from gpuplatform.dburl import current_database_url
 from scheduling.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool

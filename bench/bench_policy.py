@@ -1,4 +1,4 @@
-"""Pure policy core: time of one scheduling pass over a synthetic snapshot, no database.
+"""In-process: the pure policy core, one scheduling pass over a synthetic snapshot, no database.
 
 Two scenarios per size: an idle cluster (placement and best fit dominate), and one where half
 the GPUs already run work, so the first blocked task takes a backfill reservation and

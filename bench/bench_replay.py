@@ -1,4 +1,4 @@
-"""Trace replay: our policy against strict FIFO on the Alibaba openb trace (4 x 8 GPUs).
+"""In-process trace replay: our policy against strict FIFO on the Alibaba openb trace (4 x 8 GPUs).
 
 The simulator calls the pure policy core on a simulated clock (``scheduling.replay``); the
 scheduler is never told a job's duration.

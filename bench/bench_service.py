@@ -1,4 +1,4 @@
-"""The scheduling service with PostgreSQL in the loop: submissions/s and placements/s.
+"""In-process: the scheduling service with PostgreSQL in the loop, submissions/s and placements/s.
 
 An estate of 32 nodes x 8 GPUs, four tenants, and 2,000 tasks sized to fit it at once (64
 whole GPUs, the rest 2 and 4 GiB shares of 24 GiB cards). Tasks go in through ``tasks_submit``

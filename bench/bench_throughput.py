@@ -1,0 +1,915 @@
+"""End to end throughput, the platform run as `make run` runs it, beside task-spooler and Slurm.
+
+gpuplatform: daphne, the scheduler (``manage.py qcluster``) and 4 node agents of 8 simulated
+GPUs each (every agent with its node's own django-q2 cluster, as in production) run as
+subprocesses against the bench database (emptied first of the tasks, nodes and GPUs earlier
+benchmarks left) with production settings (no GPUPLATFORM_TESTING: the PostgreSQL channel layer,
+LAUNCH_TASKS on), this process's SECRET_KEY (django-q2 signs with it) and the API throttle raised
+out of the way (it is a policy, not a capacity). All traffic goes over HTTP with tenant tokens.
+Phases, in order:
+
+1. Idle latency: one task at a time, ``date +%s.%N``, submitted by one POST; "submit -> process
+   exists" is the stamp the task's own process wrote (read from its log) minus the wall clock
+   just before the POST. The stamp is taken rather than ``Task.started_at`` (written after the
+   supervisor reports) or ``TaskAttempt.pid_started`` (psutil's start time, 10 ms ticks plus a
+   boot-time offset): it is the one measure the peers can give too, read the same way, to the
+   microsecond. Each task ends, and the broker drains, before the next.
+2. API: 8 client processes (one keep-alive connection and one token each, all of one tenant,
+   as a team's sweep script would send them, so the tenant's own serialisation counts) POST one
+   ``true`` task per request; requests/s, p99 and every non-2xx answer (500s named). The tasks
+   run; what is still pending after a while is cancelled before the next phase.
+3. Throughput: 2,000 one-GPU ``true`` tasks in two POSTs of 1,000 (each also measured as a
+   batch, tasks/s). Completed per second runs from the first POST to the last
+   ``Task.finished_at``; mean busy GPUs is the allocations' overlap (``Allocation.started_at`` to
+   ``released_at``) with the time tasks waited: from the first POST's answer (its tasks are
+   committed, visible to the scheduler) to the last ``Task.scheduled_at`` (or the time limit).
+
+A thread counts this database's sessions in ``pg_stat_activity`` throughout (its own included);
+the peak is printed per phase. Each phase stops at a time limit, and a run stopped there says so
+("1,234 of 2,000 finished in 60 s"), its rate computed over the limit.
+
+Peers, when installed (as root with apt-get, the bench installs them, with daemons kept from
+starting by a temporary policy-rc.d; otherwise "not measured: why"), each in a scratch directory
+removed at the end, every daemon stopped whatever happens: task-spooler (``tsp -S 32``, its own
+``TS_SOCKET``; 2,000 ``tsp -n true``) and Slurm (``slurmctld`` + ``slurmd``, one node of 32 CPUs
+standing for 32 GPU slots, ``AuthType=auth/none``, free ports, otherwise untuned; two job arrays
+of 1,000 ``true``), with the same latency probe (``date +%s.%N``, ``tsp`` / ``sbatch --wrap``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import http.client
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection, connections
+from django_q.models import OrmQ
+
+from bench.bench_latency import idle, through_the_broker
+from bench.common import (
+    ClientJob,
+    Proc,
+    api_client,
+    clear_tasks,
+    close_other_sessions,
+    free_port,
+    percentile,
+    stop_all,
+    table,
+    verdict,
+    wait_for,
+    web_server,
+)
+from gpuplatform.dburl import current_database_url
+from scheduling.launcher.lifecycle import task_cancel
+from scheduling.models import GPU, Allocation, Node, Task, TaskAttempt
+from scheduling.states import TERMINAL, TaskState
+from tenants import services as tenant_services
+from tenants.models import Membership, Role, Tenant
+
+NEEDS_DATABASE = True
+
+NODES, GPUS_PER_NODE = 4, 8
+SLOTS = NODES * GPUS_PER_NODE
+POOL = "bench-throughput"
+TASKS, BATCH = 2_000, 1_000
+CLIENTS = 8
+API_REQUESTS = 250  # per client (API_LIMIT_S stops them sooner at today's speed)
+STAMP = "date +%s.%N"  # the latency probe: its process writes the time it runs
+LATENCY_TASKS, LATENCY_MIN = 30, 8  # as many as LATENCY_LIMIT_S allows, at least LATENCY_MIN
+WARMUP = 3
+# Time limits (seconds) that keep the whole benchmark near three minutes at today's speed.
+STARTUP_LIMIT_S = 90.0
+LATENCY_LIMIT_S = 20.0
+API_LIMIT_S = 6.0
+DRAIN_LIMIT_S = 10.0  # for the API phase's tasks, before the rest are cancelled
+THROUGHPUT_LIMIT_S = 50.0
+PEER_LATENCY_LIMIT_S = 12.0
+PEER_LATENCY_MIN = 5
+SLURM_THROUGHPUT_LIMIT_S = 30.0
+TSP_THROUGHPUT_LIMIT_S = 60.0
+SAMPLE_S = 0.1  # pg_stat_activity
+POLL_S = 0.05
+THROUGHPUT_POLL_S = 0.2  # only finds the end: the figure comes from Task.finished_at
+# Targets from issue 9.
+TARGET_PER_S = 200.0
+TARGET_BUSY = 0.95  # "GPUs never idle while a task that fits is pending", as a mean
+TARGET_P50_S, TARGET_P99_S = 0.060, 0.250
+TARGET_API_PER_S = 300.0
+TARGET_BATCH_PER_S = 2_000.0
+
+HOSTNAME = socket.gethostname().split(".")[0]
+
+
+# --- Figures from recorded timestamps (pure) --------------------------------------------------
+
+
+def mean_busy(intervals: Sequence[tuple[float, float | None]], start: float, end: float) -> float:
+    """Mean number of intervals open over [start, end]; an interval still open (None) counts
+    up to ``end``."""
+    if end <= start:
+        return 0.0
+    covered = 0.0
+    for began, ended in intervals:
+        ended = end if ended is None else ended
+        covered += max(0.0, min(ended, end) - max(began, start))
+    return covered / (end - start)
+
+
+@dataclass
+class Completion:
+    """How many of ``total`` finished, and at what rate."""
+
+    total: int
+    finished: int
+    elapsed_s: float  # first submit -> last finish, or -> the time limit when not all finished
+    limited: bool
+
+    @property
+    def per_s(self) -> float:
+        return self.finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def describe(self) -> str:
+        rate = f"{self.per_s:,.1f}/s"
+        if self.limited:
+            done = f"{self.finished:,} of {self.total:,}"
+            return f"{rate} ({done} finished in {self.elapsed_s:.0f} s)"
+        return f"{rate} ({self.total:,} in {self.elapsed_s:.1f} s)"
+
+
+def completion(first_submit: float, finishes: Sequence[float], total: int,
+               stopped: float) -> Completion:  # fmt: skip
+    """From the first submission to the last finish; a run stopped at its time limit before all
+    finished is measured to ``stopped``."""
+    if len(finishes) >= total:
+        return Completion(total, len(finishes), max(finishes) - first_submit, limited=False)
+    # What finished while the figures were being read came after the limit.
+    in_time = sum(1 for moment in finishes if moment <= stopped)
+    return Completion(total, in_time, stopped - first_submit, limited=True)
+
+
+def parse_stamp(text: str) -> float | None:
+    """The first line ``date +%s.%N`` wrote, as seconds since the epoch."""
+    for line in text.splitlines():
+        try:
+            return float(line.strip())
+        except ValueError:
+            continue
+    return None
+
+
+@dataclass
+class Latency:
+    samples: list[float] = field(default_factory=list)
+    lost: int = 0  # probes whose stamp never came
+
+    def p(self, q: float) -> float | None:
+        return percentile(self.samples, q) if self.samples else None
+
+    def describe(self) -> str:
+        if not self.samples:
+            return "n/a"
+        return f"{self.p(50) * 1000:,.1f} / {self.p(99) * 1000:,.1f} ms ({len(self.samples)} runs)"
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    if not ours or not theirs:
+        return "-"
+    value = ours / theirs
+    return f"{value:,.3f}x" if value < 10 else f"{value:,.0f}x"
+
+
+def slurm_conf(scratch: Path, *, host: str, ctld_port: int, node_port: int, cpus: int) -> str:
+    """One controller and one node on this host, everything under ``scratch``, no munge."""
+    return f"""\
+# Written by gpuplatform's bench/bench_throughput.py; removed with its directory.
+ClusterName=gpuplatform-bench
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={node_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+StateSaveLocation={scratch}/state
+SlurmdSpoolDir={scratch}/spool
+SlurmctldPidFile={scratch}/slurmctld.pid
+SlurmdPidFile={scratch}/slurmd.pid
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+# The node claims {cpus} CPUs (the GPU slots of the estate) whatever the host has.
+SlurmdParameters=config_overrides
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=bench Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def estate_yaml() -> str:
+    nodes = "".join(
+        f"  - name: bench-tput-{n}\n    pool: {POOL}\n"
+        f"    simulate: {{model: NVIDIA GeForce RTX 4090, memory: 24Gi, count: {GPUS_PER_NODE}}}\n"
+        for n in range(1, NODES + 1)
+    )
+    return (
+        "heartbeat: {interval: 1s, offline_after: 30s}\n"
+        f"pools:\n  - name: default\n  - name: {POOL}\nnodes:\n{nodes}"
+    )
+
+
+# --- Clean-up that happens whatever happens ------------------------------------------------------
+
+
+@contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C (finally blocks run, daemons stop) instead of killing us."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def cleanup(action: Callable[[], None]) -> Iterator[None]:
+    """Run ``action`` on leaving, and at interpreter exit if leaving never happened."""
+    done = False
+
+    def once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            action()
+
+    atexit.register(once)
+    try:
+        yield
+    finally:
+        once()
+        atexit.unregister(once)
+
+
+def kill_ours(name: str, ours: Callable[[psutil.Process], bool]) -> int:
+    """SIGKILL the processes called ``name`` that ``ours`` recognises (by a path in our scratch
+    directory: never another user's daemon of the same name)."""
+    killed = 0
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] != name:
+            continue
+        try:
+            if ours(proc):
+                proc.kill()
+                killed += 1
+        except psutil.Error:
+            pass
+    return killed
+
+
+# --- Installing the peers -----------------------------------------------------------------------
+
+
+@contextmanager
+def no_service_starts() -> Iterator[None]:
+    """Debian's maintainer scripts start a package's daemons unless policy-rc.d says no; the
+    bench wants none running but its own, so it says no while it installs (if no policy exists)."""
+    policy = Path("/usr/sbin/policy-rc.d")
+    if policy.exists():
+        yield
+        return
+    policy.write_text(
+        "#!/bin/sh\n# gpuplatform bench: no daemon starts while it installs\nexit 101\n"
+    )
+    policy.chmod(0o755)
+    try:
+        yield
+    finally:
+        policy.unlink(missing_ok=True)
+
+
+def ensure_installed(binaries: Sequence[str], packages: Sequence[str]) -> str | None:
+    """None when every binary is on PATH (installing the packages if need be); else why not."""
+    if all(shutil.which(b) for b in binaries):
+        return None
+    if os.geteuid() != 0:
+        return f"not installed ({', '.join(packages)}), and not root to install it"
+    if shutil.which("apt-get") is None:
+        return f"not installed ({', '.join(packages)}), and no apt-get"
+    environ = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    print(f"installing {' '.join(packages)} with apt-get...", flush=True)
+    with no_service_starts():
+        for attempt in (install, ["apt-get", "update", "-q"], install):
+            done = subprocess.run(  # noqa: S603 - fixed argv
+                attempt, env=environ, capture_output=True, text=True, timeout=600, check=False
+            )
+            if attempt is install and done.returncode == 0:
+                break
+    missing = [b for b in binaries if not shutil.which(b)]
+    if missing:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        return f"not installed: apt-get install {' '.join(packages)} failed ({' '.join(last)})"
+    return None
+
+
+def run_quiet(argv: list[str], environ: dict[str, str], timeout: float = 30) -> str:
+    done = subprocess.run(  # noqa: S603 - fixed argv
+        argv, env=environ, capture_output=True, text=True, timeout=timeout, check=True
+    )
+    return done.stdout
+
+
+# --- task-spooler ------------------------------------------------------------------------------
+
+
+def measure_tsp(scratch: Path) -> dict:
+    why = ensure_installed(["tsp"], ["task-spooler"])
+    if why:
+        return {"skipped": why}
+    scratch.mkdir()
+    socket_path = str(scratch / "socket")
+    environ = {**os.environ, "TS_SOCKET": socket_path, "TMPDIR": str(scratch)}
+    tsp = functools.partial(run_quiet, environ=environ)
+
+    def stop() -> None:
+        try:
+            tsp(["tsp", "-K"], timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            pass  # killed below, or never started
+        kill_ours("tsp", lambda proc: proc.environ().get("TS_SOCKET") == socket_path)
+
+    with cleanup(stop):
+        tsp(["tsp", "-S", str(SLOTS)])  # starts its server
+        latency = Latency()
+        until = time.monotonic() + PEER_LATENCY_LIMIT_S
+        while len(latency.samples) < LATENCY_TASKS and (
+            len(latency.samples) < PEER_LATENCY_MIN or time.monotonic() < until
+        ):
+            submitted = time.time()
+            job = tsp(["tsp", *STAMP.split()]).strip()
+            tsp(["tsp", "-w", job])
+            output = Path(tsp(["tsp", "-o", job]).strip())
+            stamp = parse_stamp(output.read_text())
+            if stamp is None:
+                latency.lost += 1
+            else:
+                latency.samples.append(stamp - submitted)
+        tsp(["tsp", "-C"])  # forget the finished probes
+
+        first = time.time()
+        for _ in range(TASKS):
+            tsp(["tsp", "-n", "true"])
+        deadline = first + TSP_THROUGHPUT_LIMIT_S
+        while True:
+            listing = tsp(["tsp", "-l"]).splitlines()[1:]
+            waiting = sum(1 for line in listing if line.split()[1:2] in (["queued"], ["running"]))
+            now = time.time()
+            if not waiting or now > deadline:
+                break
+            time.sleep(POLL_S / 5)
+    finishes = [now] * (TASKS - waiting)
+    return {"version": tsp_version(), "latency": latency,
+            "throughput": completion(first, finishes, TASKS, now)}  # fmt: skip
+
+
+def tsp_version() -> str:
+    done = subprocess.run(["tsp", "-V"], capture_output=True, text=True, check=False)  # noqa: S607
+    if done.returncode != 0:
+        return "?"
+    return (done.stdout or done.stderr).strip().splitlines()[0].split(" - ")[0]
+
+
+# --- Slurm -------------------------------------------------------------------------------------
+
+
+SLURM_BINARIES = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel"]
+
+
+def slurm_auth_none() -> bool:
+    """Slurm 22.05 still ships auth/none (dropped in later releases): no munge needed."""
+    plugins = ("/usr/lib/*-linux-gnu/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
+    return any(any(Path("/").glob(f"{d.lstrip('/')}/auth_none.so")) for d in plugins)
+
+
+def measure_slurm(scratch: Path) -> dict:
+    why = ensure_installed(SLURM_BINARIES, ["slurm-wlm"])
+    if why:
+        return {"skipped": why}
+    if os.geteuid() != 0:
+        return {"skipped": "slurmd must run as root to start jobs"}
+    if not slurm_auth_none():
+        return {"skipped": "this Slurm has no auth/none plugin (a munge set-up is not automated)"}
+    version = run_quiet(["slurmctld", "-V"], dict(os.environ)).strip()
+    for sub in ("state", "spool", "out", "jobs"):
+        (scratch / sub).mkdir(parents=True)
+    jobs = scratch / "jobs"
+    conf = scratch / "slurm.conf"
+    conf.write_text(slurm_conf(scratch, host=HOSTNAME, ctld_port=free_port(),
+                               node_port=free_port(), cpus=SLOTS))  # fmt: skip
+    environ = {**os.environ, "SLURM_CONF": str(conf)}
+    slurm = functools.partial(run_quiet, environ=environ)
+    daemons = [
+        Proc("slurmctld", ["slurmctld", "-D", "-c", "-f", str(conf)], environ, scratch),
+        Proc("slurmd", ["slurmd", "-D", "-f", str(conf)], environ, scratch),
+    ]
+
+    def stop() -> None:
+        # Jobs first, and gone, before slurmd: a step daemon whose slurmd was killed under it
+        # hangs on (seen: 15 left behind), so any still there are killed too, found by the
+        # working directory every job of ours was given.
+        try:
+            slurm(["scancel", "--user", "root"], timeout=15)
+            until = time.monotonic() + 15
+            while slurm(["squeue", "-h"], timeout=15).strip() and time.monotonic() < until:
+                time.sleep(0.2)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        stop_all(daemons, grace_s=15)
+        kill_ours("slurmstepd", lambda proc: Path(proc.cwd()).is_relative_to(jobs))
+
+    with cleanup(stop):
+        wait_for("Slurm's node to be idle",
+                 lambda: slurm(["sinfo", "-h", "-o", "%t"]).strip() == "idle", 60, daemons,
+                 poll_s=0.2)  # fmt: skip
+        latency = Latency()
+        until = time.monotonic() + PEER_LATENCY_LIMIT_S
+        n = 0
+        while len(latency.samples) < LATENCY_TASKS and (
+            len(latency.samples) < PEER_LATENCY_MIN or time.monotonic() < until
+        ):
+            out = scratch / "out" / f"latency-{n}.out"
+            n += 1
+            submitted = time.time()
+            slurm(["sbatch", "-Q", "--parsable", "-D", str(jobs), "-o", str(out), "--wrap", STAMP])
+            stamp = None
+            with_deadline = time.monotonic() + 30
+            while stamp is None and time.monotonic() < with_deadline:
+                stamp = parse_stamp(out.read_text()) if out.exists() else None
+                time.sleep(0.005)
+            if stamp is None:
+                latency.lost += 1
+            else:
+                latency.samples.append(stamp - submitted)
+        # The last probe's job may still be completing: let it leave the queue.
+        wait_for("the probes to leave Slurm's queue",
+                 lambda: not slurm(["squeue", "-h", "-r", "-o", "%i"]).strip(), 30, daemons,
+                 poll_s=0.1)  # fmt: skip
+
+        first = time.time()
+        for _ in range(TASKS // BATCH):  # two submissions, as the platform's two API calls
+            slurm(["sbatch", "-Q", "--parsable", "-D", str(jobs), f"--array=0-{BATCH - 1}",
+                   "-o", "/dev/null", "--wrap", "true"])  # fmt: skip
+        deadline = first + SLURM_THROUGHPUT_LIMIT_S
+        while True:
+            left = len(slurm(["squeue", "-h", "-r", "-o", "%i"]).split())
+            now = time.time()
+            if not left or now > deadline:
+                break
+            time.sleep(0.1)
+    finishes = [now] * (TASKS - left)
+    return {"version": version, "latency": latency,
+            "throughput": completion(first, finishes, TASKS, now)}  # fmt: skip
+
+
+# --- gpuplatform ---------------------------------------------------------------------------------
+
+
+def platform_env(tmp: Path, config: Path) -> dict[str, str]:
+    """As `make run` runs the platform (production settings), against the bench database."""
+    environ = dict(os.environ)
+    for name in ("Q_CLUSTER_NAME", "NODE_NAME", "GPU_BACKEND", "GPUPLATFORM_TESTING", "Q_SYNC",
+                 "DEBUG", "LAUNCH_TASKS", "SECRET_KEY_FILE"):  # fmt: skip
+        environ.pop(name, None)
+    environ.update(
+        DATABASE_URL=current_database_url(),
+        DJANGO_SETTINGS_MODULE="gpuplatform.settings",
+        # This process's own: django-q2 signs what it queues (a pass after a cancel) with it,
+        # and every cluster must be able to read it.
+        SECRET_KEY=settings.SECRET_KEY,
+        SECURE_COOKIES="0",
+        GPUPLATFORM_CONFIG=str(config),
+        GPUPLATFORM_VAR_DIR=str(tmp / "var"),
+        GPUPLATFORM_TASKS_ROOT=str(tmp / "tasks"),
+        GPUPLATFORM_TASK_LOG_DIR=str(tmp / "logs"),
+        API_THROTTLE_RATE="1000000/min",
+        API_THROTTLE_BURST="1000000",
+        PYTHONUNBUFFERED="1",
+    )
+    return environ
+
+
+class ConnectionSampler(threading.Thread):
+    """Counts this database's sessions every SAMPLE_S, with the phase each sample falls in."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[str, int]] = []
+        self.phase = "start-up"
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                while not self.stopping.is_set():
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    )
+                    self.samples.append((self.phase, cursor.fetchone()[0]))
+                    self.stopping.wait(SAMPLE_S)
+        finally:
+            connections["default"].close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+
+    def peaks(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for phase, count in self.samples:
+            out[phase] = max(out.get(phase, 0), count)
+        return out
+
+
+class Api:
+    """The bench's own HTTP client (one keep-alive connection, in this process)."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                        "Accept": "application/json"}  # fmt: skip
+
+    def submit(self, specs: list[dict] | dict) -> list[int]:
+        self.conn.request("POST", "/api/v1/tasks/", body=json.dumps(specs), headers=self.headers)
+        response = self.conn.getresponse()
+        data = response.read()
+        if response.status != 201:
+            raise RuntimeError(f"POST /api/v1/tasks/ answered {response.status}: {data[:300]!r}")
+        return [task["id"] for task in json.loads(data)]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def spec(name: str, command: str) -> dict:
+    return {"name": name, "command": command, "resources": {"gpus": 1, "pool": POOL}}
+
+
+def make_tenant(name: str, members: int) -> tuple[Tenant, list[str]]:
+    tenant, _ = Tenant.objects.get_or_create(name=name)
+    tokens = []
+    for i in range(members):
+        user, _ = get_user_model().objects.get_or_create(username=f"{name}-{i}")
+        Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": Role.MEMBER})
+        tokens.append(tenant_services.apitoken_create(user=user, tenant=tenant, name="bench")[1])
+    return tenant, tokens
+
+
+def unfinished(tenant: Tenant) -> int:
+    return Task.objects.filter(tenant=tenant).exclude(state__in=TERMINAL).count()
+
+
+def stamp_of(task_id: int) -> float | None:
+    path = TaskAttempt.objects.filter(task_id=task_id).values_list("log_path", flat=True).first()
+    try:
+        return parse_stamp(Path(path).read_text()) if path else None
+    except OSError:
+        return None
+
+
+def measure_latency(api: Api, procs: list[Proc], *, count: int, limit_s: float, minimum: int,
+                    timeout_s: float = 60) -> Latency:  # fmt: skip
+    latency = Latency()
+    until = time.monotonic() + limit_s
+    n = 0
+    while (
+        len(latency.samples) < count
+        and latency.lost <= count
+        and (len(latency.samples) < minimum or time.monotonic() < until)
+    ):
+        submitted = time.time()
+        (task_id,) = api.submit(spec(f"latency-{n}", STAMP))
+        n += 1
+        rows = Task.objects.filter(pk=task_id, state__in=TERMINAL)
+        wait_for(f"task {task_id} to end", rows.exists, timeout_s, procs)
+        stamp = stamp_of(task_id)
+        if stamp is None:  # its supervisor was killed from outside (a test's clean-up)
+            latency.lost += 1
+        else:
+            latency.samples.append(stamp - submitted)
+        wait_for("the cluster to be idle", lambda task_id=task_id: idle(task_id), 60, procs)
+    return latency
+
+
+def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[Proc]) -> dict:
+    start_at = time.perf_counter() + 0.3
+    jobs = [ClientJob(port, token, "POST", "/api/v1/tasks/", API_REQUESTS, start_at, API_LIMIT_S,
+                      f"api-{i}", command="true", pool=POOL)
+            for i, token in enumerate(tokens)]  # fmt: skip
+    parts = pool.map(api_client, jobs)
+    latencies = sorted(lat for part in parts for lat in part["latencies"])
+    statuses: Counter[int] = Counter()
+    for part in parts:
+        statuses.update(part["statuses"])
+    wall = max(p["ended"] for p in parts) - min(p["began"] for p in parts)
+    errors = sum(n for code, n in statuses.items() if not 200 <= code < 300)
+    # Let what was accepted run; cancel what still waits, so the next phase starts idle.
+    until = time.monotonic() + DRAIN_LIMIT_S
+    while unfinished(tenant) and time.monotonic() < until:
+        time.sleep(POLL_S)
+    cancelled = 0
+    with through_the_broker():
+        for task in Task.objects.filter(tenant=tenant, state=TaskState.PENDING):
+            task_cancel(task=task)
+            cancelled += 1
+    until = time.monotonic() + 60
+    while (left := unfinished(tenant)) and time.monotonic() < until:
+        time.sleep(POLL_S)
+    return {
+        "requests": len(latencies),
+        "planned": API_REQUESTS * len(tokens),
+        "per_s": len(latencies) / wall if wall > 0 else 0.0,
+        "p50_s": percentile(latencies, 50) if latencies else None,
+        "p99_s": percentile(latencies, 99) if latencies else None,
+        "errors": errors,
+        "http_500": sum(n for code, n in statuses.items() if code >= 500),
+        "statuses": dict(statuses),
+        "error_sample": next((p["sample"] for p in parts if p["sample"]), ""),
+        "cancelled_after": cancelled,
+        "left_running": left,
+    }
+
+
+def measure_throughput(api: Api, procs: list[Proc]) -> dict:
+    first = time.time()
+    batches = []
+    ids: list[int] = []
+    window_start = None
+    for b in range(TASKS // BATCH):
+        began = time.perf_counter()
+        ids += api.submit([spec(f"tput-{b}-{i}", "true") for i in range(BATCH)])
+        batches.append(BATCH / (time.perf_counter() - began))
+        window_start = window_start or time.time()
+    deadline = first + THROUGHPUT_LIMIT_S
+    rows = Task.objects.filter(pk__in=ids)  # not the tenant's latency probes
+    while (left := rows.exclude(state__in=TERMINAL).count()) and time.time() < deadline:
+        for p in procs:
+            p.check()
+        time.sleep(THROUGHPUT_POLL_S)
+    stopped = time.time()
+    finishes = [t.timestamp() for t in rows.filter(state__in=TERMINAL)
+                .values_list("finished_at", flat=True) if t is not None]  # fmt: skip
+    states = Counter(rows.values_list("state", flat=True))
+    scheduled = [t.timestamp() for t in rows.exclude(scheduled_at=None)
+                 .values_list("scheduled_at", flat=True)]  # fmt: skip
+    window_end = max(scheduled) if len(scheduled) == TASKS else stopped
+    intervals = [
+        (s.timestamp(), r.timestamp() if r else None)
+        for s, r in Allocation.objects.filter(task_id__in=ids).values_list(
+            "started_at", "released_at"
+        )
+    ]
+    return {
+        "completion": completion(first, finishes, TASKS, stopped),
+        "left": left,
+        "states": dict(states),
+        "batches_per_s": batches,
+        "busy": mean_busy(intervals, window_start, window_end),
+        "busy_window_s": window_end - window_start,
+    }
+
+
+def measure_platform(pool, tmp: Path) -> dict:
+    tmp.mkdir()
+    tmp.chmod(0o711)  # run as root, tasks run as their tenant's user and must reach their root
+    config = tmp / "estate.yaml"
+    config.write_text(estate_yaml())
+    environ = platform_env(tmp, config)
+    # Whatever benchmarks before this one left (tasks, nodes, GPUs) would be in every pass.
+    clear_tasks(OrmQ._meta.db_table)
+    GPU.objects.all().delete()
+    Node.objects.all().delete()
+    _, (token,) = make_tenant("bench-throughput", 1)
+    api_tenant, api_tokens = make_tenant("bench-throughput-api", CLIENTS)
+    connection.close()  # nothing of ours crosses the clients' fork, or the sampler's thread
+    sampler = ConnectionSampler()
+    procs: list[Proc] = []
+    figures: dict = {}
+    began = time.perf_counter()
+    with ExitStack() as stack:  # leaving: web, the rest, the sampler, then stray sessions
+        stack.callback(close_other_sessions)
+        sampler.start()
+        stack.callback(sampler.stop)
+        stack.callback(lambda: stop_all(procs))
+        procs.append(Proc("scheduler", [sys.executable, "manage.py", "qcluster"], environ, tmp))
+        for n in range(1, NODES + 1):
+            argv = [sys.executable, "manage.py", "node_agent", "--backend", "simulated",
+                    "--config", str(config), "--node", f"bench-tput-{n}"]  # fmt: skip
+            procs.append(Proc(f"agent-{n}", argv, environ, tmp))
+        port, _ = stack.enter_context(web_server("daphne", 1, tmp, environ, label="web",
+                                                 startup_timeout_s=STARTUP_LIMIT_S))  # fmt: skip
+        nodes = Node.objects.filter(pool__name=POOL, gpus__isnull=False).distinct()
+        wait_for(f"{NODES} nodes to register", lambda: nodes.count() == NODES, STARTUP_LIMIT_S,
+                 procs)  # fmt: skip
+        api = Api(port, token)
+        stack.callback(api.close)
+        sampler.phase = "warm-up"
+        # The first also waits for every cluster to come up.
+        measure_latency(api, procs, count=WARMUP, limit_s=0, minimum=WARMUP,
+                        timeout_s=STARTUP_LIMIT_S)  # fmt: skip
+        figures["startup_s"] = time.perf_counter() - began
+        sampler.phase = "idle latency"
+        figures["latency"] = measure_latency(
+            api, procs, count=LATENCY_TASKS, limit_s=LATENCY_LIMIT_S, minimum=LATENCY_MIN
+        )
+        sampler.phase = "API, 8 clients"
+        figures["api"] = measure_api(pool, port, api_tokens, api_tenant, procs)
+        sampler.phase = "2,000 tasks"
+        figures["throughput"] = measure_throughput(api, procs)
+        sampler.phase = "stopping"
+    figures["connections"] = sampler.peaks()
+    figures["max_connections"] = server_connection_cap()
+    clear_tasks(OrmQ._meta.db_table)
+    return figures
+
+
+def server_connection_cap() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('max_connections')::int"
+            " - current_setting('superuser_reserved_connections')::int"
+        )
+        return cursor.fetchone()[0]
+
+
+# --- Report --------------------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:,.1f} ms"
+
+
+def peer_cell(peer: dict, what: str) -> str:
+    if "skipped" in peer:
+        return "not measured"
+    if what == "throughput":
+        return peer["throughput"].describe()
+    return peer["latency"].describe()
+
+
+def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
+    tput: Completion = ours["throughput"]["completion"]
+    lat: Latency = ours["latency"]
+    api = ours["api"]
+    busy = ours["throughput"]["busy"]
+    peak = max(ours["connections"].values())
+    batches = ours["throughput"]["batches_per_s"]
+
+    def peer_rate(peer: dict) -> float | None:
+        return peer["throughput"].per_s if "throughput" in peer else None
+
+    def peer_p(peer: dict, q: float) -> float | None:
+        return peer["latency"].p(q) if "latency" in peer else None
+
+    rows = [
+        ["tasks completed per second", tput.describe(), peer_cell(tsp, "throughput"),
+         peer_cell(slurm, "throughput"), ratio(tput.per_s, peer_rate(tsp)),
+         ratio(tput.per_s, peer_rate(slurm))],
+        ["submit -> process exists, p50 / p99", lat.describe(), peer_cell(tsp, "latency"),
+         peer_cell(slurm, "latency"),
+         f"{ratio(lat.p(50), peer_p(tsp, 50))} / {ratio(lat.p(99), peer_p(tsp, 99))}",
+         f"{ratio(lat.p(50), peer_p(slurm, 50))} / {ratio(lat.p(99), peer_p(slurm, 99))}"],
+        [f"API submissions, {CLIENTS} clients, one task each",
+         f"{api['per_s']:,.0f}/s, p99 {_ms(api['p99_s'])}, {api['errors']:,} errors "
+         f"({api['http_500']:,} HTTP 5xx) of {api['requests']:,}", "-", "-", "", ""],
+        [f"{BATCH:,}-task batch (the two submissions)",
+         " / ".join(f"{b:,.0f} tasks/s" for b in batches), "-", "-", "", ""],
+        ["mean busy GPUs while tasks wait", f"{busy:,.1f} of {SLOTS}", "-", "-", "", ""],
+        ["peak PostgreSQL connections", f"{peak}", "-", "-", "", ""],
+    ]  # fmt: skip
+    header = ["measure", "gpuplatform", "task-spooler (tsp -S 32)",
+              "Slurm, one node, untuned", "ratio to tsp", "ratio to Slurm"]  # fmt: skip
+    print(table(header, rows, left=len(header)))
+    print("ratios: gpuplatform / peer (throughput: higher is better; latency: lower is better)")
+    for name, peer in (("task-spooler", tsp), ("Slurm", slurm)):
+        if "skipped" in peer:
+            print(f"{name}: {peer['skipped']}")
+        else:
+            lost = f"; {peer['latency'].lost} probe(s) never ran" if peer["latency"].lost else ""
+            print(f"{name}: {peer['version']}{lost}")
+    print()
+
+    t = ours["throughput"]
+    print(f"gpuplatform: {NODES} node agents x {GPUS_PER_NODE} simulated GPUs, scheduler, daphne; "
+          f"up and warm in {ours['startup_s']:.1f} s; final states of the {TASKS:,} tasks: "
+          f"{dict(sorted(t['states'].items()))}")  # fmt: skip
+    print(f"busy GPUs measured over {t['busy_window_s']:.1f} s (first batch committed -> last "
+          "task placed, or the time limit)")  # fmt: skip
+    if lat.lost:
+        print(f"latency: {lat.lost} probe(s) left out (supervisor killed from outside)")
+    print(f"API phase: statuses {api['statuses']}; {api['cancelled_after']} of its tasks, still "
+          f"pending {DRAIN_LIMIT_S:.0f} s later, were cancelled before the throughput phase; "
+          f"{api['left_running']} still unfinished when it began")  # fmt: skip
+    if api["error_sample"]:
+        print(f"  e.g. {api['error_sample']}")
+    conns = ", ".join(f"{phase} {n}" for phase, n in ours["connections"].items())
+    print(f"PostgreSQL sessions on the bench database, peak per phase (this bench's own two "
+          f"included): {conns}; the server allows {ours['max_connections']} (max_connections "
+          "less the superuser reserve)")  # fmt: skip
+    print()
+
+    targets = [
+        (f"tasks completed per second >= {TARGET_PER_S:,.0f}", tput.per_s >= TARGET_PER_S),
+        (f"mean busy GPUs while tasks wait >= {TARGET_BUSY:.0%} of {SLOTS}",
+         busy >= TARGET_BUSY * SLOTS),
+        (f"submit -> process exists p50 <= {_ms(TARGET_P50_S)}",
+         None if lat.p(50) is None else lat.p(50) <= TARGET_P50_S),
+        (f"submit -> process exists p99 <= {_ms(TARGET_P99_S)}",
+         None if lat.p(99) is None else lat.p(99) <= TARGET_P99_S),
+        (f"API >= {TARGET_API_PER_S:,.0f} single-task submissions/s, {CLIENTS} clients, 0 errors",
+         api["per_s"] >= TARGET_API_PER_S and api["errors"] == 0),
+        (f"{BATCH:,}-task batch >= {TARGET_BATCH_PER_S:,.0f} tasks/s (both submissions)",
+         min(batches) >= TARGET_BATCH_PER_S),
+        (f"PostgreSQL connections under the cap ({ours['max_connections']}: no lower cap is "
+         "documented yet)", peak < ours["max_connections"]),
+    ]  # fmt: skip
+    for label, met in targets:
+        print(f"target: {label}: {verdict(met)}")
+    return targets
+
+
+def main() -> dict:
+    load = os.getloadavg()[0]
+    print(f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs (other work on the "
+          "machine makes every figure here noisy)", flush=True)  # fmt: skip
+    context = multiprocessing.get_context("fork")
+    scratch = Path(tempfile.mkdtemp(prefix="gpuplatform-bench-throughput-"))
+    scratch.chmod(0o711)  # run as root, tasks run as their tenant's user and must reach their root
+    with sigterm_as_exit(), cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True)):
+        connection.close()
+        with context.Pool(CLIENTS) as pool:  # forked before any thread or connection exists
+            ours = measure_platform(pool, scratch / "platform")
+        peers = {}
+        for name, measure in (("tsp", measure_tsp), ("slurm", measure_slurm)):
+            try:
+                peers[name] = measure(scratch / name)
+            except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                peers[name] = {"skipped": f"failed: {exc!r}"[:500]}
+        tsp, slurm = peers["tsp"], peers["slurm"]
+    print()
+    targets = report(ours, tsp, slurm)
+    return {
+        "load_average": load,
+        "gpuplatform": _plain(ours),
+        "tsp": _plain(tsp),
+        "slurm": _plain(slurm),
+        "targets": {label: met for label, met in targets},
+    }
+
+
+def _plain(value: object) -> object:
+    """Figures as JSON-friendly values (bench/run.py --json)."""
+    if isinstance(value, Completion):
+        return {"total": value.total, "finished": value.finished, "elapsed_s": value.elapsed_s,
+                "limited": value.limited, "per_s": value.per_s}  # fmt: skip
+    if isinstance(value, Latency):
+        return {"p50_s": value.p(50), "p99_s": value.p(99), "n": len(value.samples),
+                "lost": value.lost,
+                "mean_s": statistics.fmean(value.samples) if value.samples else None}  # fmt: skip
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,157 @@
+"""The end-to-end benchmark's pure parts: figures from recorded timestamps, the peers' set-up and
+the clean-up that must run whatever happens. No timing is asserted; nothing here starts a server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from bench import bench_throughput as bench
+from scheduling.config import load_config
+
+
+def test_mean_busy_counts_each_allocation_only_while_tasks_wait():
+    intervals = [(0.0, 10.0), (5.0, None), (12.0, 15.0)]
+    # Over 2..12: the first covers 8 s, the open one 7 s, the last starts at the window's end.
+    assert bench.mean_busy(intervals, 2.0, 12.0) == pytest.approx(1.5)
+
+
+def test_mean_busy_of_an_empty_window_is_zero():
+    assert bench.mean_busy([(0.0, 1.0)], 5.0, 5.0) == 0.0
+
+
+def test_completion_runs_from_the_first_submit_to_the_last_finish():
+    done = bench.completion(100.0, [101.0, 104.0, 102.0], 3, stopped=110.0)
+    assert (done.finished, done.elapsed_s, done.limited) == (3, 4.0, False)
+    assert done.per_s == pytest.approx(0.75)
+    assert done.describe() == "0.8/s (3 in 4.0 s)"
+
+
+def test_a_run_stopped_at_its_limit_says_how_many_finished():
+    late = [221.0] * 10  # finished while the figures were read, after the limit
+    done = bench.completion(100.0, [101.0] * 1_234 + late, 2_000, stopped=220.0)
+    assert done.limited
+    assert done.per_s == pytest.approx(1_234 / 120)
+    assert done.describe() == "10.3/s (1,234 of 2,000 finished in 120 s)"
+
+
+def test_it_reads_the_stamp_date_wrote():
+    assert bench.parse_stamp("1795499575.259238699\n") == pytest.approx(1795499575.259238699)
+    assert bench.parse_stamp("warning: something\n1795499575.5\n") == pytest.approx(1795499575.5)
+    assert bench.parse_stamp("") is None
+    assert bench.parse_stamp("no stamp here\n") is None
+
+
+def test_latency_percentiles_and_the_probes_that_never_ran():
+    latency = bench.Latency(samples=[0.010, 0.020, 0.030, 0.400], lost=1)
+    assert latency.p(50) == pytest.approx(0.020)
+    assert latency.p(99) == pytest.approx(0.400)
+    assert latency.describe() == "20.0 / 400.0 ms (4 runs)"
+    assert bench.Latency().describe() == "n/a"
+    assert bench.Latency().p(50) is None
+
+
+def test_ratios_are_ours_over_the_peers():
+    assert bench.ratio(8.0, 800.0) == "0.010x"
+    assert bench.ratio(600.0, 3.0) == "200x"
+    assert bench.ratio(None, 3.0) == "-"
+    assert bench.ratio(5.0, None) == "-"
+
+
+def test_slurm_runs_one_node_of_32_slots_without_munge_inside_its_scratch_directory(tmp_path):
+    conf = bench.slurm_conf(tmp_path, host="box", ctld_port=40001, node_port=40002, cpus=32)
+    settings = dict(
+        line.split("=", 1) for line in conf.splitlines() if line and not line.startswith("#")
+    )
+    assert settings["AuthType"] == "auth/none"
+    assert settings["CredType"] == "cred/none"
+    assert settings["SlurmctldHost"] == "box(127.0.0.1)"
+    assert (settings["SlurmctldPort"], settings["SlurmdPort"]) == ("40001", "40002")
+    assert "CPUs=32" in settings["NodeName"]
+    # Every file the daemons write lies in the scratch directory.
+    for key in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile"):
+        assert settings[key].startswith(str(tmp_path)), key
+
+
+def test_the_estate_is_one_the_platform_accepts(tmp_path):
+    path = tmp_path / "estate.yaml"
+    path.write_text(bench.estate_yaml())
+    estate = load_config(path)
+    assert len(estate.nodes) == bench.NODES
+    assert {node.pool for node in estate.nodes} == {bench.POOL}
+    assert sum(node.simulate.count for node in estate.nodes) == bench.SLOTS == 32
+
+
+def test_cleanup_runs_once_on_leaving_even_after_an_error():
+    calls = []
+    with pytest.raises(RuntimeError), bench.cleanup(lambda: calls.append(1)):
+        raise RuntimeError("boom")
+    assert calls == [1]
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="signal handlers can only be set in the main thread",
+)
+def test_sigterm_unwinds_so_that_the_daemons_are_stopped():
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = []
+    with pytest.raises(SystemExit) as exc, bench.sigterm_as_exit():
+        with bench.cleanup(lambda: stopped.append(True)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0)  # the handler runs before this returns
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert stopped == [True]
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def _figures() -> dict:
+    return {
+        "startup_s": 12.0,
+        "latency": bench.Latency(samples=[0.25, 0.3, 0.6]),
+        "api": {
+            "requests": 160,
+            "per_s": 20.0,
+            "p50_s": 0.3,
+            "p99_s": 0.65,
+            "errors": 24,
+            "http_500": 24,
+            "statuses": {201: 136, 500: 24},
+            "error_sample": "500: boom",
+            "cancelled_after": 3,
+            "left_running": 0,
+        },  # fmt: skip
+        "throughput": {
+            "completion": bench.completion(0.0, [1.0] * 400, 2_000, stopped=50.0),
+            "left": 1_600,
+            "states": {"succeeded": 400, "pending": 1_600},
+            "batches_per_s": [400.0, 90.0],
+            "busy": 16.0,
+            "busy_window_s": 48.0,
+        },
+        "connections": {"warm-up": 24, "2,000 tasks": 54},
+        "max_connections": 50,  # below the peak: that target is missed too
+    }
+
+
+def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
+    tsp = {
+        "version": "Task Spooler v1.0.1",
+        "latency": bench.Latency(samples=[0.0035, 0.0048]),
+        "throughput": bench.completion(0.0, [2.6] * 2_000, 2_000, stopped=2.6),
+    }
+    slurm = {"skipped": "not installed (slurm-wlm), and not root to install it"}
+    targets = dict(bench.report(_figures(), tsp, slurm))
+    out = capsys.readouterr().out
+    assert "8.0/s (400 of 2,000 finished in 50 s)" in out
+    assert "769.2/s (2,000 in 2.6 s)" in out
+    assert "Slurm: not installed (slurm-wlm), and not root to install it" in out
+    assert "20/s, p99 650.0 ms, 24 errors (24 HTTP 5xx) of 160" in out
+    assert "400 tasks/s / 90 tasks/s" in out
+    assert "16.0 of 32" in out
+    assert len(targets) == 7
+    assert not any(targets.values())  # the figures above meet none of issue 9's targets
+    assert "target: PostgreSQL connections under the cap" in out
