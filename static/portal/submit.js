@@ -16,7 +16,7 @@
     const response = await fetch(form.dataset.preview, { method: "POST", body: body });
     const data = await response.json();
     if (data.count !== null) {
-      out.textContent = out.dataset.count.replace("%(n)s", data.count);
+      out.textContent = out.dataset.count.replace("{n}", data.count);
     } else {
       const lines = Object.entries(data.errors).map(([k, v]) => k + ": " + v.join("; "));
       out.textContent = out.dataset.bad + " " + lines.join(" · ");
