@@ -180,6 +180,9 @@ STORAGES = {
     },
 }
 # Tenant members and operators sign in here (portal/); `/` sends each where they work.
+# Tests serve static files straight from the apps and static/ (no collectstatic run), as
+# runserver would: the browser tests' daphne needs the admin's CSS and the portal's scripts.
+WHITENOISE_USE_FINDERS = DEBUG or TESTING
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from urllib.parse import parse_qs
 
@@ -26,6 +27,9 @@ from scheduling import selectors
 from scheduling.models import TaskAttempt
 from scheduling.states import TERMINAL
 
+logger = logging.getLogger(__name__)
+
+CLOSE_INTERNAL = 1011
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 POLL_S = 0.1
@@ -129,6 +133,10 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
                 await asyncio.sleep(POLL_S)
         except asyncio.CancelledError:
             raise
+        except Exception:
+            # A task of the event loop: nobody awaits it, so say what broke and close.
+            logger.exception("log tail of task %s failed", self.task_id)
+            await self.close(code=CLOSE_INTERNAL)
 
     async def _send(self, kind: str, **fields) -> None:
         await self.send(text_data=json.dumps({"type": kind, **fields}))
