@@ -23,6 +23,7 @@ from django.template.loader import render_to_string
 from django.utils import translation
 
 from portal import tenancy
+from portal.controls import controls_for
 from scheduling import selectors
 from scheduling.models import TaskAttempt
 from scheduling.states import TERMINAL
@@ -98,6 +99,7 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
             "path": attempt.log_path if attempt else "",
             "attempt_ended": bool(attempt and attempt.outcome),
             "task_ended": task.state in TERMINAL,
+            "controls": controls_for(task),
         }
 
     async def _pump(self) -> None:
@@ -111,8 +113,13 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
                     seen = await look()
                     if (seen["state"], seen["reason"]) != shown_state:
                         shown_state = (seen["state"], seen["reason"])
-                        await self._send("state", html=seen["html"], reason=seen["reason"],
-                                         state=seen["state"])  # fmt: skip
+                        await self._send(
+                            "state",
+                            html=seen["html"],
+                            reason=seen["reason"],
+                            state=seen["state"],
+                            controls=seen["controls"],
+                        )
                     if seen["number"] != number or seen["path"] != path:
                         number, path, ended_sent = seen["number"], seen["path"], False
                         offset = _start_offset(path)

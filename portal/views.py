@@ -24,12 +24,13 @@ from django.views.decorators.http import require_POST
 
 from monitoring import selectors as alert_selectors
 from portal import tenancy
+from portal.controls import controls_for
 from portal.forms import MemberForm, TaskForm, ThrottledLoginForm, TokenForm, YamlForm
 from scheduling import selectors, services
 from scheduling.launcher import lifecycle
 from scheduling.models import TaskAttempt
 from scheduling.spec import SpecError, parse_yaml
-from scheduling.states import TERMINAL, IllegalTransition, TaskState
+from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
 from tenants import selectors as tenant_selectors
 from tenants import services as tenant_services
@@ -43,14 +44,6 @@ CONTROLS = {
     "pause": lifecycle.task_pause,
     "resume": lifecycle.task_resume,
     "retry": lifecycle.task_retry,
-}
-# Which controls a task in each state offers (the services refuse the rest anyway).
-CONTROLS_BY_STATE = {
-    TaskState.PENDING: ("cancel",),
-    TaskState.SCHEDULED: ("cancel",),
-    TaskState.RUNNING: ("cancel", "pause"),
-    TaskState.PAUSED: ("cancel", "resume"),
-    TaskState.PREEMPTED: ("cancel",),
 }
 
 
@@ -270,11 +263,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     attempts = list(task.attempts.all())
     held = [a for a in task.allocations.all() if a.released_at is None]
     may_control = who.may(Action.CONTROL_TASK, task)
-    controls = list(CONTROLS_BY_STATE.get(TaskState(task.state), ()))
-    if task.state in TERMINAL and task.state != TaskState.SUCCEEDED:
-        controls.append("retry")
-    elif task.state == TaskState.PENDING and task.hold_reason:
-        controls.append("retry")
+    controls = controls_for(task)
     return render(
         request,
         "portal/task_detail.html",

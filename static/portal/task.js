@@ -51,6 +51,11 @@
       } else if (message.type === "state") {
         stateBox.innerHTML = message.html;
         reasonBox.textContent = message.reason;
+        // Buttons the new state no longer offers go away (a reload brings back any it adds).
+        document.querySelectorAll(".task-actions form").forEach(function (form) {
+          const action = form.querySelector("button").value;
+          form.hidden = !message.controls.includes(action);
+        });
       }
     };
     socket.onclose = function (event) {
