@@ -16,6 +16,19 @@
   let paused = false;
   let held = [];
   let retry = 500;
+  let shownState = null;
+
+  // A new state brings new facts (node, runtime, exit code), timeline entries and attempts:
+  // fetch the page again and swap those sections in, leaving the log as it is.
+  async function refreshSections() {
+    const response = await fetch(location.href, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    document.querySelectorAll("section.refresh").forEach(function (section) {
+      const replacement = fresh.getElementById(section.id);
+      if (replacement) section.innerHTML = replacement.innerHTML;
+    });
+  }
 
   function say(key) { status.textContent = status.dataset[key] || ""; }
 
@@ -56,6 +69,8 @@
           const action = form.querySelector("button").value;
           form.hidden = !message.controls.includes(action);
         });
+        if (shownState !== null && shownState !== message.state) refreshSections();
+        shownState = message.state;
       }
     };
     socket.onclose = function (event) {

@@ -50,7 +50,7 @@ VISIBLE_TEXT = """() => {
   }
   document.querySelectorAll("input[type=submit], [aria-label], [title]").forEach((el) => {
     for (const value of [el.value, el.getAttribute("aria-label"), el.getAttribute("title")]) {
-      if (value && value.trim()) out.push(value.trim());
+      if (typeof value === "string" && value.trim()) out.push(value.trim());
     }
   });
   return out;

@@ -18,7 +18,7 @@ from playwright.sync_api import expect, sync_playwright
 from scheduling.models import Task
 from tenants.models import Role
 from tests.api.conftest import make_actor
-from tests.factories import TaskFactory, TenantFactory
+from tests.factories import QuotaFactory, TaskFactory, TenantFactory
 from tests.launcher.conftest import launcher, node  # noqa: F401 - fixtures
 from tests.live import web_server
 from tests.portal.browser import SCREENSHOTS, chromium, screenshot, untranslated
@@ -32,6 +32,7 @@ COMMAND = "for i in 1 2 3; do echo line-$i; sleep 1; done"
 @pytest.fixture
 def people(launcher, node):  # noqa: F811 - the fixtures imported above
     lab = TenantFactory(name="vision-lab")
+    QuotaFactory(tenant=lab, max_gpus=4, max_running_tasks=4, max_queued_tasks=100)
     return {
         "alice": make_actor(lab, Role.ADMIN, "alice"),
         "dave": make_actor(lab, Role.VIEWER, "dave"),
@@ -95,7 +96,6 @@ def test_a_member_submits_watches_clones_and_cancels(site, people):
     with sync_playwright() as playwright:
         browser = chromium(playwright)
         page = sign_in(browser, site, "alice")
-        screenshot(page, "overview-en")
         page.click("nav.portal-nav >> text=Submit")
         page.fill("#id_task-name", "hello")
         page.fill("#id_task-command", COMMAND)
@@ -112,6 +112,9 @@ def test_a_member_submits_watches_clones_and_cancels(site, people):
         expect(log).to_contain_text("line-3", timeout=15_000)
         expect(state).to_contain_text("succeeded", timeout=15_000)
         assert page.evaluate("window.notReloaded") is True
+        # The page caught up without a reload: the exit code, the timeline, no Cancel button.
+        expect(page.locator("#timeline-section")).to_contain_text("succeeded")
+        expect(page.locator(".task-actions button[value=cancel]")).to_be_hidden()
         screenshot(page, "task-en")
         assert orm(lambda: Task.objects.get(name="hello").state) == "succeeded"
 
@@ -122,6 +125,10 @@ def test_a_member_submits_watches_clones_and_cancels(site, people):
         page.fill("#id_task-command", "sleep 120")
         page.click("#task-form input[type=submit]")
         expect(page.locator("#task-state")).to_contain_text("running", timeout=30_000)
+        clone = page.url
+        page.goto("/portal/")
+        screenshot(page, "overview-en")
+        page.goto(clone)
         page.once("dialog", lambda dialog: dialog.accept())
         page.click(".task-actions button[value=cancel]")
         expect(page.locator("#task-state")).to_contain_text("cancelled", timeout=30_000)
@@ -180,7 +187,7 @@ def test_the_chinese_pages_leave_nothing_untranslated(site, people):
     with sync_playwright() as playwright:
         browser = chromium(playwright)
         page = sign_in(browser, site, "alice", locale="zh-CN")
-        pages = [("overview-zh", "/portal/"), ("task-zh", f"/portal/tasks/{task.pk}/"),
+        pages = [("overview-zh", "/portal/"), ("task-pending-zh", f"/portal/tasks/{task.pk}/"),
                  ("tasks-zh", "/portal/tasks/"), ("submit-zh", "/portal/submit/"),
                  ("submit-yaml-zh", "/portal/submit/?mode=yaml"), ("usage-zh", "/portal/usage/"),
                  ("tokens-zh", "/portal/tokens/"), ("team-zh", "/portal/team/")]  # fmt: skip
@@ -189,4 +196,14 @@ def test_the_chinese_pages_leave_nothing_untranslated(site, people):
             expect(page.locator("html")).to_have_attribute("lang", "zh-hans")
             assert untranslated(page) == [], url
             screenshot(page, name)
+        # A task run from the Chinese form: its page with a log, as the READMEs show it.
+        page.goto("/portal/submit/")
+        page.fill("#id_task-name", "train-lr")
+        page.fill("#id_task-command", "echo 第1轮 loss=0.91; sleep 1; echo 第2轮 loss=0.47")
+        page.click("#task-form input[type=submit]")
+        expect(page.locator("#task-state")).to_contain_text("已成功", timeout=30_000)
+        expect(page.locator("#log-text")).to_contain_text("第2轮")
+        expect(page.locator("#attempts-section")).to_contain_text("已成功")
+        assert untranslated(page) == []
+        screenshot(page, "task-zh")
         browser.close()
