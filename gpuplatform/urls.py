@@ -23,11 +23,7 @@ handler500 = "gpuplatform.views.server_error"
 urlpatterns = [
     path("", portal_views.landing, name="landing"),
     path("accounts/login/", portal_views.LoginView.as_view(), name="login"),
-    path(
-        "accounts/logout/",
-        auth_views.LogoutView.as_view(template_name="portal/logged_out.html"),
-        name="logout",
-    ),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "accounts/password/",
         auth_views.PasswordChangeView.as_view(template_name="portal/password_change.html"),

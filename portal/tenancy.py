@@ -7,7 +7,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from gpuplatform.api import Caller
-from tenants import selectors
+from tenants import roles, selectors
 from tenants.models import Membership
 from tenants.roles import Action
 
@@ -44,8 +44,6 @@ def switch(request: HttpRequest, tenant_name: str) -> bool:
 
 def require(who: Caller, action: Action, obj=None) -> None:
     """403 with the role's reason, as the API answers."""
-    from tenants import roles
-
     problem = roles.denial(role=who.role, action=action, user_id=who.user_id, obj=obj)
     if problem:
         raise PermissionDenied(problem)

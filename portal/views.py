@@ -13,7 +13,6 @@ from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -113,6 +112,20 @@ def _bar(used: float, limit: float | None) -> dict:
 def overview(request: HttpRequest) -> HttpResponse:
     who = request.caller
     tenant = who.tenant
+    context = {
+        "title": _("Overview"),
+        "active": "overview",
+        "tasks": selectors.tasks_active(tenant=tenant, owner_id=who.user_id),
+        "free_gpus": selectors.gpus_free_by_type(),
+        "alerts": alert_selectors.alerts_open_for_tasks(tenant=tenant, owner_id=who.user_id),
+    }
+    # The role matrix (tenants/roles.py) shows the quota and fair share to tenant admins only.
+    if who.may(Action.VIEW_QUOTA):
+        context.update(_quota_bars(tenant))
+    return render(request, "portal/overview.html", context)
+
+
+def _quota_bars(tenant) -> dict:
     use = tenant_selectors.quota_in_use(tenant=tenant)
     quotas = tenant_selectors.quota_limits(tenant=tenant)
     cluster = next((q for q in quotas if q.pool_id is None), None)
@@ -126,19 +139,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         (_("Running tasks"), _bar(use["running_tasks"], cluster and cluster.max_running_tasks), ""),
         (_("Queued tasks"), _bar(use["queued_tasks"], cluster and cluster.max_queued_tasks), ""),
     ]
-    return render(
-        request,
-        "portal/overview.html",
-        {
-            "title": _("Overview"),
-            "active": "overview",
-            "tasks": selectors.tasks_active(tenant=tenant, owner_id=who.user_id),
-            "bars": bars,
-            "free_gpus": selectors.gpus_free_by_type(),
-            "fair_share": tenant_selectors.fair_share(tenant=tenant, quotas=quotas),
-            "alerts": alert_selectors.alerts_open_for_tasks(tenant=tenant, owner_id=who.user_id),
-        },
-    )
+    return {"bars": bars, "fair_share": tenant_selectors.fair_share(tenant=tenant, quotas=quotas)}
 
 
 # --- Tasks ----------------------------------------------------------------------------------------
@@ -543,7 +544,3 @@ def member_remove(request: HttpRequest, username: str) -> HttpResponse:
     except tenant_services.LastAdmin as exc:
         messages.error(request, str(exc))
     return redirect("portal:team")
-
-
-def permission_denied_text(exc: PermissionDenied) -> str:
-    return str(exc) or _("You may not do this.")

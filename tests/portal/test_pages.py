@@ -291,3 +291,26 @@ def test_the_browsers_language_picks_chinese_and_the_switcher_keeps_it(owner):
     assert "Overview" in client.get("/portal/").content.decode()
     client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/portal/"})
     assert "概览" in client.get("/portal/").content.decode()
+
+
+def test_the_api_answers_in_chinese_when_asked(viewer, bobs_task):
+    from tests.api.conftest import bearer
+
+    client = bearer(viewer.token)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {viewer.token}", HTTP_ACCEPT_LANGUAGE="zh-CN")
+    refused = client.post(f"/api/v1/tasks/{bobs_task.pk}/cancel/")
+    assert refused.status_code == 403
+    assert refused.json()["detail"] == "你在此租户中的角色只能查看"
+    assert client.get("/api/v1/tasks/999999/").json()["detail"] == "未找到"
+    english = bearer(viewer.token).post(f"/api/v1/tasks/{bobs_task.pk}/cancel/")
+    assert english.json()["detail"] == "your role in this tenant may only read"
+
+
+def test_only_tenant_admins_see_the_quota_and_fair_share(owner, teammate):
+    from tests.factories import QuotaFactory
+
+    QuotaFactory(tenant=owner.tenant, max_gpus=4)
+    assert "Fair share" in browser(owner).get("/portal/").content.decode()
+    page = browser(teammate).get("/portal/").content.decode()
+    assert "Fair share" not in page and "<progress" not in page
+    assert "Only the tenant's admins see its quota" in page
