@@ -85,6 +85,7 @@ def sign_in(browser, base: str, username: str, locale: str = "en-GB"):
     )
     page = context.new_page()
     page.goto("/")
+    screenshot(page, f"login-{locale}")
     page.fill("#id_username", username)
     page.fill("#id_password", "pw")
     page.click("input[type=submit]")
