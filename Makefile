@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 export HOST PORT
 
-.PHONY: run setup test lint bench clean stop-db help
+.PHONY: run setup test lint bench clean stop-db help messages
 
 help:
 	@echo "make run    set up everything and start web, scheduler and node agent (Ctrl-C stops)"
@@ -29,7 +29,17 @@ var/secret_key:
 	@mkdir -p var && umask 077 && $(BIN)/python -c \
 		'import secrets; print(secrets.token_urlsafe(50))' > var/secret_key
 
-setup: $(STAMP) var/secret_key
+# The interface's translations (locale/*/LC_MESSAGES/django.po) compiled for gettext; msgfmt
+# comes from Debian's gettext package, installed here when missing and run as root.
+# (msgfmt itself, not manage.py compilemessages: no settings, secret or database needed.)
+messages:
+	@command -v msgfmt >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gettext >/dev/null; } || \
+		{ echo "compiling translations needs msgfmt: apt-get install gettext"; exit 1; }
+	@for po in locale/*/LC_MESSAGES/django.po; do \
+		msgfmt --check-format -o "$${po%.po}.mo" "$$po" || exit 1; done
+
+setup: $(STAMP) var/secret_key messages
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py migrate --noinput
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py createcachetable
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py collectstatic --noinput -v 0
@@ -45,7 +55,7 @@ lint: $(STAMP)
 
 # Each checkout tests in databases of its own (scripts/database_url.py --checkout), dropped at
 # the end however the run ends, so two checkouts can run `make test` at once on one host.
-test: lint
+test: lint messages
 	@GPUPLATFORM_TESTING=1 $(BIN)/python scripts/database_url.py --checkout gpuplatform -- \
 		bash -c '$(BIN)/python manage.py check --fail-level WARNING && \
 		$(BIN)/python manage.py makemigrations --check --dry-run && \

@@ -16,6 +16,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DataError
 from django.http import Http404
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from rest_framework import exceptions, permissions, status
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
@@ -66,11 +68,14 @@ def request_tenant(request: Request) -> Caller:
             memberships = memberships.filter(tenant__name=name)
         found = list(memberships[:2])
         if not found:
-            where = f"tenant {name}" if name else "any active tenant"
-            raise exceptions.PermissionDenied(f"you are not a member of {where}")
+            if name:
+                problem = _("you are not a member of tenant %(name)s") % {"name": name}
+            else:
+                problem = _("you are not a member of any active tenant")
+            raise exceptions.PermissionDenied(problem)
         if len(found) > 1:
             raise exceptions.ValidationError(
-                {"tenant": ["you belong to several tenants: name one with the X-Tenant header"]}
+                {"tenant": [_("you belong to several tenants: name one with the X-Tenant header")]}
             )
         caller = Caller(found[0].tenant, found[0].role, request.user.pk)
     request._caller = caller
@@ -99,7 +104,7 @@ class IsTenantMember(permissions.BasePermission):
 
 
 class IsOperator(permissions.BasePermission):
-    message = "operators only"
+    message = gettext_lazy("operators only")
 
     def has_permission(self, request, view) -> bool:
         return bool(request.user and request.user.is_authenticated and request.user.is_staff)
@@ -157,16 +162,16 @@ def handle_exception(exc, context):
     if isinstance(exc, DataError) and "NUL (0x00)" in str(exc):
         # PostgreSQL text cannot hold NUL: a query parameter, path part or related field that
         # carries one is the client's mistake (400), not the server's (500).
-        return errors_response({"request": ["text must not contain NUL (0x00) characters"]})
+        return errors_response({"request": [_("text must not contain NUL (0x00) characters")]})
     if isinstance(exc, RequestDataTooBig):
         # Django would answer its own HTML 400; clients read JSON.
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return errors_response({"request": [f"the body is larger than {limit} bytes"]}, code=413)
     if isinstance(exc, Http404):
-        exc = exceptions.NotFound("not found")
+        exc = exceptions.NotFound(_("not found"))
     if isinstance(exc, RecursionError) and _raised_by_a_parser(exc):
         # json.loads refuses "[[[[...]]]]" this way; it is bad input, not a server fault.
-        exc = exceptions.ParseError("the request body is nested too deeply")
+        exc = exceptions.ParseError(_("the request body is nested too deeply"))
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -5,11 +5,13 @@ from __future__ import annotations
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import re_path
 
+from portal.routing import websocket_urlpatterns as portal_routes
+
 # The close code for a websocket path that matches no route (HTTP's 404 in the 4000-4999
 # range the websocket protocol leaves to applications).
 CLOSE_NOT_FOUND = 4404
 
-websocket_urlpatterns: list = []
+websocket_urlpatterns: list = [*portal_routes]
 
 
 class UnknownPath(AsyncWebsocketConsumer):

@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "scheduling",
     "monitoring",
     "telemetry",
+    "portal",
 ]
 
 MIDDLEWARE = [
@@ -59,6 +60,9 @@ MIDDLEWARE = [
     # Serves /static/ from the web process itself (daphne does not serve static files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # After sessions, before common: the language comes from the switcher's cookie, else the
+    # browser's Accept-Language (README: "Languages").
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -80,6 +84,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "portal.context.portal",
             ],
         },
     },
@@ -157,7 +162,11 @@ if TESTING:
     # The default hasher costs ~300 ms per hash; tests hash thousands of passwords.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-LANGUAGE_CODE = "en-us"
+LANGUAGE_CODE = "en"
+# The portal, the admin and the API's error messages speak these; catalogues in locale/,
+# compiled by `make setup` (compilemessages).
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = env.string("TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
@@ -173,7 +182,13 @@ STORAGES = {
         else "whitenoise.storage.CompressedManifestStaticFilesStorage"
     },
 }
-LOGIN_URL = "admin:login"
+# Tenant members and operators sign in here (portal/); `/` sends each where they work.
+# Tests serve static files straight from the apps and static/ (no collectstatic run), as
+# runserver would: the browser tests' daphne needs the admin's CSS and the portal's scripts.
+WHITENOISE_USE_FINDERS = DEBUG or TESTING
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
 
 # --- Security ----------------------------------------------------------------------------------
 # Reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (addresses or
@@ -253,6 +268,9 @@ API_THROTTLE_BURST = env.integer("API_THROTTLE_BURST", 10, minimum=1)
 WEB_MAX_IN_FLIGHT = env.integer("WEB_MAX_IN_FLIGHT", 64, minimum=1)
 # Requests without a valid token (none, bad, expired, revoked), per client address.
 API_ANON_THROTTLE_RATE = _rate("API_ANON_THROTTLE_RATE", "300/min")
+# Sign-in attempts at /accounts/login/, per username and per client address (each its own
+# pace): password guessing gets a few tries a minute, a person mistyping never notices.
+LOGIN_THROTTLE_RATE = _rate("LOGIN_THROTTLE_RATE", "10/min")
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuplatform API",
     "VERSION": "1",

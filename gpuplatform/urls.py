@@ -1,9 +1,10 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gpuplatform import api_index, views
+from portal import views as portal_views
 from telemetry.views import prometheus_metrics
 
 admin.site.site_header = "gpuplatform operations"
@@ -23,7 +24,21 @@ handler404 = "gpuplatform.views.not_found"
 handler500 = "gpuplatform.views.server_error"
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
+    path("", portal_views.landing, name="landing"),
+    path("accounts/login/", portal_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(
+        "accounts/password/",
+        auth_views.PasswordChangeView.as_view(template_name="portal/password_change.html"),
+        name="password_change",
+    ),
+    path(
+        "accounts/password/done/",
+        auth_views.PasswordChangeDoneView.as_view(template_name="portal/password_done.html"),
+        name="password_change_done",
+    ),
+    path("i18n/", include("django.conf.urls.i18n")),
+    path("portal/", include("portal.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include((api_patterns, "api"))),
     # Kubernetes-style probes: liveness never touches the database, readiness does. /healthz

@@ -221,6 +221,9 @@ class Task(models.Model):
             models.Index(fields=["state", "priority"], name="task_state_priority"),
             models.Index(fields=["tenant", "state"], name="task_tenant_state"),
             models.Index(fields=["tenant", "queue", "id"], name="task_tenant_queue"),
+            # The portal's task list pages through a tenant's tasks by these orders (keyset).
+            models.Index(fields=["tenant", "id"], name="task_tenant_id"),
+            models.Index(fields=["tenant", "priority", "id"], name="task_tenant_priority_id"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__lte=100), name="task_priority_range"),

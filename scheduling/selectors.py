@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from django.db.models import Count, Prefetch, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
 from scheduling.models import GPU, Allocation, Node, Pool, Task, TaskAttempt, TaskEvent
@@ -78,3 +78,92 @@ def queues_new_for_tenant(*, tenant: Tenant, names: Iterable[str]) -> dict[str, 
         .distinct()[:QUEUES_COMPARED]
     )
     return {name: difflib.get_close_matches(name, known, n=3, cutoff=0.6) for name in new}
+
+
+# --- The portal's task list ---------------------------------------------------------------------
+
+# Orders the portal's task list offers, each ending in the primary key so that a page's last row
+# is a unique cursor (keyset pagination: the 1,000th page costs what the first does).
+TASK_SORTS = {
+    "newest": ("-id",),
+    "oldest": ("id",),
+    "priority": ("-priority", "-id"),
+}
+ACTIVE_STATES = ("pending", "scheduled", "running", "paused", "preempted")
+
+
+def task_page(
+    *,
+    tenant: Tenant,
+    states: Iterable[str] = (),
+    queue: str = "",
+    owner_id: int | None = None,
+    name: str = "",
+    sort: str = "newest",
+    after: tuple[int, ...] | None = None,
+    limit: int = 50,
+) -> tuple[list[Task], tuple[int, ...] | None]:
+    """One page of the tenant's tasks, filtered and sorted, starting after the cursor ``after``
+    (the sort key of the previous page's last row). Returns the rows and the next cursor (None
+    on the last page). One query, whatever the page."""
+    tasks = task_list(tenant=tenant).select_related("owner", "node")
+    states = list(states)
+    if states:
+        tasks = tasks.filter(state__in=states)
+    if queue:
+        tasks = tasks.filter(queue=queue)
+    if owner_id is not None:
+        tasks = tasks.filter(owner_id=owner_id)
+    if name:
+        tasks = tasks.filter(name__icontains=name)
+    order = TASK_SORTS[sort]
+    if after is not None:
+        tasks = tasks.filter(_after(order, after))
+    rows = list(tasks.order_by(*order)[: limit + 1])
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    last = rows[-1]
+    return rows, tuple(getattr(last, field.lstrip("-")) for field in order)
+
+
+def _after(order: tuple[str, ...], cursor: tuple[int, ...]) -> Q:
+    """Rows after ``cursor`` in ``order``: (a, b) > (x, y) spelt out per direction."""
+    condition = Q()
+    for i, field in enumerate(order):
+        name = field.lstrip("-")
+        lookup = "lt" if field.startswith("-") else "gt"
+        step = Q(**{f"{name}__{lookup}": cursor[i]})
+        for earlier, value in zip(order[:i], cursor[:i], strict=False):
+            step &= Q(**{earlier.lstrip("-"): value})
+        condition |= step
+    return condition
+
+
+def tasks_active(*, tenant: Tenant, owner_id: int, limit: int = 20) -> list[Task]:
+    """The owner's tasks that have not ended, newest first (the portal's overview), with the
+    pending ones' places in line (``Task.reason_text``)."""
+    tasks = list(
+        task_list(tenant=tenant)
+        .filter(owner_id=owner_id, state__in=ACTIVE_STATES)
+        .select_related("node")
+        .order_by("-id")[:limit]
+    )
+    Task.attach_places(tasks)
+    return tasks
+
+
+def gpus_free_by_type() -> list[dict]:
+    """Whole GPUs nothing holds now, per type, on nodes that take new work: what a new task
+    could start on at once. Also how many are simulated (said so wherever they are shown)."""
+    free = (
+        GPU.objects.filter(state="available", node__state="available")
+        .exclude(allocations__released_at__isnull=True)
+        .values("gpu_type", "memory_mb")
+        .annotate(
+            free=Count("id"),
+            simulated=Count("id", filter=Q(node__backend="simulated")),
+        )
+        .order_by("gpu_type")
+    )
+    return list(free)

@@ -18,6 +18,7 @@ from itertools import product
 from typing import Any
 
 import yaml
+from django.utils.translation import gettext
 
 from gpuplatform.units import format_duration_s, parse_duration_s, parse_memory_mb
 
@@ -250,7 +251,7 @@ class _Reader:
         value = self.data.get(key)
         if value is None:
             if required:
-                self.problems.add(_at(self.path, key), "is required")
+                self.problems.add(_at(self.path, key), gettext("is required"))
             return default
         try:
             return parse(value)

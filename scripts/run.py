@@ -123,7 +123,9 @@ def main() -> int:
     base = f"http://{host}:{port}"
     if wait_until_up(f"{base}/healthz", procs):
         print(
-            f"\ngpuplatform is up on {base}/\n  admin  {base}/admin/\n"
+            f"\ngpuplatform is up on {base}/\n"
+            f"  portal {base}/portal/   (sign in at {base}/accounts/login/)\n"
+            f"  admin  {base}/admin/\n"
             f"  API    {base}/api/v1/   (docs {base}/api/v1/docs/)\n  Ctrl-C stops everything.\n",
             flush=True,
         )

@@ -21,9 +21,13 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Protocol
 
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
 from tenants.models import Role
 
-READ_ONLY = "your role in this tenant may only read"
+# Reasons are translated to the request's language (Accept-Language), API and portal alike.
+READ_ONLY = gettext_lazy("your role in this tenant may only read")
 
 
 class Action(StrEnum):
@@ -53,9 +57,9 @@ GRANTS: dict[Action, frozenset[Role]] = {
 }
 
 ADMIN_ONLY = {
-    Action.VIEW_QUOTA: "see the tenant's quota",
-    Action.MANAGE_MEMBERS: "manage the tenant's members",
-    Action.MANAGE_TOKENS: "manage the tenant's tokens",
+    Action.VIEW_QUOTA: gettext_lazy("only the tenant's admins may see the tenant's quota"),
+    Action.MANAGE_MEMBERS: gettext_lazy("only the tenant's admins may manage the tenant's members"),
+    Action.MANAGE_TOKENS: gettext_lazy("only the tenant's admins may manage the tenant's tokens"),
 }
 
 
@@ -71,14 +75,14 @@ def denial(
     may. Without ``obj``: whether the role may do it to anything at all."""
     if role not in GRANTS[action]:
         if action in ADMIN_ONLY:
-            return f"only the tenant's admins may {ADMIN_ONLY[action]}"
-        return READ_ONLY
+            return str(ADMIN_ONLY[action])
+        return str(READ_ONLY)
     if action == Action.CONTROL_TASK and obj is not None and role != Role.ADMIN:
         if obj.owner_id is None or obj.owner_id != user_id:
-            return (
-                f"a member may control only its own tasks; task {obj.pk} is a teammate's "
+            return _(
+                "a member may control only its own tasks; task %(id)s is a teammate's "
                 "(ask a tenant admin)"
-            )
+            ) % {"id": obj.pk}
     return None
 
 

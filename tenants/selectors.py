@@ -4,6 +4,8 @@ to scope a read. The API, the admin, the portal and websocket consumers read thr
 
 from __future__ import annotations
 
+from datetime import UTC, timedelta
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.db.models import Count, Q, QuerySet, Sum
@@ -46,7 +48,10 @@ def quota_in_use(*, tenant: Tenant) -> dict[str, float | int]:
     held = Allocation.objects.filter(released_at__isnull=True, task__tenant=tenant).aggregate(
         gpus=Sum(CardShare()), memory=Sum("memory_mb")
     )
-    counts = Task.objects.filter(tenant=tenant).aggregate(
+    # Only the states counted: with the (tenant, state) index this reads the tenant's live
+    # tasks, not its whole history (25 ms at 100,000 finished tasks otherwise).
+    live = [*HOLDS_GPUS, TaskState.PENDING]
+    counts = Task.objects.filter(tenant=tenant, state__in=live).aggregate(
         running=Count("id", filter=Q(state__in=HOLDS_GPUS)),
         queued=Count("id", filter=Q(state=TaskState.PENDING)),
     )
@@ -122,4 +127,43 @@ def usage_per_day(*, tenant: Tenant, days: int) -> list[dict]:
         cursor.execute(sql, {"days": days, "tenant": tenant.pk})
         return [
             {"day": day, "gpu_hours": round(float(hours), 4)} for day, hours in cursor.fetchall()
+        ]
+
+
+def memberships_of(*, user: AbstractBaseUser) -> list[Membership]:
+    """The user's memberships in active tenants (the portal's tenant switcher)."""
+    return list(
+        Membership.objects.filter(user=user, tenant__is_active=True)
+        .select_related("tenant")
+        .order_by("tenant__name")
+    )
+
+
+def usage_per_member(*, tenant: Tenant, days: int) -> list[dict]:
+    """GPU-hours allocated to each member's tasks over the last ``days`` UTC days (today
+    included), most first; tasks whose owner is gone count as ``None``."""
+    sql = f"""
+        SELECT u.username,
+               COALESCE(SUM(
+                   {allocation_share_sql("a", "g")}
+                   * GREATEST(0, EXTRACT(EPOCH FROM
+                       COALESCE(a.released_at, now())
+                       - GREATEST(a.started_at, %(since)s))) / 3600.0
+               ), 0) AS hours
+          FROM scheduling_allocation a
+          JOIN scheduling_task t ON t.id = a.task_id
+          JOIN scheduling_gpu g ON g.id = a.gpu_id
+          LEFT JOIN auth_user u ON u.id = t.owner_id
+         WHERE t.tenant_id = %(tenant)s
+           AND COALESCE(a.released_at, now()) > %(since)s
+         GROUP BY u.username
+         ORDER BY hours DESC, u.username
+    """  # noqa: S608 - the formula is a constant of ours; values are parameters
+    today = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    since = today - timedelta(days=days - 1)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"since": since, "tenant": tenant.pk})
+        return [
+            {"member": name, "gpu_hours": round(float(hours), 4)}
+            for name, hours in cursor.fetchall()
         ]

@@ -43,6 +43,16 @@ def _forget_throttled_clients():
     PACER.clear()
 
 
+@pytest.fixture(autouse=True)
+def _english_after_each_test():
+    """LocaleMiddleware activates a request's language in the thread and leaves it there: a
+    test that asked for Chinese must not make the next one's messages Chinese."""
+    from django.utils import translation
+
+    yield
+    translation.deactivate()
+
+
 @pytest.fixture
 def lab(db) -> Tenant:
     return TenantFactory(name="vision-lab")
@@ -72,3 +82,19 @@ def workstation(db):
     node = NodeFactory(name="workstation-1")
     make_gpus(node, count=4)
     return node
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_translations(django_db_blocker):
+    """The Chinese pages need locale/*.mo, which `make setup` and `make test` compile; a bare
+    pytest run compiles them too when a catalogue changed since."""
+    from pathlib import Path
+
+    from django.conf import settings
+    from django.core.management import call_command
+
+    for po in Path(settings.BASE_DIR, "locale").glob("*/LC_MESSAGES/django.po"):
+        mo = po.with_suffix(".mo")
+        if not mo.exists() or mo.stat().st_mtime < po.stat().st_mtime:
+            call_command("compilemessages", ignore_patterns=[".venv", "var"], verbosity=0)
+            break

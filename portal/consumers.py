@@ -1,0 +1,177 @@
+"""The task page's live log: a websocket that tails the log file the launcher writes
+(``scheduling.launcher.paths.log_path``) and pushes new bytes as they appear, with the task's
+state when it changes.
+
+Authenticated by the browser's session, scoped to the tenant the session acts for: a task of
+another tenant closes with 4404, like a 404, as does an anonymous socket (4401). It polls the
+file every POLL_S seconds and the task's row every STATE_EVERY polls, so a line the task
+prints reaches the page well within a second (bench/bench_portal.py measures it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from urllib.parse import parse_qs
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.http import Http404
+from django.template.loader import render_to_string
+from django.utils import translation
+
+from portal import tenancy
+from portal.controls import controls_for
+from scheduling import selectors
+from scheduling.models import TaskAttempt
+from scheduling.states import TERMINAL
+
+logger = logging.getLogger(__name__)
+
+CLOSE_INTERNAL = 1011
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+POLL_S = 0.1
+STATE_EVERY = 5  # polls: the task's state is read twice a second
+FIRST_CHUNK = 256 * 1024  # at most this much of an existing log on connect (its tail)
+MAX_CHUNK = 256 * 1024  # at most this much per message
+
+
+class _Session:
+    """What tenancy.caller needs from a request, built from the websocket's scope."""
+
+    def __init__(self, scope) -> None:
+        self.user = scope["user"]
+        self.session = scope["session"]
+
+
+class TaskLogConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.accept()
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.task_id = int(self.scope["url_route"]["kwargs"]["pk"])
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        raw = (query.get("attempt") or [""])[0]
+        self.pinned = int(raw) if raw.isascii() and raw.isdigit() else None
+        self.language = translation.get_language_from_request(_Headers(self.scope))
+        self.tenant = await sync_to_async(self._tenant)()
+        if self.tenant is None:
+            await self.accept()
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        await self.accept()
+        self.pump = asyncio.ensure_future(self._pump())
+
+    def _tenant(self):
+        who = tenancy.caller(_Session(self.scope))
+        if who is None:
+            return None
+        try:
+            selectors.task_get(tenant=who.tenant, pk=self.task_id)
+        except Http404:
+            return None
+        return who.tenant
+
+    async def disconnect(self, code) -> None:
+        pump = getattr(self, "pump", None)
+        if pump is not None:
+            pump.cancel()
+
+    def _look(self) -> dict:
+        """The task's state and the attempt to show (its number and log file, if any)."""
+        task = selectors.task_get(tenant=self.tenant, pk=self.task_id)
+        number = self.pinned or task.attempt
+        attempt = TaskAttempt.objects.filter(task=task, number=number).only(
+            "log_path", "outcome"
+        ).first()  # fmt: skip
+        with translation.override(self.language):
+            html = render_to_string("portal/_state.html", {"state": task.state}).strip()
+        return {
+            "state": task.state,
+            "html": html,
+            "reason": task.reason_text,
+            "number": number,
+            "path": attempt.log_path if attempt else "",
+            "attempt_ended": bool(attempt and attempt.outcome),
+            "task_ended": task.state in TERMINAL,
+            "controls": controls_for(task),
+        }
+
+    async def _pump(self) -> None:
+        look = sync_to_async(self._look)
+        shown_state = None
+        number, path, offset, ended_sent = None, "", 0, False
+        polls = 0
+        try:
+            while True:
+                if polls % STATE_EVERY == 0:
+                    seen = await look()
+                    if (seen["state"], seen["reason"]) != shown_state:
+                        shown_state = (seen["state"], seen["reason"])
+                        await self._send(
+                            "state",
+                            html=seen["html"],
+                            reason=seen["reason"],
+                            state=seen["state"],
+                            controls=seen["controls"],
+                        )
+                    if seen["number"] != number or seen["path"] != path:
+                        number, path, ended_sent = seen["number"], seen["path"], False
+                        offset = _start_offset(path)
+                        if number:
+                            await self._send("attempt", attempt=number)
+                    attempt_ended = seen["attempt_ended"]
+                polls += 1
+                if path:
+                    data = await asyncio.to_thread(_read_from, path, offset)
+                    if data:
+                        offset += len(data)
+                        await self._send("chunk", attempt=number, offset=offset,
+                                         text=data.decode("utf-8", errors="replace"))  # fmt: skip
+                        continue
+                    if attempt_ended and not ended_sent:
+                        ended_sent = True
+                        await self._send("ended", attempt=number)
+                await asyncio.sleep(POLL_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A task of the event loop: nobody awaits it, so say what broke and close.
+            logger.exception("log tail of task %s failed", self.task_id)
+            await self.close(code=CLOSE_INTERNAL)
+
+    async def _send(self, kind: str, **fields) -> None:
+        await self.send(text_data=json.dumps({"type": kind, **fields}))
+
+
+class _Headers:
+    """Enough of a request for Django's language negotiation (cookie, then Accept-Language)."""
+
+    def __init__(self, scope) -> None:
+        headers = dict(scope.get("headers") or [])
+        self.META = {"HTTP_ACCEPT_LANGUAGE": headers.get(b"accept-language", b"").decode()}
+        self.COOKIES = scope.get("cookies") or {}
+        self.path_info = "/"
+
+
+def _start_offset(path: str) -> int:
+    """Where a newly opened page starts reading: the log's tail, not a huge whole."""
+    try:
+        size = os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+    return max(0, size - FIRST_CHUNK)
+
+
+def _read_from(path: str, offset: int) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read(MAX_CHUNK)
+    except OSError:
+        return b""

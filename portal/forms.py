@@ -1,0 +1,262 @@
+"""The portal's forms. A task form builds the same spec a YAML file or ``POST /api/v1/tasks/``
+would carry and hands it to the same parser and submit service; a refusal is shown beside the
+field it names, in the service's words."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth.forms import AuthenticationForm
+from django.utils.translation import gettext_lazy as _
+
+from gpuplatform import throttle
+from scheduling.spec import PRIORITIES, SpecError, parse_specs, parse_yaml
+from tenants.models import Role
+
+# Where a spec path's problem is shown on the task form.
+SPEC_FIELDS = {
+    "name": "name",
+    "command": "command",
+    "queue": "queue",
+    "priority": "priority",
+    "class": "task_class",
+    "workdir": "workdir",
+    "env": "env",
+    "resources.gpus": "gpus",
+    "resources.gpu_memory": "gpu_memory",
+    "resources.gpu_type": "gpu_type",
+    "resources.pool": "pool",
+    "policy.timeout": "timeout",
+    "policy.retries": "retries",
+    "policy.after": "after",
+}
+
+
+class SpecRefusals:
+    """Puts the parser's or the submit service's ``{field path: [reasons]}`` on a form."""
+
+    def add_refusal(self, exc: SpecError) -> None:
+        for path, reasons in exc.errors.items():
+            field = SPEC_FIELDS.get(path) or SPEC_FIELDS.get(path.split(".", 1)[0])
+            if path.startswith("env."):
+                field = "env"
+            target = field if field in self.fields else getattr(self, "catch_all", None)
+            for reason in reasons:
+                text = reason if field in self.fields else f"{path}: {reason}"
+                if path.startswith("env.") and field in self.fields:
+                    text = f"{path.removeprefix('env.')}: {reason}"
+                self.add_error(target, text)
+
+
+class TaskForm(SpecRefusals, forms.Form):
+    """The common fields of one task."""
+
+    name = forms.CharField(label=_("Name"), max_length=200)
+    command = forms.CharField(
+        label=_("Command"),
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text=_("Run by /bin/sh -c in the working directory."),
+    )
+    gpus = forms.CharField(
+        label=_("GPUs"),
+        initial="1",
+        max_length=9,
+        help_text=_("A number, or a range such as 1-4 (takes what is free, up to 4)."),
+    )
+    gpu_memory = forms.CharField(
+        label=_("GPU memory"),
+        required=False,
+        max_length=20,
+        help_text=_("Per GPU, such as 20Gi: lets tasks share a card. Empty: whole GPUs."),
+    )
+    gpu_type = forms.CharField(label=_("GPU type"), required=False, max_length=64)
+    pool = forms.CharField(label=_("Pool"), required=False, max_length=63)
+    queue = forms.CharField(
+        label=_("Queue"),
+        required=False,
+        max_length=100,
+        help_text=_("Tasks in one queue run one at a time, in order."),
+    )
+    priority = forms.CharField(
+        label=_("Priority"),
+        initial="normal",
+        max_length=10,
+        help_text=_("low, normal, high, or a whole number 0-100."),
+    )
+    task_class = forms.ChoiceField(
+        label=_("Class"),
+        choices=[("batch", _("batch (may be preempted)")), ("online", _("online (service)"))],
+        initial="batch",
+    )
+    timeout = forms.CharField(
+        label=_("Timeout"), required=False, max_length=20, help_text=_("Such as 30m or 6h.")
+    )
+    retries = forms.CharField(label=_("Retries"), required=False, max_length=3, initial="0")
+    env = forms.CharField(
+        label=_("Environment"),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text=_("One NAME=value a line."),
+    )
+    workdir = forms.CharField(
+        label=_("Working directory"),
+        required=False,
+        max_length=1024,
+        help_text=_("Relative to your tenant's directory."),
+    )
+    after = forms.CharField(
+        label=_("After"),
+        required=False,
+        max_length=500,
+        help_text=_("Start only after these tasks succeeded: ids or names, comma-separated."),
+    )
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        spec = self.spec_data(data)
+        if spec is None:
+            return data
+        try:
+            data["specs"] = parse_specs(spec)
+        except SpecError as exc:
+            self.add_refusal(exc)
+        return data
+
+    def spec_data(self, data: dict) -> dict | None:
+        env: dict[str, str] = {}
+        for number, line in enumerate(data.get("env", "").splitlines(), start=1):
+            if not line.strip():
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                self.add_error("env", _("line %(n)d: expected NAME=value") % {"n": number})
+                return None
+            env[key.strip()] = value
+        priority: str | int = data["priority"].strip()
+        if priority.isascii() and priority.isdigit():
+            priority = int(priority)
+        retries: str | int = data.get("retries", "").strip() or 0
+        if isinstance(retries, str) and retries.isascii() and retries.isdigit():
+            retries = int(retries)
+        gpus: str | int = data["gpus"].strip()
+        if gpus.isascii() and gpus.isdigit():
+            gpus = int(gpus)
+        after = [
+            int(ref) if ref.isascii() and ref.isdigit() else ref
+            for ref in (part.strip() for part in data.get("after", "").split(","))
+            if ref
+        ]
+        resources = {"gpus": gpus}
+        for key in ("gpu_memory", "gpu_type", "pool"):
+            if data.get(key, "").strip():
+                resources[key] = data[key].strip()
+        policy: dict = {"retries": retries}
+        if data.get("timeout", "").strip():
+            policy["timeout"] = data["timeout"].strip()
+        if after:
+            policy["after"] = after
+        spec = {
+            "kind": "task",
+            "name": data["name"].strip(),
+            "command": data["command"],
+            "priority": priority,
+            "class": data["task_class"],
+            "resources": resources,
+            "policy": policy,
+        }
+        for key in ("queue", "workdir"):
+            if data.get(key, "").strip():
+                spec[key] = data[key].strip()
+        if env:
+            spec["env"] = env
+        return spec
+
+    @classmethod
+    def initial_from(cls, task) -> dict:
+        """The form filled from a past task (clone and edit)."""
+        spec = task.spec or {}
+        resources, policy = spec.get("resources") or {}, spec.get("policy") or {}
+        priority = {v: k for k, v in PRIORITIES.items()}.get(task.priority, str(task.priority))
+        return {
+            "name": task.name,
+            "command": task.command,
+            "gpus": str(resources.get("gpus", task.gpus_min)),
+            "gpu_memory": resources.get("gpu_memory") or "",
+            "gpu_type": task.gpu_type,
+            "pool": resources.get("pool") or "",
+            "queue": task.queue,
+            "priority": priority,
+            "task_class": task.task_class,
+            "timeout": policy.get("timeout") or "",
+            "retries": str(task.retries),
+            "env": "\n".join(f"{k}={v}" for k, v in (task.env or {}).items()),
+            "workdir": task.workdir,
+            "after": ", ".join(str(ref) for ref in policy.get("after") or []),
+        }
+
+
+class YamlForm(SpecRefusals, forms.Form):
+    """The full spec: one task, a list, a sweep, or several YAML documents."""
+
+    catch_all = "spec"
+    spec = forms.CharField(
+        label=_("YAML spec"),
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 18, "cols": 80, "spellcheck": "false"}),
+        help_text=_("As gpuctl submit -f takes it: a task, a list, a sweep, or several documents."),
+    )
+
+    def clean(self):
+        data = super().clean()
+        if "spec" in data:
+            try:
+                data["specs"] = parse_yaml(data["spec"])
+            except SpecError as exc:
+                self.add_refusal(exc)
+        return data
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(label=_("Name"), max_length=100)
+    expires_in_days = forms.IntegerField(
+        label=_("Expires in (days)"),
+        required=False,
+        min_value=1,
+        max_value=3650,
+        help_text=_("Empty: never expires."),
+    )
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(label=_("Username"), max_length=150)
+    role = forms.ChoiceField(
+        label=_("Role"),
+        choices=[(Role.VIEWER, _("viewer")), (Role.MEMBER, _("member")), (Role.ADMIN, _("admin"))],
+    )
+
+
+class ThrottledLoginForm(AuthenticationForm):
+    """Django's sign-in form for every active user (tenant members too, not only staff),
+    paced per username and per client address (LOGIN_THROTTLE_RATE)."""
+
+    error_messages = {
+        **AuthenticationForm.error_messages,
+        "throttled": _("Too many sign-in attempts. Try again in %(seconds)d seconds."),
+    }
+
+    def clean(self):
+        username = (self.data.get("username") or "").strip().lower()
+        address = self.request.META.get("REMOTE_ADDR", "") if self.request else ""
+        rate = settings.LOGIN_THROTTLE_RATE
+        for key in (f"login-user-{username[:60]}", f"login-addr-{address}"):
+            verdict = throttle.consume(key, rate)
+            if not verdict.allowed:
+                self.throttled = True
+                raise forms.ValidationError(
+                    self.error_messages["throttled"],
+                    code="throttled",
+                    params={"seconds": max(1, round(verdict.wait_s))},
+                )
+        return super().clean()

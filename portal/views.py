@@ -1,0 +1,546 @@
+"""The tenant portal's pages. Reads go through the tenant-scoped selectors, writes through the
+services the API calls, role checks through ``tenants.roles`` (as the API's): a viewer who posts
+anyway gets 403, another tenant's task is a 404."""
+
+from __future__ import annotations
+
+import csv
+import functools
+from datetime import timedelta
+
+import yaml
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
+
+from monitoring import selectors as alert_selectors
+from portal import tenancy
+from portal.controls import controls_for
+from portal.forms import MemberForm, TaskForm, ThrottledLoginForm, TokenForm, YamlForm
+from scheduling import selectors, services
+from scheduling.launcher import lifecycle
+from scheduling.models import TaskAttempt
+from scheduling.spec import SpecError, parse_yaml
+from scheduling.states import IllegalTransition, TaskState
+from scheduling.submission import tasks_submit
+from tenants import selectors as tenant_selectors
+from tenants import services as tenant_services
+from tenants.models import Role
+from tenants.roles import Action
+
+PAGE_SIZE = 50
+USAGE_DAYS = (7, 30, 90)
+CONTROLS = {
+    "cancel": lifecycle.task_cancel,
+    "pause": lifecycle.task_pause,
+    "resume": lifecycle.task_resume,
+    "retry": lifecycle.task_retry,
+}
+
+
+# --- Signing in and landing -----------------------------------------------------------------------
+
+
+def landing(request: HttpRequest) -> HttpResponse:
+    """Operators to the dashboard (the admin until it exists), members to the portal, anyone
+    else to the sign-in page."""
+    if not request.user.is_authenticated:
+        return redirect("login")
+    if request.user.is_staff:
+        try:
+            return redirect(reverse("dashboard"))
+        except NoReverseMatch:
+            return redirect("admin:index")
+    return redirect("portal:overview")
+
+
+class LoginView(auth_views.LoginView):
+    form_class = ThrottledLoginForm
+    template_name = "portal/login.html"
+    redirect_authenticated_user = True
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if getattr(form, "throttled", False):
+            response.status_code = 429
+        return response
+
+
+# --- Every page -----------------------------------------------------------------------------------
+
+
+def portal_page(view):
+    """Signed in, and a member of some active tenant: ``request.caller`` is set."""
+
+    @functools.wraps(view)
+    @login_required
+    def wrapper(request: HttpRequest, *args, **kwargs):
+        who = tenancy.caller(request)
+        if who is None:
+            return render(request, "portal/no_tenant.html", status=403)
+        request.caller = who
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@require_POST
+@portal_page
+def switch_tenant(request: HttpRequest) -> HttpResponse:
+    if not tenancy.switch(request, request.POST.get("tenant", "")):
+        raise Http404
+    return redirect("portal:overview")
+
+
+# --- Overview -------------------------------------------------------------------------------------
+
+
+def _bar(used: float, limit: float | None) -> dict:
+    percent = None if not limit else min(100, round(100 * used / limit))
+    return {"used": used, "limit": limit, "percent": percent}
+
+
+@portal_page
+def overview(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    tenant = who.tenant
+    context = {
+        "title": _("Overview"),
+        "active": "overview",
+        "tasks": selectors.tasks_active(tenant=tenant, owner_id=who.user_id),
+        "free_gpus": selectors.gpus_free_by_type(),
+        "alerts": alert_selectors.alerts_open_for_tasks(tenant=tenant, owner_id=who.user_id),
+    }
+    # The role matrix (tenants/roles.py) shows the quota and fair share to tenant admins only.
+    if who.may(Action.VIEW_QUOTA):
+        context.update(_quota_bars(tenant))
+    return render(request, "portal/overview.html", context)
+
+
+def _quota_bars(tenant) -> dict:
+    use = tenant_selectors.quota_in_use(tenant=tenant)
+    quotas = tenant_selectors.quota_limits(tenant=tenant)
+    cluster = next((q for q in quotas if q.pool_id is None), None)
+    bars = [
+        (_("GPUs"), _bar(use["gpus"], cluster and cluster.max_gpus), ""),
+        (
+            _("GPU memory"),
+            _bar(use["gpu_memory_mb"], cluster and cluster.max_gpu_memory_mb),
+            "MiB",
+        ),
+        (_("Running tasks"), _bar(use["running_tasks"], cluster and cluster.max_running_tasks), ""),
+        (_("Queued tasks"), _bar(use["queued_tasks"], cluster and cluster.max_queued_tasks), ""),
+    ]
+    return {"bars": bars, "fair_share": tenant_selectors.fair_share(tenant=tenant, quotas=quotas)}
+
+
+# --- Tasks ----------------------------------------------------------------------------------------
+
+
+def _cursor(raw: str, sort: str) -> tuple[int, ...] | None:
+    parts = raw.split(".") if raw else []
+    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    if len(parts) != len(selectors.TASK_SORTS[sort]):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+@portal_page
+def task_list(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    if request.method == "POST":
+        return _bulk_cancel(request)
+    params = request.GET
+    known = [s.value for s in TaskState]
+    chosen_states = [s for s in params.getlist("state") if s in known]
+    sort = params.get("sort", "newest")
+    if sort not in selectors.TASK_SORTS:
+        sort = "newest"
+    owner_id = None
+    owner = params.get("owner", "")
+    if owner == "me":
+        owner_id = who.user_id
+    tasks, next_cursor = selectors.task_page(
+        tenant=who.tenant,
+        states=chosen_states,
+        queue=params.get("queue", "").strip(),
+        owner_id=owner_id,
+        name=params.get("q", "").strip()[:200],
+        sort=sort,
+        after=_cursor(params.get("after", ""), sort),
+        limit=PAGE_SIZE,
+    )
+    query = params.copy()
+    query.pop("after", None)
+    next_query = None
+    if next_cursor is not None:
+        query["after"] = ".".join(str(part) for part in next_cursor)
+        next_query = query.urlencode()
+    return render(
+        request,
+        "portal/tasks.html",
+        {
+            "title": _("Tasks"),
+            "active": "tasks",
+            "tasks": tasks,
+            "states": known,
+            "chosen_states": chosen_states,
+            "sort": sort,
+            "sorts": [("newest", _("newest first")), ("oldest", _("oldest first")),
+                      ("priority", _("highest priority first"))],
+            "owner": owner,
+            "queue": params.get("queue", ""),
+            "q": params.get("q", ""),
+            "next_query": next_query,
+            "first_page": "after" in params,
+            "may_control": who.may(Action.CONTROL_TASK),
+        },
+    )  # fmt: skip
+
+
+def _bulk_cancel(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    tenancy.require(who, Action.CONTROL_TASK)
+    ids = [int(i) for i in request.POST.getlist("task") if i.isascii() and i.isdigit()]
+    done, refused = 0, []
+    for pk in ids[:PAGE_SIZE]:
+        task = selectors.task_get(tenant=who.tenant, pk=pk)
+        if not who.may(Action.CONTROL_TASK, task):
+            refused.append(pk)
+            continue
+        try:
+            lifecycle.task_cancel(task=task, by=request.user)
+            done += 1
+        except (IllegalTransition, services.StaleTask):
+            refused.append(pk)
+    if done:
+        messages.success(request, _("Cancelled %(n)d task(s).") % {"n": done})
+    if refused:
+        messages.warning(
+            request,
+            _("Not cancelled: %(ids)s (ended already, or not yours).")
+            % {"ids": ", ".join(f"#{pk}" for pk in refused)},
+        )
+    return redirect(request.get_full_path())
+
+
+def _hint(task) -> str:
+    """What change would start a pending task, from the last pass's assessment."""
+    code = (task.wait or {}).get("code", "")
+    hints = {
+        "queue": _("It starts when the tasks before it in queue %(queue)s have ended."),
+        "held": _("It is held after repeated infrastructure failures: press Retry to release it."),
+        "dependencies": _("It starts once the tasks it runs after have succeeded."),
+        "backoff": _("It starts again when its retry backoff ends."),
+        "quota": _(
+            "Your tenant's quota is in use: it starts when your running tasks end, or when an "
+            "operator raises the quota."
+        ),
+        "capacity": _(
+            "No GPUs that fit it are free: it starts when some free up. Asking for fewer GPUs, "
+            "less GPU memory or another GPU type may start it sooner."
+        ),
+        "reserved": _("It is first in line: the next GPUs that fit it are held for it."),
+        "preempting": _("Tasks are being stopped to make room: it starts when they have."),
+    }
+    hint = hints.get(code, "")
+    return hint % {"queue": task.queue} if "%(queue)s" in hint else hint
+
+
+@portal_page
+def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    who = request.caller
+    task = selectors.task_detail(tenant=who.tenant, pk=pk)
+    events = list(selectors.task_events(tenant=who.tenant, pk=pk))
+    attempts = list(task.attempts.all())
+    held = [a for a in task.allocations.all() if a.released_at is None]
+    may_control = who.may(Action.CONTROL_TASK, task)
+    controls = controls_for(task)
+    return render(
+        request,
+        "portal/task_detail.html",
+        {
+            "title": _("Task #%(id)d %(name)s") % {"id": task.pk, "name": task.name},
+            "active": "tasks",
+            "task": task,
+            "events": events,
+            "attempts": attempts,
+            "held": held,
+            "simulated": bool(task.node and task.node.backend == "simulated"),
+            "wait": task.wait_view,
+            "hint": _hint(task) if task.state == TaskState.PENDING else "",
+            "controls": controls if may_control else [],
+            "may_submit": who.may(Action.SUBMIT),
+            "spec_yaml": yaml.safe_dump(task.spec, sort_keys=False, allow_unicode=True),
+        },
+    )
+
+
+@require_POST
+@portal_page
+def task_control(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    who = request.caller
+    if action not in CONTROLS:
+        raise Http404
+    task = selectors.task_get(tenant=who.tenant, pk=pk)
+    tenancy.require(who, Action.CONTROL_TASK, task)
+    try:
+        CONTROLS[action](task=task, by=request.user)
+    except (IllegalTransition, services.StaleTask) as exc:
+        messages.error(request, str(exc))
+    return redirect("portal:task", pk=pk)
+
+
+@portal_page
+def task_log(request: HttpRequest, pk: int) -> HttpResponse:
+    """The whole log of one attempt, as a download."""
+    who = request.caller
+    task = selectors.task_get(tenant=who.tenant, pk=pk)
+    raw = request.GET.get("attempt", "")
+    number = int(raw) if raw.isascii() and raw.isdigit() else task.attempt
+    attempt = TaskAttempt.objects.filter(task=task, number=number).first()
+    if attempt is None or not attempt.log_path:
+        raise Http404
+    try:
+        handle = open(attempt.log_path, "rb")  # FileResponse closes it
+    except OSError:
+        raise Http404 from None
+    name = f"task-{task.pk}-attempt-{number}.log"
+    return FileResponse(handle, as_attachment=True, filename=name, content_type="text/plain")
+
+
+# --- Submitting -----------------------------------------------------------------------------------
+
+
+@portal_page
+def submit(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    if request.method == "POST":
+        tenancy.require(who, Action.SUBMIT)
+    mode = request.POST.get("mode") or request.GET.get("mode") or "form"
+    clone = None
+    if request.GET.get("clone", "").isdigit():
+        clone = selectors.task_get(tenant=who.tenant, pk=int(request.GET["clone"]))
+    form = TaskForm(initial=TaskForm.initial_from(clone) if clone else None, prefix="task")
+    yaml_form = YamlForm(
+        initial={"spec": yaml.safe_dump(clone.spec, sort_keys=False, allow_unicode=True)}
+        if clone
+        else None,
+        prefix="yaml",
+    )
+    if request.method == "POST":
+        bound = TaskForm(request.POST, prefix="task") if mode == "form" else None
+        bound = bound or YamlForm(request.POST, prefix="yaml")
+        if mode == "form":
+            form = bound
+        else:
+            mode = "yaml"
+            yaml_form = bound
+        if bound.is_valid():
+            try:
+                with transaction.atomic():
+                    tasks = tasks_submit(
+                        tenant=who.tenant, specs=bound.cleaned_data["specs"], owner=request.user
+                    )
+            except SpecError as exc:
+                bound.add_refusal(exc)
+            else:
+                messages.success(
+                    request,
+                    _("Submitted %(n)d task(s): %(ids)s")
+                    % {"n": len(tasks), "ids": ", ".join(f"#{t.pk}" for t in tasks[:20])},
+                )
+                if len(tasks) == 1:
+                    return redirect("portal:task", pk=tasks[0].pk)
+                return redirect("portal:tasks")
+        status = 400
+    else:
+        status = 200
+    return render(
+        request,
+        "portal/submit.html",
+        {
+            "title": _("Submit"),
+            "active": "submit",
+            "form": form,
+            "yaml_form": yaml_form,
+            "mode": mode,
+            "clone": clone,
+        },
+        status=status,
+    )
+
+
+@require_POST
+@portal_page
+def submit_preview(request: HttpRequest) -> JsonResponse:
+    """How many tasks a YAML spec expands to (sweeps included), or its problems, before it is
+    submitted. Checks the spec only: quotas and the cluster are checked on submit."""
+    tenancy.require(request.caller, Action.SUBMIT)
+    try:
+        specs = parse_yaml(request.POST.get("spec", ""))
+    except SpecError as exc:
+        return JsonResponse({"count": None, "errors": exc.errors}, status=400)
+    return JsonResponse({"count": len(specs), "names": [s.name for s in specs[:10]], "errors": {}})
+
+
+# --- Usage ----------------------------------------------------------------------------------------
+
+
+def _usage_days(request: HttpRequest) -> int:
+    raw = request.GET.get("days", "")
+    days = int(raw) if raw.isascii() and raw.isdigit() else 30
+    return days if days in USAGE_DAYS else 30
+
+
+@portal_page
+def usage(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    days = _usage_days(request)
+    per_day = tenant_selectors.usage_per_day(tenant=who.tenant, days=days)
+    per_member = tenant_selectors.usage_per_member(tenant=who.tenant, days=days)
+    peak = max((row["gpu_hours"] for row in per_day), default=0) or 1
+    for row in per_day:
+        row["percent"] = round(100 * row["gpu_hours"] / peak, 1)
+    total = sum(row["gpu_hours"] for row in per_day)
+    return render(
+        request,
+        "portal/usage.html",
+        {
+            "title": _("Usage"),
+            "active": "usage",
+            "days": days,
+            "day_choices": USAGE_DAYS,
+            "per_day": per_day,
+            "per_member": per_member,
+            "total": total,
+        },
+    )
+
+
+@portal_page
+def usage_csv(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    days = _usage_days(request)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="usage-{who.tenant.name}-{days}d.csv"'
+    writer = csv.writer(response)
+    writer.writerow(["day", "gpu_hours_allocated"])
+    for row in tenant_selectors.usage_per_day(tenant=who.tenant, days=days):
+        writer.writerow([row["day"].isoformat(), f"{row['gpu_hours']:.4f}"])
+    writer.writerow([])
+    writer.writerow(["member", "gpu_hours_allocated"])
+    for row in tenant_selectors.usage_per_member(tenant=who.tenant, days=days):
+        writer.writerow([row["member"] or "", f"{row['gpu_hours']:.4f}"])
+    return response
+
+
+# --- Tokens and team ------------------------------------------------------------------------------
+
+
+@portal_page
+def tokens(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    every = who.may(Action.MANAGE_TOKENS)
+    form = TokenForm()
+    secret = None
+    if request.method == "POST":
+        tenancy.require(who, Action.OWN_TOKENS)
+        form = TokenForm(request.POST)
+        if form.is_valid():
+            days = form.cleaned_data["expires_in_days"]
+            expires = timezone.now() + timedelta(days=days) if days else None
+            token, secret = tenant_services.apitoken_create(
+                user=request.user, tenant=who.tenant, name=form.cleaned_data["name"],
+                expires_at=expires,
+            )  # fmt: skip
+            form = TokenForm()
+    rows = tenant_selectors.token_list(tenant=who.tenant, user=None if every else request.user)
+    return render(
+        request,
+        "portal/tokens.html",
+        {
+            "title": _("API tokens"),
+            "active": "tokens",
+            "form": form,
+            "secret": secret,
+            "tokens": rows,
+            "every": every,
+        },
+        status=400 if form.errors else 200,
+    )
+
+
+@require_POST
+@portal_page
+def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    who = request.caller
+    every = who.may(Action.MANAGE_TOKENS)
+    rows = tenant_selectors.token_list(tenant=who.tenant, user=None if every else request.user)
+    if not rows.filter(pk=pk).exists():
+        raise Http404
+    tenant_services.apitokens_revoke(tokens=rows.filter(pk=pk))
+    messages.success(request, _("Token revoked."))
+    return redirect("portal:tokens")
+
+
+@portal_page
+def team(request: HttpRequest) -> HttpResponse:
+    who = request.caller
+    tenancy.require(who, Action.MANAGE_MEMBERS)
+    form = MemberForm()
+    if request.method == "POST":
+        form = MemberForm(request.POST)
+        if form.is_valid():
+            user = (
+                get_user_model()
+                .objects.filter(username=form.cleaned_data["username"], is_active=True)
+                .first()
+            )
+            if user is None:
+                form.add_error("username", _("No such user."))
+            else:
+                try:
+                    tenant_services.membership_change(
+                        tenant=who.tenant, user=user, role=form.cleaned_data["role"]
+                    )
+                except tenant_services.LastAdmin as exc:
+                    form.add_error("role", str(exc))
+                else:
+                    messages.success(request, _("Saved."))
+                    return redirect("portal:team")
+    return render(
+        request,
+        "portal/team.html",
+        {
+            "title": _("Team"),
+            "active": "team",
+            "form": form,
+            "members": tenant_selectors.member_list(tenant=who.tenant),
+            "roles": [(Role.VIEWER, _("viewer")), (Role.MEMBER, _("member")),
+                      (Role.ADMIN, _("admin"))],
+        },
+        status=400 if form.errors else 200,
+    )  # fmt: skip
+
+
+@require_POST
+@portal_page
+def member_remove(request: HttpRequest, username: str) -> HttpResponse:
+    who = request.caller
+    tenancy.require(who, Action.MANAGE_MEMBERS)
+    membership = tenant_selectors.member_get(tenant=who.tenant, username=username)
+    try:
+        tenant_services.membership_remove(membership=membership)
+    except tenant_services.LastAdmin as exc:
+        messages.error(request, str(exc))
+    return redirect("portal:team")

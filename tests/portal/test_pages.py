@@ -1,0 +1,316 @@
+"""The portal's pages through Django's test client: who lands where, what each role may see and
+do, forms that refuse bad input beside the field, and a task list whose cost does not grow with
+the tenant's tasks."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from scheduling.models import Task
+from tests.factories import TaskFactory, UserFactory
+from tests.portal.conftest import browser
+
+pytestmark = pytest.mark.django_db
+
+
+# --- Landing, signing in --------------------------------------------------------------------------
+
+
+def test_anonymous_visitors_land_on_the_sign_in_page_not_the_admins():
+    response = browser().get("/", follow=True)
+    assert response.redirect_chain[-1][0].startswith("/accounts/login/")
+    assert b"staff account" not in response.content
+    assert b"Sign in to gpuplatform" in response.content
+
+
+def test_a_tenant_member_signs_in_and_lands_on_the_portal(owner):
+    client = browser()
+    response = client.post("/accounts/login/", {"username": "alice", "password": "pw"}, follow=True)
+    assert response.redirect_chain[-1][0] == "/portal/"
+    assert b"My running and pending tasks" in response.content
+
+
+def test_operators_land_on_the_operations_pages(db):
+    staff = UserFactory(username="olga", is_staff=True)
+    client = browser()
+    client.force_login(staff)
+    response = client.get("/")
+    assert response.status_code == 302
+    assert response.url in ("/dashboard/", "/admin/")
+
+
+def test_a_user_in_no_tenant_is_told_so(db):
+    client = browser()
+    client.force_login(UserFactory(username="nobody"))
+    response = client.get("/portal/")
+    assert response.status_code == 403
+    assert b"No tenant yet" in response.content
+
+
+def test_sign_in_is_throttled_per_username(owner, settings):
+    settings.LOGIN_THROTTLE_RATE = "3/min"
+    settings.API_THROTTLE_BURST = 3
+    client = browser()
+    codes = [
+        client.post("/accounts/login/", {"username": "alice", "password": "wrong"}).status_code
+        for _ in range(5)
+    ]
+    assert codes[:3] == [200, 200, 200]
+    assert codes[3:] == [429, 429]
+    refused = client.post("/accounts/login/", {"username": "alice", "password": "pw"})
+    assert refused.status_code == 429, "the right password does not skip the pace"
+    assert b"Too many sign-in attempts" in refused.content
+
+
+def test_password_change_and_sign_out(owner):
+    client = browser(owner)
+    response = client.post(
+        "/accounts/password/",
+        {"old_password": "pw", "new_password1": "a-long-new-pass-42", "new_password2":
+         "a-long-new-pass-42"},
+    )  # fmt: skip
+    assert response.status_code == 302
+    owner.user.refresh_from_db()
+    assert owner.user.check_password("a-long-new-pass-42")
+    assert client.post("/accounts/logout/").status_code == 302
+    assert client.get("/portal/").status_code == 302
+
+
+# --- Pages and roles ------------------------------------------------------------------------------
+
+
+PAGES = ["/portal/", "/portal/tasks/", "/portal/submit/", "/portal/usage/", "/portal/tokens/",
+         "/portal/team/", "/portal/usage.csv"]  # fmt: skip
+
+
+def test_a_tenant_admin_opens_every_page(owner, bobs_task, workstation):
+    client = browser(owner)
+    for url in [*PAGES, f"/portal/tasks/{bobs_task.pk}/"]:
+        assert client.get(url).status_code == 200, url
+
+
+def test_a_viewer_sees_no_submit_button_and_gets_403_posting_anyway(viewer, bobs_task):
+    client = browser(viewer)
+    overview = client.get("/portal/").content.decode()
+    assert 'href="/portal/submit/"' not in overview
+    detail = client.get(f"/portal/tasks/{bobs_task.pk}/").content.decode()
+    assert "Clone and edit" not in detail and "/cancel/" not in detail
+    form = {"mode": "yaml", "yaml-spec": "name: x\ncommand: 'true'\n"}
+    assert client.post("/portal/submit/", form).status_code == 403
+    assert client.post(f"/portal/tasks/{bobs_task.pk}/cancel/").status_code == 403
+    assert client.get("/portal/team/").status_code == 403
+    assert Task.objects.count() == 1
+
+
+def test_a_member_controls_only_its_own_tasks(owner, teammate, bobs_task):
+    alices = TaskFactory(tenant=owner.tenant, owner=owner.user)
+    client = browser(teammate)
+    assert client.post(f"/portal/tasks/{alices.pk}/cancel/").status_code == 403
+    assert client.post(f"/portal/tasks/{bobs_task.pk}/cancel/").status_code == 302
+    bobs_task.refresh_from_db()
+    assert bobs_task.state == "cancelled"
+
+
+def test_another_tenants_task_is_not_found(outsider, bobs_task):
+    client = browser(outsider)
+    for url in (f"/portal/tasks/{bobs_task.pk}/", f"/portal/tasks/{bobs_task.pk}/log/",
+                f"/portal/submit/?clone={bobs_task.pk}"):  # fmt: skip
+        assert client.get(url).status_code == 404, url
+    assert client.post(f"/portal/tasks/{bobs_task.pk}/cancel/").status_code == 404
+    bobs_task.refresh_from_db()
+    assert bobs_task.state == "pending"
+
+
+def test_bulk_cancel_cancels_own_tasks_and_names_the_rest(owner, teammate, bobs_task):
+    alices = TaskFactory(tenant=owner.tenant, owner=owner.user)
+    client = browser(teammate)
+    response = client.post("/portal/tasks/", {"task": [bobs_task.pk, alices.pk]}, follow=True)
+    assert response.status_code == 200
+    assert Task.objects.get(pk=bobs_task.pk).state == "cancelled"
+    assert Task.objects.get(pk=alices.pk).state == "pending"
+    assert f"#{alices.pk}".encode() in response.content
+
+
+def test_a_user_in_two_tenants_switches_between_them(owner, outsider, foreign_task):
+    from tests.factories import MembershipFactory
+
+    MembershipFactory(user=owner.user, tenant=outsider.tenant, role="viewer")
+    client = browser(owner)
+    assert client.post("/portal/tenant/", {"tenant": "vision-lab"}).status_code == 302
+    assert client.get(f"/portal/tasks/{foreign_task.pk}/").status_code == 404
+    assert client.post("/portal/tenant/", {"tenant": "nlp-lab"}).status_code == 302
+    assert client.get(f"/portal/tasks/{foreign_task.pk}/").status_code == 200
+    assert client.post("/portal/tenant/", {"tenant": "not-mine"}).status_code == 404
+
+
+# --- Submitting -----------------------------------------------------------------------------------
+
+
+def _form(**fields):
+    base = {"mode": "form", "task-name": "train", "task-command": "python train.py",
+            "task-gpus": "1", "task-priority": "normal", "task-task_class": "batch",
+            "task-retries": "0"}  # fmt: skip
+    base.update({f"task-{k}": v for k, v in fields.items()})
+    return base
+
+
+def test_the_form_submits_a_task_as_the_api_would(teammate, workstation):
+    response = browser(teammate).post("/portal/submit/", _form(timeout="1h", env="A=1\nB=two"))
+    task = Task.objects.get()
+    assert response.status_code == 302 and response.url == f"/portal/tasks/{task.pk}/"
+    assert (task.owner, task.timeout_s, task.env) == (teammate.user, 3600, {"A": "1", "B": "two"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "words"),
+    [
+        ({"gpus": "lots"}, "gpus", "whole number of GPUs"),
+        ({"timeout": "soon"}, "timeout", ""),
+        ({"pool": "nowhere"}, "pool", "unknown pool"),
+        ({"env": "LD_PRELOAD=/x.so"}, "env", "LD_PRELOAD"),
+        ({"gpus": "9"}, "gpus", "largest matching node has 4"),
+    ],
+)
+def test_a_bad_field_is_shown_beside_it_and_nothing_is_stored(
+    teammate, workstation, fields, field, words
+):
+    response = browser(teammate).post("/portal/submit/", _form(**fields))
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert field in errors, errors
+    assert words in " ".join(errors[field])
+    assert f'id="id_task-{field}_errors"' in response.content.decode()
+    assert Task.objects.count() == 0
+
+
+def test_yaml_sweeps_are_counted_before_submitting_and_then_submitted(teammate, workstation):
+    sweep = (
+        "kind: sweep\nname: lr\nparameters: {lr: [1, 2, 3]}\n"
+        "template: {command: 'python train.py --lr {lr}'}\n"
+    )
+    client = browser(teammate)
+    preview = client.post("/portal/submit/preview/", {"spec": sweep}).json()
+    assert preview["count"] == 3
+    bad = client.post("/portal/submit/preview/", {"spec": "name: [\n"})
+    assert bad.status_code == 400 and "yaml" in bad.json()["errors"]
+    assert Task.objects.count() == 0
+    response = client.post("/portal/submit/", {"mode": "yaml", "yaml-spec": sweep})
+    assert response.status_code == 302
+    assert Task.objects.count() == 3
+
+
+def test_clone_and_edit_fills_the_form_from_a_past_task(teammate, workstation):
+    browser(teammate).post("/portal/submit/", _form(name="orig", queue="sft", timeout="2h"))
+    task = Task.objects.get()
+    page = browser(teammate).get(f"/portal/submit/?clone={task.pk}")
+    initial = page.context["form"].initial
+    assert (initial["name"], initial["queue"], initial["timeout"]) == ("orig", "sft", "2h")
+    yaml_page = browser(teammate).get(f"/portal/submit/?clone={task.pk}&mode=yaml")
+    assert "name: orig" in yaml_page.content.decode()
+
+
+# --- Tokens and team ------------------------------------------------------------------------------
+
+
+def test_a_token_is_shown_once_and_can_be_revoked(teammate):
+    client = browser(teammate)
+    created = client.post("/portal/tokens/", {"name": "laptop"}).content.decode()
+    assert "gpup_" in created and "Copy" in created
+    listed = client.get("/portal/tokens/").content.decode()
+    assert "laptop" in listed and "gpup_" not in listed.split("<table")[0].split("new-token")[-1]
+    token = teammate.user.api_tokens.get(name="laptop")
+    assert client.post(f"/portal/tokens/{token.pk}/revoke/").status_code == 302
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+
+
+def test_a_member_cannot_revoke_a_teammates_token(owner, teammate):
+    token = owner.user.api_tokens.get()
+    assert browser(teammate).post(f"/portal/tokens/{token.pk}/revoke/").status_code == 404
+
+
+def test_a_tenant_admin_adds_a_member_and_keeps_the_last_admin(owner):
+    UserFactory(username="erin")
+    client = browser(owner)
+    assert client.post("/portal/team/", {"username": "erin", "role": "member"}).status_code == 302
+    assert owner.tenant.memberships.filter(user__username="erin", role="member").exists()
+    refused = client.post("/portal/team/", {"username": "alice", "role": "viewer"})
+    assert refused.status_code == 400
+    assert "needs an admin" in refused.content.decode()
+    unknown = client.post("/portal/team/", {"username": "ghost", "role": "member"})
+    assert unknown.status_code == 400 and "No such user" in unknown.content.decode()
+
+
+# --- The task list at scale -----------------------------------------------------------------------
+
+
+def _queries(client, url: str) -> int:
+    client.get(url)
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(url)
+    assert response.status_code == 200
+    return len(captured)
+
+
+@pytest.mark.parametrize("url", ["/portal/tasks/", "/portal/tasks/?sort=priority&state=pending",
+                                 "/portal/", "/portal/tasks/{pk}/"])  # fmt: skip
+def test_pages_cost_the_same_queries_with_one_task_or_many(owner, teammate, workstation, url):
+    first = TaskFactory(tenant=owner.tenant, owner=owner.user)
+    client = browser(owner)
+    url = url.format(pk=first.pk)
+    few = _queries(client, url)
+    for i in range(30):
+        TaskFactory(tenant=owner.tenant, owner=teammate.user if i % 2 else owner.user)
+    assert _queries(client, url) == few
+
+
+def test_pages_follow_on_by_keyset_without_repeating_or_skipping(owner):
+    made = [TaskFactory(tenant=owner.tenant, priority=10 * (i % 5)).pk for i in range(120)]
+    client = browser(owner)
+    for sort in ("newest", "oldest", "priority"):
+        seen, url = [], f"/portal/tasks/?sort={sort}"
+        while url:
+            response = client.get(url)
+            page = [t.pk for t in response.context["tasks"]]
+            assert len(page) <= 50
+            seen += page
+            following = response.context["next_query"]
+            url = f"/portal/tasks/?{following}" if following else None
+        assert sorted(seen) == sorted(made) and len(seen) == len(set(seen)), sort
+
+
+# --- Languages ------------------------------------------------------------------------------------
+
+
+def test_the_browsers_language_picks_chinese_and_the_switcher_keeps_it(owner):
+    page = browser(owner, language="zh-CN,zh;q=0.9").get("/portal/").content.decode()
+    assert "概览" in page and 'lang="zh-hans"' in page
+    client = browser(owner)
+    assert "Overview" in client.get("/portal/").content.decode()
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/portal/"})
+    assert "概览" in client.get("/portal/").content.decode()
+
+
+def test_the_api_answers_in_chinese_when_asked(viewer, bobs_task):
+    from tests.api.conftest import bearer
+
+    client = bearer(viewer.token)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {viewer.token}", HTTP_ACCEPT_LANGUAGE="zh-CN")
+    refused = client.post(f"/api/v1/tasks/{bobs_task.pk}/cancel/")
+    assert refused.status_code == 403
+    assert refused.json()["detail"] == "你在此租户中的角色只能查看"
+    assert client.get("/api/v1/tasks/999999/").json()["detail"] == "未找到"
+    english = bearer(viewer.token).post(f"/api/v1/tasks/{bobs_task.pk}/cancel/")
+    assert english.json()["detail"] == "your role in this tenant may only read"
+
+
+def test_only_tenant_admins_see_the_quota_and_fair_share(owner, teammate):
+    from tests.factories import QuotaFactory
+
+    QuotaFactory(tenant=owner.tenant, max_gpus=4)
+    assert "Fair share" in browser(owner).get("/portal/").content.decode()
+    page = browser(teammate).get("/portal/").content.decode()
+    assert "Fair share" not in page and "<progress" not in page
+    assert "Only the tenant's admins see its quota" in page
