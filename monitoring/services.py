@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from live import events as live
 from monitoring.models import Alert
 from scheduling.models import GPU, Node, Task
 
@@ -52,11 +53,13 @@ def alert_raise(
                 raise
         else:
             logger.warning("alert opened: %s", alert)
+            live.publish_alert(alert)
             return alert
     alert.severity = severity
     alert.message = message
     alert.last_seen_at = now
     alert.save(update_fields=["severity", "message", "last_seen_at"])
+    live.publish_alert(alert)
     return alert
 
 
@@ -119,7 +122,12 @@ def _open(kind: str, subject: dict[str, int | None]) -> QuerySet[Alert]:
 
 def _resolve(alerts: QuerySet[Alert]) -> int:
     # One conditional UPDATE: an alert resolved concurrently is not resolved (or counted) twice.
-    count = alerts.filter(resolved_at__isnull=True).update(resolved_at=timezone.now())
+    ids = list(alerts.filter(resolved_at__isnull=True).values_list("pk", flat=True))
+    count = Alert.objects.filter(pk__in=ids, resolved_at__isnull=True).update(
+        resolved_at=timezone.now()
+    )
     if count:
         logger.info("%d alert(s) resolved", count)
+        for alert in Alert.objects.filter(pk__in=ids):
+            live.publish_alert(alert)
     return count

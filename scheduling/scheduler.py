@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
+from live import events as live
 from scheduling import estate, fairshare, passes, services, states
 from scheduling.launcher import lifecycle
 from scheduling.models import (
@@ -100,6 +101,16 @@ def schedule_pass() -> PassResult:
             last_placed=len(result.placed),
             last_preempted=len(result.preempted),
             last_waiting=result.waiting,
+        )
+        live.publish_scheduler(
+            {
+                "passes": SchedulerState.objects.values_list("passes", flat=True).get(pk=1),
+                "last_pass_at": now.timestamp(),
+                "last_pass_ms": round(result.ms, 1),
+                "placed": len(result.placed),
+                "preempted": len(result.preempted),
+                "waiting": result.waiting,
+            }
         )
     if result.placed or result.preempted or result.failed:
         logger.info(
@@ -345,7 +356,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                    scheduled_at = %s, updated_at = %s, reason = '', wait = '{}'
               FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::bigint[]) AS node_id) AS v
              WHERE t.id = v.id AND t.state = %s
-         RETURNING t.id, t.attempt
+         RETURNING t.id, t.attempt, t.tenant_id
             """,
             [
                 TaskState.SCHEDULED,
@@ -356,8 +367,11 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                 TaskState.PENDING,
             ],
         )
-        attempts = dict(cursor.fetchall())
+        returned = cursor.fetchall()
+    attempts = {task_id: attempt for task_id, attempt, _ in returned}
+    tenants = {task_id: tenant_id for task_id, _, tenant_id in returned}
     allocations = []
+    placed = []
     events = []
     for placement in decision.placements:
         attempt = attempts.get(placement.task_id)
@@ -375,6 +389,10 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                 )
             )
         gpus = ", ".join(str(gpu_id) for gpu_id, _ in placement.gpus) or "none"
+        gpu_ids = [gpu_id for gpu_id, _ in placement.gpus]
+        placed.append(
+            (placement.task_id, tenants[placement.task_id], node_ids[placement.node], gpu_ids)
+        )
         events.append(
             TaskEvent(
                 task_id=placement.task_id,
@@ -387,6 +405,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
         )
     Allocation.objects.bulk_create(allocations)
     TaskEvent.objects.bulk_create(events)
+    live.publish_placements(placed)
     return list(attempts)
 
 
@@ -424,7 +443,10 @@ def update_reasons(decision: Decision) -> int:
                            jsonb_array_elements(%s::jsonb) AS wait) AS v
              WHERE t.id = v.id AND t.state = %s
                AND (t.reason IS DISTINCT FROM v.reason OR t.wait IS DISTINCT FROM v.wait)
+         RETURNING t.id, t.tenant_id, t.reason
             """,
             [ids, reasons, waits, TaskState.PENDING],
         )
+        # Only the reasons that changed: an unchanged queue costs the pages nothing.
+        live.publish_reasons(cursor.fetchall())
     return len(ids)

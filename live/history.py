@@ -1,0 +1,16 @@
+"""GPU samples from the past: what a reconnecting page fills its gap with, the time-range
+picker's series, the tiles' first values. Telemetry keeps them; without it there are none."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+
+def samples_since(*, since: float, gpu_ids: Collection[int] | None) -> list[list]:
+    """Rows in live.events.SAMPLE_FIELDS order taken after ``since`` (``gpu_ids`` None: all)."""
+    return []
+
+
+def latest_samples() -> dict[int, dict]:
+    """Each GPU's newest sample, by GPU id."""
+    return {}
