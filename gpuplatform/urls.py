@@ -22,6 +22,7 @@ handler500 = "gpuplatform.views.server_error"
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
     path("admin/", admin.site.urls),
+    path("dashboard/", include("live.urls")),
     path("api/v1/", include((api_patterns, "api"))),
     # Kubernetes-style probes: liveness never touches the database, readiness does. /healthz
     # is readiness under its older name (make run and load balancers poll it).

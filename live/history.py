@@ -14,3 +14,9 @@ def samples_since(*, since: float, gpu_ids: Collection[int] | None) -> list[list
 def latest_samples() -> dict[int, dict]:
     """Each GPU's newest sample, by GPU id."""
     return {}
+
+
+def series(*, node, start: float, end: float) -> dict:
+    """The node's GPUs over [start, end]: ``gpus`` (ids), ``t`` (epoch seconds), and per GPU
+    ``util`` and ``mem`` (percent) aligned with ``t``, plus the node's ``power`` total (W)."""
+    return {"gpus": [], "t": [], "util": {}, "mem": {}, "power": []}
