@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "tenants",
     "scheduling",
     "monitoring",
+    "telemetry",
     "live",
 ]
 
@@ -54,6 +55,8 @@ MIDDLEWARE = [
     # First: X-Forwarded-* are believed from TRUSTED_PROXIES only.
     "gpuplatform.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Counts /api/ requests for /metrics (every answer, throttled and failed ones too).
+    "telemetry.middleware.count_api_requests",
     # Serves /static/ from the web process itself (daphne does not serve static files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -315,6 +318,18 @@ GPUPLATFORM_CONFIG = Path(
 # auto: NVML when an NVIDIA driver answers, else the configuration's simulated GPUs.
 GPU_BACKEND = env.choice("GPU_BACKEND", "auto", ("auto", "nvml", "simulated"))
 NODE_NAME = env.string("NODE_NAME")
+
+# --- Prometheus /metrics -------------------------------------------------------------------------
+# A scraper presenting "Authorization: Bearer <METRICS_TOKEN>" is served from any address;
+# without the token, only clients whose address is in METRICS_ALLOWED_ADDRESSES (addresses or
+# networks, e.g. 10.0.0.0/8) are. Both may be used together; neither leaves loopback only.
+METRICS_TOKEN = env.string("METRICS_TOKEN", "")
+METRICS_ALLOWED_ADDRESSES = env.string_list("METRICS_ALLOWED_ADDRESSES", ["127.0.0.1", "::1"])
+try:
+    for _network in METRICS_ALLOWED_ADDRESSES:
+        ipaddress.ip_network(_network, strict=False)
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"METRICS_ALLOWED_ADDRESSES: {_exc}") from None
 
 # --- Running tasks (the launcher) -----------------------------------------------------------
 # Each tenant's work directories live under TASKS_ROOT/<tenant>; a task's workdir is relative

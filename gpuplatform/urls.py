@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gpuplatform import api_index, views
+from telemetry.views import prometheus_metrics
 
 admin.site.site_header = "gpuplatform operations"
 admin.site.site_title = "gpuplatform"
@@ -29,4 +30,5 @@ urlpatterns = [
     path("livez", views.livez, name="livez"),
     path("readyz", views.readyz, name="readyz"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", prometheus_metrics, name="metrics"),
 ]

@@ -13,6 +13,10 @@ class AlertKind(models.TextChoices):
     NODE_OFFLINE = "node_offline", "node offline"
     TASK_LOST = "task_lost", "task lost"
     TASK_LOG_IO = "task_log_io", "task log cannot be written"
+    GPU_IDLE = "gpu_idle", "GPU allocated but idle"
+    GPU_OVER_TEMPERATURE = "gpu_over_temperature", "GPU over temperature"
+    GPU_ECC = "gpu_ecc", "GPU ECC errors"
+    GPU_XID = "gpu_xid", "GPU XID error"
 
 
 class Severity(models.TextChoices):

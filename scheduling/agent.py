@@ -54,6 +54,7 @@ class NodeAgent:
         node_name: str,
         backend: GpuBackend | None = None,
         backend_kind: str = "auto",
+        sample: bool = True,
     ) -> None:
         node = config.node(node_name)
         # A node absent from the configuration may still join with real GPUs, in the default pool.
@@ -62,6 +63,7 @@ class NodeAgent:
         self.backend = backend or open_backend(
             backend_kind, node_name=node_name, simulate=self.node_config.simulate
         )
+        self.sample = sample
         self.stopping = threading.Event()
         self._last_seen: tuple[GpuInfo, ...] | None = None
         self.ticks = 0
@@ -126,12 +128,15 @@ class NodeAgent:
         cluster = NodeCluster(self.name) if launcher else None
         if cluster is not None:
             cluster.start()
+        sampler = self._sampler()
         interval = self.config.heartbeat.interval_s
         logger.info(
-            "node agent %s starting: GPUs via %s, heartbeat every %ss, tasks tracked by %s",
+            "node agent %s starting: GPUs via %s, heartbeat every %ss, samples every %ss, "
+            "tasks tracked by %s",
             self.name,
             self.backend.name,
             interval,
+            self.config.telemetry.sample_interval_s if self.sample else "(off)",
             tracking.describe(),
         )
         next_tick = 0.0
@@ -149,10 +154,27 @@ class NodeAgent:
                 logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
                 close_old_connections()
             self.stopping.wait(min(WATCH_EVERY_S, interval))
+        if sampler is not None:
+            sampler.stop()
         if cluster is not None:
             cluster.stop()
         self.backend.close()
         logger.info("node agent %s stopped", self.name)
+
+    def _sampler(self):
+        """Start GPU sampling on its own thread (telemetry.sampler): the heartbeat loop above
+        never waits for a GPU read or a sample write."""
+        if not self.sample:
+            return None
+        from telemetry.sampler import Sampler  # the scheduling app does not need telemetry
+
+        sampler = Sampler(
+            node_name=self.name,
+            backend=self.backend,
+            interval_s=self.config.telemetry.sample_interval_s,
+        )
+        sampler.start()
+        return sampler
 
     def _install_signal_handlers(self) -> None:
         def stop(signum: int, frame: object) -> None:

@@ -137,6 +137,72 @@ class SchedulingConfig(_Strict):
         )
 
 
+XidAction = Literal["drain", "fail_task", "ignore"]
+
+# NVIDIA's XID catalogue: the application's own faults fail its task and leave the GPU in
+# service; these mean the GPU (or its bus, NVLink, memory) is broken: drain it, stop its tasks
+# and requeue them elsewhere as infrastructure failures. Returning a drained GPU to service is
+# an operator's decision. XIDs not listed are recorded and alerted, nothing more.
+DEFAULT_XID_ACTIONS: dict[int, XidAction] = {
+    13: "fail_task",  # graphics engine exception (out-of-range access in a kernel)
+    31: "fail_task",  # GPU memory page fault
+    43: "fail_task",  # GPU stopped processing (the application's fault)
+    45: "fail_task",  # preemptive cleanup after a failed context
+    68: "fail_task",  # video processor exception
+    48: "drain",  # double-bit ECC error
+    63: "drain",  # ECC page retirement / row remapping event
+    64: "drain",  # ECC page retirement / row remapping failure
+    74: "drain",  # NVLink error
+    79: "drain",  # GPU has fallen off the bus
+    92: "drain",  # high single-bit ECC error rate
+    94: "drain",  # contained ECC error
+    95: "drain",  # uncontained ECC error
+    154: "drain",  # GPU recovery action changed (reset or reboot required)
+}
+
+
+class IdleGpuConfig(_Strict):
+    """A GPU allocated to a running task but idle: warn, then optionally reclaim."""
+
+    # Utilisation (percent) at or below which an allocated GPU counts as idle.
+    threshold: int = Field(default=5, ge=0, le=100)
+    # Idle for this long (every sample in the window) raises the alert for the tenant.
+    window_s: DurationS = Field(default=30 * 60, alias="window")
+    # Still idle this long after the alert opened: reclaim (when reclaim is true).
+    grace_s: DurationS = Field(default=30 * 60, alias="grace")
+    reclaim: bool = False
+
+
+class TelemetryConfig(_Strict):
+    """GPU sampling, history and the alerts that read it (see README: "GPU telemetry")."""
+
+    # How often the node agent samples every GPU (NVML averages utilisation over up to 1 s:
+    # sampling faster buys nothing).
+    sample_interval_s: DurationS = Field(default=1, alias="sample_interval")
+    raw_retention_s: DurationS = Field(default=48 * 3600, alias="raw_retention")
+    minute_retention_s: DurationS = Field(default=30 * 86400, alias="minute_retention")
+    hour_retention_s: DurationS = Field(default=365 * 86400, alias="hour_retention")
+    idle: IdleGpuConfig = Field(default_factory=IdleGpuConfig)
+    # Degrees Celsius at or above which a GPU raises the over-temperature alert.
+    max_temperature_c: int = Field(default=85, ge=30, le=120, alias="max_temperature")
+    # Uncorrected ECC errors (volatile count) at or above which a GPU raises the ECC alert.
+    ecc_uncorrected_errors: int = Field(default=1, ge=1)
+    # Overrides of DEFAULT_XID_ACTIONS, by XID number: drain | fail_task | ignore.
+    xid: dict[int, XidAction] = Field(default_factory=dict)
+    # Optional: alerts are POSTed there as JSON when they open and resolve (retried).
+    webhook_url: str = ""
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not re.match(r"https?://[^\s/]+", value):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    def xid_action(self, xid: int) -> XidAction | None:
+        return self.xid.get(xid, DEFAULT_XID_ACTIONS.get(xid))
+
+
 def _default_pools() -> list[PoolConfig]:
     return [PoolConfig(name="default")]
 
@@ -144,6 +210,7 @@ def _default_pools() -> list[PoolConfig]:
 class EstateConfig(_Strict):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     pools: list[PoolConfig] = Field(default_factory=_default_pools, min_length=1)
     nodes: list[NodeConfig] = Field(min_length=1)
 

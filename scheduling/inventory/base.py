@@ -2,6 +2,7 @@
 
 import abc
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -30,6 +31,41 @@ class GpuProcess:
     used_mb: int | None
 
 
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU. A metric the GPU or driver cannot report is None."""
+
+    gpu_uuid: str
+    # Wall-clock seconds (time.time()) of the read, taken once per batch.
+    at: float
+    util_gpu: int | None = None  # percent of time a kernel ran
+    util_memory: int | None = None  # percent of time memory was read or written
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    fan_pct: int | None = None
+    ecc_corrected: int | None = None  # volatile (since driver load) totals
+    ecc_uncorrected: int | None = None
+    throttle_reasons: int | None = None  # NVML's clocksEventReasons bit mask
+    # (pid, used MiB or None) of the processes on this GPU, where the backend lists them.
+    processes: tuple[tuple[int, int | None], ...] = ()
+    # The GPU answered "lost" (fallen off the bus); its other fields are None.
+    lost: bool = False
+    simulated: bool = False
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """A GPU error reported by the driver (NVIDIA's XID catalogue)."""
+
+    gpu_uuid: str
+    xid: int
+    at: float
+
+
 class BackendUnavailable(Exception):
     """The GPU backend cannot be used on this machine; the message says why."""
 
@@ -51,6 +87,19 @@ class GpuBackend(abc.ABC):
         entries there and none here really runs nothing) and the reason in ``process_problems``.
         Backends that cannot see processes list none.
         """
+        return []
+
+    def sample(self, *, reserved_mb: Mapping[str, int] | None = None) -> list[GpuSample]:
+        """Read every GPU once; one batch per tick, with one ``at`` for the batch.
+
+        ``reserved_mb`` (GPU UUID -> MiB the platform reserved on it for running tasks) is what
+        the sampler knows of the GPUs' work; real hardware ignores it, a simulation follows it.
+        Backends that cannot sample return none.
+        """
+        return []
+
+    def xid_events(self) -> list[XidEvent]:
+        """XID events that arrived since the last call; never blocks."""
         return []
 
     @abc.abstractmethod

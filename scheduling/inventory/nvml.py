@@ -6,6 +6,8 @@ open a new one there.
 """
 
 import os
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from scheduling.inventory.base import (
@@ -13,6 +15,8 @@ from scheduling.inventory.base import (
     GpuBackend,
     GpuInfo,
     GpuProcess,
+    GpuSample,
+    XidEvent,
     gpu_type_for,
 )
 
@@ -40,6 +44,7 @@ class NvmlBackend(GpuBackend):
         # Remembered from discover(): a GPU whose handle fails later can still be named by UUID.
         self._uuids: dict[int, str] = {}
         self._closed = False
+        self._event_set: Any = None
         try:
             self._nvml.nvmlInit()
         except self._nvml.NVMLError as exc:
@@ -131,10 +136,114 @@ class NvmlBackend(GpuBackend):
                 used[pid] = mb
         return [GpuProcess(gpu_uuid=uuid, pid=pid, used_mb=mb) for pid, mb in used.items()]
 
+    def sample(self, *, reserved_mb: Mapping[str, int] | None = None) -> list[GpuSample]:
+        """Read every GPU once (~10 NVML calls each, microseconds apiece, no process listing:
+        that costs ~4.5 ms per GPU and stays on the heartbeat). A metric the GPU does not
+        support reads None; a GPU that answers "lost" is sampled as lost."""
+        self._check_usable()
+        nvml = self._nvml
+        at = time.time()
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            raise BackendUnavailable(f"NVML could not count GPUs: {exc}") from exc
+        samples = []
+        lost_error = getattr(nvml, "NVMLError_GpuIsLost", ())
+        for index in range(count):
+            uuid = self._uuids.get(index)
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                if uuid is None:
+                    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                    self._uuids[index] = uuid
+                samples.append(self._sample_device(handle, uuid, at))
+            except nvml.NVMLError as exc:
+                if lost_error and isinstance(exc, lost_error) and uuid is not None:
+                    samples.append(GpuSample(gpu_uuid=uuid, at=at, lost=True))
+                else:
+                    self.problems.append(f"GPU {index} sample: {exc}")
+        return samples
+
+    def _sample_device(self, handle: Any, uuid: str, at: float) -> GpuSample:
+        nvml = self._nvml
+        rates = self._optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        power_mw = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
+        limit_mw = self._optional(nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        ecc = getattr(nvml, "NVML_VOLATILE_ECC", 0)
+        return GpuSample(
+            gpu_uuid=uuid,
+            at=at,
+            util_gpu=None if rates is None else int(rates.gpu),
+            util_memory=None if rates is None else int(rates.memory),
+            memory_used_mb=int(memory.used) // _MIB,
+            memory_total_mb=int(memory.total) // _MIB,
+            temperature_c=self._optional(
+                nvml.nvmlDeviceGetTemperature, handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+            ),
+            power_w=None if power_mw is None else power_mw / 1000,
+            power_limit_w=None if limit_mw is None else limit_mw / 1000,
+            sm_clock_mhz=self._optional(
+                nvml.nvmlDeviceGetClockInfo, handle, getattr(nvml, "NVML_CLOCK_SM", 1)
+            ),
+            fan_pct=self._optional(nvml.nvmlDeviceGetFanSpeed, handle),
+            ecc_corrected=self._optional(
+                nvml.nvmlDeviceGetTotalEccErrors, handle, 0, ecc
+            ),  # 0: NVML_MEMORY_ERROR_TYPE_CORRECTED
+            ecc_uncorrected=self._optional(nvml.nvmlDeviceGetTotalEccErrors, handle, 1, ecc),
+            throttle_reasons=self._optional(
+                getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                or nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+                handle,
+            ),
+        )
+
+    def _optional(self, call: Callable[..., Any], *args: Any) -> Any:
+        """The call's answer, or None where this GPU or driver does not support it (consumer
+        cards have no ECC, passively cooled ones no fan). A lost GPU still raises."""
+        try:
+            return call(*args)
+        except self._nvml.NVMLError as exc:
+            if isinstance(exc, _unsupported(self._nvml)):
+                return None
+            raise
+
+    def xid_events(self) -> list[XidEvent]:
+        """XIDs since the last call, through NVML's event API (registered on first use, for
+        every GPU that supports it); waits 0 ms, so it never blocks the sampler."""
+        self._check_usable()
+        nvml = self._nvml
+        if self._event_set is None:
+            self._event_set = nvml.nvmlEventSetCreate()
+            for index, uuid in list(self._uuids.items()):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    nvml.nvmlDeviceRegisterEvents(
+                        handle, nvml.nvmlEventTypeXidCriticalError, self._event_set
+                    )
+                except nvml.NVMLError as exc:
+                    self.problems.append(f"GPU {index} ({uuid}) XID events: {exc}")
+        events = []
+        timeout = getattr(nvml, "NVMLError_Timeout", ())
+        while True:
+            try:
+                data = nvml.nvmlEventSetWait(self._event_set, 0)
+            except nvml.NVMLError as exc:
+                if timeout and isinstance(exc, timeout):
+                    return events
+                raise
+            uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+            events.append(XidEvent(gpu_uuid=uuid, xid=int(data.eventData), at=time.time()))
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._event_set is not None and os.getpid() == self._pid:
+            try:
+                self._nvml.nvmlEventSetFree(self._event_set)
+            except self._nvml.NVMLError as exc:
+                self.problems.append(f"event set: {exc}")
         # A shutdown after fork would tear down the parent's NVML session, not ours.
         if os.getpid() != self._pid:
             return
@@ -153,6 +262,17 @@ class NvmlBackend(GpuBackend):
                 "this NvmlBackend was opened in another process (NVML state does not survive "
                 "fork); open a new one in this process"
             )
+
+
+def _unsupported(nvml: Any) -> tuple[type[BaseException], ...]:
+    return tuple(
+        cls
+        for cls in (
+            getattr(nvml, "NVMLError_NotSupported", None),
+            getattr(nvml, "NVMLError_FunctionNotFound", None),
+        )
+        if cls is not None
+    )
 
 
 def _import_pynvml() -> Any:

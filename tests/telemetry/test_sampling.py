@@ -1,0 +1,62 @@
+"""Sampling: the simulated backend follows the work placed on it, the sampler stores one batch
+per tick tied to the task and tenant holding each GPU, and injected faults reach the samples."""
+
+from __future__ import annotations
+
+from scheduling.inventory import simulated_uuid
+from telemetry import services
+from telemetry.models import GpuSample
+from telemetry.sampler import Sampler
+from tests.factories import NodeFactory
+
+
+def test_a_simulated_gpu_reads_busy_only_while_memory_is_reserved_on_it(backend):
+    busy = simulated_uuid("workstation-1", 1)
+    samples = {s.gpu_uuid: s for s in backend.sample(reserved_mb={busy: 8192})}
+
+    assert len(samples) == 4
+    assert all(s.simulated for s in samples.values())
+    assert samples[busy].util_gpu >= 85
+    assert samples[busy].memory_used_mb == 8192
+    idle = samples[simulated_uuid("workstation-1", 0)]
+    assert (idle.util_gpu, idle.memory_used_mb) == (0, 0)
+    assert idle.temperature_c < samples[busy].temperature_c
+    assert len({s.at for s in samples.values()}) == 1  # one batch, one time
+
+
+def test_a_tick_stores_every_gpu_tied_to_its_task_and_tenant(backend, running, lab):
+    stored = Sampler(node_name="workstation-1", backend=backend).tick()
+
+    assert stored == 4
+    rows = {row.gpu.index: row for row in GpuSample.objects.select_related("gpu")}
+    assert (rows[0].task_id, rows[0].tenant_id) == (running.pk, lab.pk)
+    assert rows[0].memory_used_mb == 20480 and rows[0].util_gpu >= 85
+    assert all(rows[i].task_id is None and rows[i].util_gpu == 0 for i in (1, 2, 3))
+    assert all(row.simulated for row in rows.values())
+
+
+def test_one_insert_per_tick(backend, workstation, django_assert_max_num_queries):
+    sampler = Sampler(node_name="workstation-1", backend=backend)
+    # node, faults, GPUs, allocations, the INSERT, and the alert checks' reads and resolves.
+    with django_assert_max_num_queries(12) as queries:
+        sampler.tick()
+    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 1
+
+
+def test_an_injected_temperature_shows_in_the_next_sample_and_clears(backend, workstation):
+    gpu = workstation.gpus.get(index=2)
+    sampler = Sampler(node_name="workstation-1", backend=backend)
+    services.fault_inject(gpu=gpu, kind="temperature", value=97)
+    sampler.tick()
+    assert GpuSample.objects.get(gpu=gpu).temperature_c == 97
+
+    services.fault_inject(gpu=gpu, kind="clear")
+    sampler.tick()
+    assert GpuSample.objects.filter(gpu=gpu).order_by("-at")[0].temperature_c < 97
+
+
+def test_a_sample_of_a_gpu_unknown_to_the_database_is_dropped(backend, db):
+    NodeFactory(name="workstation-1")  # registered, its GPUs not yet
+    assert Sampler(node_name="workstation-1", backend=backend).tick() == 0
+    assert not GpuSample.objects.exists()
