@@ -179,12 +179,16 @@ def publish_reasons(rows: Iterable[tuple[int, int, str]]) -> None:
 
 def publish_samples(*, node_id: int, samples: Iterable[Any]) -> None:
     """One node's GPU samples of one tick: all of them to operators, and each tenant the
-    samples of the GPUs its running tasks hold. ``samples`` are objects with telemetry's
-    GpuSample fields (gpu_uuid, at, util_gpu, memory_used_mb, memory_total_mb, temperature_c,
-    power_w) or mappings with those keys. Sent at once: a sample is not part of a transaction."""
+    samples of the GPUs its running tasks hold. ``samples`` are telemetry's stored GpuSample
+    rows (gpu_id, ``at`` a datetime), its readings (gpu_uuid, ``at`` in epoch seconds) or
+    mappings with those keys; the metrics are util_gpu, memory_used_mb, memory_total_mb,
+    temperature_c and power_w. Sent at once: a sample is not part of a transaction."""
     from scheduling.models import GPU, Allocation
 
-    ids = dict(GPU.objects.filter(node_id=node_id).values_list("uuid", "pk"))
+    ids: dict[str, int] = {}
+    samples = list(samples)
+    if any(_field(sample, "gpu_id") is None for sample in samples):
+        ids = dict(GPU.objects.filter(node_id=node_id).values_list("uuid", "pk"))
     holders: dict[int, set[int]] = defaultdict(set)
     for gpu_id, tenant_id in Allocation.objects.filter(
         gpu__node_id=node_id, released_at__isnull=True
@@ -192,19 +196,19 @@ def publish_samples(*, node_id: int, samples: Iterable[Any]) -> None:
         holders[gpu_id].add(tenant_id)
     rows = []
     for sample in samples:
-        get = sample.get if isinstance(sample, Mapping) else lambda k, s=sample: getattr(s, k, None)
-        gpu_id = ids.get(get("gpu_uuid"))
+        gpu_id = _field(sample, "gpu_id") or ids.get(_field(sample, "gpu_uuid"))
         if gpu_id is None:
             continue
+        at = _field(sample, "at")
         rows.append(
             [
                 gpu_id,
-                get("at"),
-                get("util_gpu"),
-                get("memory_used_mb"),
-                get("memory_total_mb"),
-                get("temperature_c"),
-                get("power_w"),
+                at.timestamp() if isinstance(at, datetime) else at,
+                _field(sample, "util_gpu"),
+                _field(sample, "memory_used_mb"),
+                _field(sample, "memory_total_mb"),
+                _field(sample, "temperature_c"),
+                _field(sample, "power_w"),
             ]
         )
     if not rows:
@@ -214,6 +218,10 @@ def publish_samples(*, node_id: int, samples: Iterable[Any]) -> None:
         mine = [row for row in rows if tenant_id in holders.get(row[0], ())]
         by_group[tenant_group(tenant_id)] = [sample_event(node_id, mine)]
     send(by_group)
+
+
+def _field(sample: Any, name: str) -> Any:
+    return sample.get(name) if isinstance(sample, Mapping) else getattr(sample, name, None)
 
 
 SAMPLE_FIELDS = ["gpu_id", "at", "util", "mem_used_mb", "mem_total_mb", "temp_c", "power_w"]

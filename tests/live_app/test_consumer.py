@@ -4,11 +4,13 @@ samples are held back for a slow browser, how a reconnecting page catches up."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import transaction
+from django.utils import timezone
 
 from gpuplatform.asgi import application
 from live import events
@@ -184,4 +186,43 @@ async def test_bad_messages_get_an_error_naming_the_field(operator, message, fie
     await socket.send_to(text_data="not json")
     answer = await socket.receive_json_from(timeout=5)
     assert (answer["type"], answer["field"]) == ("error", "message")
+    await socket.disconnect()
+
+
+async def test_the_node_agents_sampler_publishes_each_tick(operator, workstation):
+    from scheduling.config import SimulatedGpus
+    from scheduling.inventory import SimulatedBackend
+    from telemetry.sampler import Sampler
+
+    spec = {"model": "NVIDIA GeForce RTX 4090", "memory": "24Gi", "count": 4}
+    backend = SimulatedBackend("workstation-1", SimulatedGpus.model_validate(spec))
+    socket = await connect(await headers(user=operator))
+    await sync_to_async(Sampler(node_name="workstation-1", backend=backend).tick)()
+    frame = await socket.receive_json_from(timeout=5)
+    assert frame["type"] == "samples"
+    gpu_ids = await sync_to_async(lambda: sorted(workstation.gpus.values_list("pk", flat=True)))()
+    assert sorted(row[0] for row in frame["rows"]) == gpu_ids
+    await socket.disconnect()
+
+
+async def test_a_catch_up_brings_the_samples_of_the_gap(teammate, estate):
+    from telemetry.models import GpuSample
+
+    gpu0, gpu1 = estate["gpus"]
+    since = time.time() - 60
+
+    def store():
+        GpuSample.objects.bulk_create(
+            [
+                GpuSample(gpu=gpu, at=timezone.now() - timedelta(seconds=30), util_gpu=util)
+                for gpu, util in ((gpu0, 11), (gpu1, 99))
+            ]
+        )
+
+    await sync_to_async(store)()
+    socket = await connect(await headers(user=teammate.user))
+    await socket.send_json_to({"type": "catch_up", "since": since})
+    answer = await socket.receive_json_from(timeout=5)
+    # Only the GPU the lab's task holds.
+    assert [(row[0], row[2]) for row in answer["samples"]] == [(gpu0.pk, 11)]
     await socket.disconnect()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from monitoring import services as alerts
 from scheduling.models import Task
@@ -157,3 +160,61 @@ def test_history_answers_a_series_for_a_range(client, operator, workstation):
     body = response.json()
     assert set(body) >= {"t", "util", "mem", "power", "start", "end"}
     assert body["end"] - body["start"] == pytest.approx(3600)
+
+
+def store_samples(gpu, *, ago_s: list[float], util: int, power: float = 100.0) -> None:
+    from telemetry.models import GpuSample
+
+    now = timezone.now()
+    GpuSample.objects.bulk_create(
+        [
+            GpuSample(
+                gpu=gpu,
+                at=now - timedelta(seconds=ago),
+                util_gpu=util,
+                memory_used_mb=gpu.memory_mb // 2,
+                memory_total_mb=gpu.memory_mb,
+                temperature_c=60,
+                power_w=power,
+            )
+            for ago in ago_s
+        ]
+    )
+
+
+def test_history_serves_raw_samples_for_short_ranges(client, operator, workstation):
+    gpu0, gpu1 = workstation.gpus.order_by("index")[:2]
+    store_samples(gpu0, ago_s=[30, 20, 10], util=80, power=300.0)
+    store_samples(gpu1, ago_s=[30, 20, 10], util=20, power=100.0)
+    store_samples(gpu0, ago_s=[3600 * 3], util=5)  # outside the range
+    client.force_login(operator)
+    body = client.get(f"/dashboard/history/?node={workstation.pk}&range=15m").json()
+    assert body["resolution"] == "raw"
+    assert len(body["t"]) == 3
+    assert body["util"][str(gpu0.pk)] == [80, 80, 80]
+    assert body["util"][str(gpu1.pk)] == [20, 20, 20]
+    assert body["mem"][str(gpu0.pk)] == [50.0, 50.0, 50.0]
+    assert body["power"] == [400.0, 400.0, 400.0]
+
+
+def test_history_serves_minute_rollups_for_longer_ranges(client, operator, workstation):
+    from telemetry import jobs
+
+    gpu0 = workstation.gpus.get(index=0)
+    store_samples(gpu0, ago_s=[7200 + s for s in range(0, 120, 10)], util=40)
+    now = timezone.now()
+    jobs.rollup_minutes(start=now - timedelta(hours=3), end=now)
+    client.force_login(operator)
+    body = client.get(f"/dashboard/history/?node={workstation.pk}&range=6h").json()
+    assert body["resolution"] == "minute"
+    assert 2 <= len(body["t"]) <= 3  # two minutes of samples, maybe split over three buckets
+    assert set(body["util"][str(gpu0.pk)]) == {40}
+
+
+def test_a_tile_starts_with_the_gpus_latest_sample(client, operator, workstation):
+    gpu0 = workstation.gpus.get(index=0)
+    store_samples(gpu0, ago_s=[5], util=73)
+    client.force_login(operator)
+    page = client.get("/dashboard/").content.decode()
+    tile = page[page.index(f'id="gpu-{gpu0.pk}"') :]
+    assert '<span data-metric="util">73%</span>' in tile[:2000]
