@@ -174,6 +174,9 @@ STORAGES = {
         else "whitenoise.storage.CompressedManifestStaticFilesStorage"
     },
 }
+# Tests and development serve static files straight from the apps and static/ (no
+# collectstatic run first); production serves the collected, hashed copies in STATIC_ROOT.
+WHITENOISE_USE_FINDERS = DEBUG or TESTING
 LOGIN_URL = "admin:login"
 
 # --- Security ----------------------------------------------------------------------------------

@@ -92,7 +92,14 @@ def latest_samples() -> dict[int, dict]:
             [_dt(time.time() - LATEST_WITHIN_S)],
         )
         return {
-            gpu_id: {"util": util, "mem_used_mb": mem, "temp_c": temp, "power_w": power}
+            gpu_id: {
+                "util": util,
+                "mem_used_mb": mem,
+                "temp_c": temp,
+                "power_w": power,
+                # The tile's heatmap hue, as the page's script computes it for live samples.
+                "heat": None if util is None else round(210 - 2.1 * min(util, 100)),
+            }
             for gpu_id, util, mem, temp, power in cursor.fetchall()
         }
 

@@ -87,3 +87,13 @@ def web_server(
             proc.wait()
         if log:
             sink.close()
+
+
+def shell(code: str, **extra_env: str) -> str:
+    """Run ``code`` in a platform process of its own (``manage.py shell -c``): how tests act
+    as the node agent or the scheduler would, from outside the process under test. Returns
+    its standard output; fails the test with its errors if it fails."""
+    result = manage("shell", "-c", code, **extra_env)
+    if result.returncode != 0:
+        raise AssertionError(f"manage.py shell failed:\n{result.stderr}")
+    return result.stdout
