@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 export HOST PORT
 
-.PHONY: run setup test lint bench clean stop-db help
+.PHONY: run setup test lint bench clean stop-db help chromium
 
 help:
 	@echo "make run    set up everything and start web, scheduler and node agent (Ctrl-C stops)"
@@ -29,7 +29,18 @@ var/secret_key:
 	@mkdir -p var && umask 077 && $(BIN)/python -c \
 		'import secrets; print(secrets.token_urlsafe(50))' > var/secret_key
 
-setup: $(STAMP) var/secret_key
+# The browser tests drive Debian's Chromium through Playwright (`playwright install` cannot
+# download browsers everywhere). Installed when missing and possible (root, apt-get); otherwise
+# those tests skip and say why.
+chromium:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; \
+	else echo "chromium: /usr/bin/chromium missing and not installable here (needs root and" \
+		"apt-get): browser tests will skip"; fi
+
+setup: $(STAMP) var/secret_key chromium
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py migrate --noinput
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py createcachetable
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py collectstatic --noinput -v 0
@@ -45,7 +56,7 @@ lint: $(STAMP)
 
 # Each checkout tests in databases of its own (scripts/database_url.py --checkout), dropped at
 # the end however the run ends, so two checkouts can run `make test` at once on one host.
-test: lint
+test: lint chromium
 	@GPUPLATFORM_TESTING=1 $(BIN)/python scripts/database_url.py --checkout gpuplatform -- \
 		bash -c '$(BIN)/python manage.py check --fail-level WARNING && \
 		$(BIN)/python manage.py makemigrations --check --dry-run && \
