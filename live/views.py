@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods
 
-from live import history, selectors
+from live import history, selectors, tiles
 from scheduling import services
 from scheduling.launcher import lifecycle
 from scheduling.models import GPU, Node, Task
@@ -34,6 +34,14 @@ MAX_RANGE_S = 90 * 86400
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
     data = selectors.dashboard()
+    tasks_url = reverse("admin:scheduling_task_changelist")
+    for entry in data["nodes"]:
+        entry["tiles"] = tiles.render_tiles(
+            entry["gpus"],
+            simulated=entry["node"].backend == "simulated",
+            tasks_url=tasks_url,
+            dash_url=reverse("live:dashboard"),
+        )
     config = {
         "socket": "/ws/live/",
         "history": reverse("live:history"),
