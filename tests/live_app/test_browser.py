@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from tests.browser import screenshot
 from tests.factories import NodeFactory, TaskFactory, make_gpus
-from tests.live import shell
+from tests.live import free_port, shell, web_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -158,3 +158,32 @@ def test_the_time_range_picker_loads_history(browser_page, browser_server, opera
     assert page.evaluate("gpDashboard.chartPoints('gp-chart-util')") == 60
     assert "60 points" in page.locator("#gp-range-note").inner_text()
     screenshot(page, "dashboard-history")
+
+
+def test_the_page_says_when_it_is_stale_and_fills_the_gap_after_reconnecting(
+    browser_page, operator, rack, tmp_path
+):
+    from telemetry.models import GpuSample
+
+    port, log = free_port(), tmp_path / "daphne.log"
+    node, gpus = rack["nodes"][0], rack["gpus"][0]
+    with web_server(log=log, port=port, CHANNEL_LAYER="postgres") as base:
+        page = open_dashboard(browser_page, base, operator)
+    # The server is gone: the page says its figures are stale.
+    page.wait_for_selector('#gp-status[data-state="stale"]')
+    assert "stale" in page.locator("#gp-conn").inner_text()
+    screenshot(page, "dashboard-stale")
+    # Samples taken while the page was cut off, as the node agent stores them.
+    now = timezone.now()
+    GpuSample.objects.bulk_create(
+        GpuSample(gpu=gpu, at=now - timedelta(seconds=s), util_gpu=10 * s, power_w=100.0)
+        for s in range(5)
+        for gpu in gpus
+    )
+    with web_server(log=log, port=port, CHANNEL_LAYER="postgres"):
+        page.wait_for_selector('#gp-status[data-state="live"]', timeout=60_000)
+        page.wait_for_function(f"gpDashboard.liveTicks({node.pk}) >= 5")
+        assert page.evaluate("window.loadedOnce") is True  # caught up, not reloaded
+        tile = page.locator(f"#gpu-{gpus[0].pk}")
+        assert tile.locator('[data-metric="util"]').inner_text() == "0%"  # the newest
+        screenshot(page, "dashboard-caught-up")
