@@ -46,6 +46,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "socket": "/ws/live/",
         "history": reverse("live:history"),
         "unackedFrames": settings.LIVE_UNACKED_FRAMES,
+        "renderedAt": data["now"].timestamp(),
         "nodes": [
             {
                 "id": entry["node"].pk,

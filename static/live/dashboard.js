@@ -56,7 +56,8 @@
     switch (message.type) {
       case "hello":
         retryMs = 1000;
-        if (disconnectedAt !== null) send({ type: "catch_up", since: disconnectedAt - 5 });
+        // First connection: what changed between the page's render and now; later ones: the gap.
+        send({ type: "catch_up", since: disconnectedAt === null ? config.renderedAt : disconnectedAt - 5 });
         disconnectedAt = null;
         showStatus();
         break;
@@ -265,6 +266,24 @@
     }
   }
 
+  // The live charts start with the last 15 minutes the history keeps, older than any live point.
+  async function seedLive(nodeId) {
+    const response = await fetch(`${config.history}?node=${nodeId}&range=15m`, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const body = await response.json();
+    const series = ticks[nodeId];
+    const first = series.t.length ? series.t[0] : Infinity;
+    const keep = body.t.map((t, i) => [t, i]).filter(([t]) => t < first);
+    series.t = keep.map(([t]) => t).concat(series.t);
+    Object.keys(series.util).forEach((gpuId) => {
+      const util = body.util[gpuId] || [];
+      const mem = body.mem[gpuId] || [];
+      series.util[gpuId] = keep.map(([, i]) => (util[i] === undefined ? null : util[i])).concat(series.util[gpuId]);
+      series.mem[gpuId] = keep.map(([, i]) => (mem[i] === undefined ? null : mem[i])).concat(series.mem[gpuId]);
+    });
+    scheduleDraw();
+  }
+
   async function loadHistory(query) {
     const note = document.getElementById("gp-range-note");
     note.textContent = gettext("loading…");
@@ -290,6 +309,7 @@
       history = null;
       document.getElementById("gp-range-note").textContent = "";
       rebuildCharts();
+      seedLive(selectedNode());
     } else {
       loadHistory(`range=${encodeURIComponent(value)}`);
     }
@@ -308,10 +328,11 @@
 
   document.getElementById("gp-range").addEventListener("change", onRange);
   document.getElementById("gp-custom-go").addEventListener("click", onCustom);
-  document.getElementById("gp-chart-node").addEventListener("change", () => (mode === "live" ? rebuildCharts() : onRange()));
+  document.getElementById("gp-chart-node").addEventListener("change", onRange);
   window.addEventListener("resize", () => rebuildCharts());
   setInterval(showStatus, 2000);
   rebuildCharts();
+  if (selectedNode() !== null) seedLive(selectedNode());
   connect();
 
   // For people poking at the page and for the browser tests.

@@ -151,6 +151,9 @@ def test_the_time_range_picker_loads_history(browser_page, browser_server, opera
         ]
     )
     page = open_dashboard(browser_page, browser_server, operator)
+    # The live charts start with the last 15 minutes of history...
+    page.wait_for_function(f"gpDashboard.liveTicks({node.pk}) === 60")
+    # ...and the picker reads other ranges.
     page.select_option("#gp-chart-node", str(node.pk))
     page.select_option("#gp-range", "15m")
     page.wait_for_function("gpDashboard.historyPoints() > 0")
