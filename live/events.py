@@ -246,7 +246,9 @@ def send(by_group: Mapping[str, list[dict]]) -> None:
             _send_postgres(layer, messages)
         else:
             for group, message in messages.items():
-                async_to_sync(layer.group_send)(group, message)
+                # In-process layer: an event loop per send is wasted on a group nobody is in.
+                if getattr(layer, "groups", {}).get(group):
+                    async_to_sync(layer.group_send)(group, message)
     except (DatabaseError, OSError, RuntimeError):
         logger.exception("live events not sent")
 

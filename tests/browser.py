@@ -44,9 +44,11 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
-    """One headless Chromium for the session."""
+    """One headless Chromium per test module. Not per session: Playwright's sync API keeps an
+    event loop running in this thread until it stops, and pytest-asyncio's tests cannot run
+    their own loop meanwhile (so keep async tests out of modules that use a browser)."""
     if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
         pytest.skip(f"no Chromium at {CHROMIUM}: run `make setup` as root, or set CHROMIUM")
     sync_api = pytest.importorskip(
