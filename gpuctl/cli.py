@@ -44,6 +44,7 @@ from gpuctl import (
     EXIT_OK,
     EXIT_USAGE,
     __version__,
+    telemetry,
 )
 from gpuctl import output as out
 from gpuctl.client import (
@@ -885,6 +886,10 @@ def cmd_quota(ctx: Context) -> int:
 
 
 def cmd_usage(ctx: Context) -> int:
+    if ctx.args.sampled:
+        sampled = ctx.client.get("usage/sampled/", {"days": ctx.args.days})
+        ctx.show(sampled, lambda: telemetry.sampled_usage_table(sampled))
+        return EXIT_OK
     usage = ctx.client.get("usage/", {"days": ctx.args.days})
 
     def human() -> str:
@@ -1106,6 +1111,12 @@ def build_parser() -> Parser:
     command("quota", cmd_quota, "your tenant's limits, what it uses now, its fair share")
     sub = command("usage", cmd_usage, "GPU-hours per day")
     sub.add_argument("--days", type=positive, default=30, help="how many days back (30)")
+    sub.add_argument(
+        "--sampled",
+        action="store_true",
+        help="per member: GPU-hours held, used (utilisation-weighted) and idle, from samples",
+    )
+    telemetry.add_commands(command)
 
     token = commands.add_parser(
         "token",

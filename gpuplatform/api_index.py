@@ -22,10 +22,14 @@ RESOURCES = [
     ("pools", "pool-list", "pools with their node and GPU counts"),
     ("quota", "quota", "your tenant's limits, what it uses now, its fair-share standing"),
     ("usage", "usage", "GPU-hours per day"),
+    ("usage/sampled", "usage-sampled", "GPU-hours held, used and idle per day and member"),
+    ("gpus/live", "gpu-live", "every GPU's newest sample: load, memory, temperature, holder"),
+    ("alerts", "alert-list", "alerts about your tenant's tasks (idle GPUs, XIDs)"),
     ("tokens", "token-list", "your API tokens in this tenant; create and revoke them"),
     ("operator/tasks", "operator-task-list", "every tenant's tasks (operators only)"),
     ("operator/tenants", "operator-tenant-list", "tenants and their members (operators only)"),
     ("operator/quotas", "operator-quota-list", "quotas (operators only)"),
+    ("operator/alerts", "operator-alert-list", "every alert (operators only)"),
 ]
 AUTHENTICATION = (
     "Authorization: Bearer <token> (from `gpuctl token create`, the first `make run`, or "

@@ -13,6 +13,8 @@ api_patterns = [
     path("", api_index.ApiIndex.as_view(), name="index"),
     path("", include("tenants.api_urls")),
     path("", include("scheduling.api_urls")),
+    path("", include("telemetry.api_urls")),
+    path("", include("monitoring.api_urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
 ]

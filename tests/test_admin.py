@@ -31,6 +31,7 @@ from scheduling.models import (
     Task,
     TaskEvent,
 )
+from telemetry.models import SimulatedFault, XidRecord
 from tenants.models import ApiToken, Quota, Role, Tenant
 from tests.factories import (
     AllocationFactory,
@@ -79,6 +80,8 @@ def estate(owner, workstation):
     alert_raise(kind="gpu_memory_overuse", severity="warning", message="qwen-sft over",
                 gpu=gpu, task=task)  # fmt: skip
     Group.objects.create(name="operators").user_set.add(owner.user)
+    XidRecord.objects.create(gpu=gpu, xid=79, at=timezone.now(), task=task, action="drain")
+    SimulatedFault.objects.create(gpu=gpu, kind="temperature", value=95)
 
     now = timezone.now()
     Schedule.objects.create(func="scheduling.tasks.mark_silent_nodes", schedule_type="I")

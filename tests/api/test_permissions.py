@@ -26,8 +26,11 @@ from typing import Any
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
+from django.utils import timezone
 
+from monitoring.models import Alert
 from scheduling.models import GPU, Task, TaskAttempt
+from telemetry.models import GpuSample
 from tenants import services as tenant_services
 from tenants.models import ApiToken, Membership, Quota, Role
 from tests.api.conftest import api_client, assert_error_shape, bearer, make_actor
@@ -142,6 +145,18 @@ MATRIX = [
     _e("GET", "gpus/", TENANT, CLUSTER),
     _e("GET", "pools/", TENANT, CLUSTER),
     _e("GET", "operator/tasks/", OPERATOR),
+    # telemetry.api_urls
+    _e("GET", "tasks/{running}/metrics/", TENANT, OBJECT),
+    _e("GET", "gpus/live/", TENANT, CLUSTER),
+    _e("GET", "usage/sampled/", TENANT, CALLER),
+    _e("GET", "operator/tasks/{running}/metrics/", OPERATOR),
+    _e("GET", "operator/gpus/{gpu}/metrics/", OPERATOR),
+    _e("GET", "operator/nodes/workstation-1/metrics/", OPERATOR),
+    _e("GET", "operator/gpus/live/", OPERATOR),
+    _e("GET", "operator/usage/sampled/", OPERATOR),
+    # monitoring.api_urls
+    _e("GET", "alerts/", TENANT, LIST),
+    _e("GET", "operator/alerts/", OPERATOR),
     _e("POST", "operator/gpus/{gpu}/drain/", OPERATOR),
     _e("POST", "operator/gpus/{gpu}/undrain/", OPERATOR),
     _e("POST", "operator/nodes/workstation-1/drain/", OPERATOR),
@@ -253,6 +268,14 @@ def world(owner, teammate, outsider, viewer, operator, workstation, tmp_path) ->
     log = tmp_path / "attempt-1.log"
     log.write_text("alice-secret log line\n")
     TaskAttempt.objects.create(task=running, number=1, node=workstation, log_path=str(log))
+    # A sample of the lab's GPU: live views must not show the outsider whose it is.
+    GpuSample.objects.create(
+        gpu=gpus[0], at=timezone.now(), task=running, tenant=lab, util_gpu=90, simulated=True
+    )
+    Alert.objects.create(
+        kind="gpu_idle", severity="warning", gpu=gpus[0], task=running,
+        message="alice-secret-running holds an idle GPU",
+    )  # fmt: skip
     TaskFactory(tenant=outsider.tenant, owner=outsider.user, name="charlie-own-run")
     spare, _ = tenant_services.apitoken_create(user=teammate.user, tenant=lab, name="spare")
     quota = Quota.objects.create(tenant=lab, max_gpus=4)
@@ -319,6 +342,11 @@ def check_outsider(world: World, endpoint: Endpoint) -> None:
         assert {t["tenant"] for t in body["results"]} == {"nlp-lab"}
     if endpoint.path.endswith("/members/"):
         assert sorted(m["username"] for m in body["results"]) == ["charlie", "erin"]
+    if endpoint.path.endswith("/alerts/"):
+        assert body["results"] == []
+    if endpoint.path.endswith("/gpus/live/"):
+        assert [g["tenant"] for g in body] == ["another tenant", None, None, None]
+        assert all(g.get("task") is None for g in body)
     if endpoint.path.endswith("/gpus/"):
         assert body["count"] == 4
         assert all(gpu["my_tasks"] == [] for gpu in body["results"])

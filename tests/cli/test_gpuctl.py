@@ -370,3 +370,49 @@ def test_logs_tail_follow_and_interrupt(server, gpuctl, owner, workstation, tmp_
     interrupted.send_signal(signal.SIGINT)
     _, stderr = interrupted.communicate(timeout=15)
     assert (interrupted.returncode, stderr) == (130, "")
+
+
+@live_db
+def test_top_metrics_and_sampled_usage(server, gpuctl, owner, outsider, workstation):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from telemetry import jobs
+    from telemetry.models import GpuSample
+
+    gpu = workstation.gpus.get(index=0)
+    task = TaskFactory(tenant=owner.tenant, owner=owner.user, name="busy-run", state="running")
+    start = timezone.now().replace(microsecond=0) - timedelta(minutes=3)
+    AllocationFactory(task=task, gpu=gpu, started_at=start, exclusive=True, memory_mb=20480)
+    GpuSample.objects.bulk_create(
+        GpuSample(gpu=gpu, at=start + timedelta(seconds=s), task=task, tenant=owner.tenant,
+                  util_gpu=75, memory_used_mb=20480, memory_total_mb=24576, temperature_c=66,
+                  power_w=310.0, power_limit_w=450.0, simulated=True)
+        for s in range(180)
+    )  # fmt: skip
+    jobs.rollup_minutes(start=start, end=timezone.now())
+    gpuctl.ok("login", "--url", server, "--token", owner.token)
+
+    top = gpuctl.ok("top", "--once")
+    header, first, *others = top.splitlines()
+    assert header.split()[:3] == ["NODE", "GPU", "UTIL"]
+    assert "75%" in first and "vision-lab" in first and f"{task.pk}:busy-run" in first
+    assert "66 °C" in first and "20Gi/24Gi" in first
+    assert "simulated GPUs" in top
+    assert json.loads(gpuctl.ok("top", "-o", "json"))[0]["task"] == task.pk
+
+    history = gpuctl.ok("metrics", str(task.pk), "--step", "1m")
+    assert history.startswith("source: 1m")
+    assert history.count("75%") >= 3
+    assert json.loads(gpuctl.ok("metrics", str(task.pk), "-o", "json"))["source"] == "raw"
+    bad = gpuctl("metrics", str(task.pk), "--step", "soon")
+    assert bad.returncode != 0 and "step" in bad.stderr
+
+    usage = gpuctl.ok("usage", "--sampled", "--days", "1")
+    assert usage.splitlines()[1].split() == ["DAY", "MEMBER", "HELD", "USED", "IDLE"]
+    assert "alice" in usage
+
+    gpuctl.ok("login", "--url", server, "--token", outsider.token)
+    assert gpuctl("metrics", str(task.pk)).returncode == 5  # another tenant's task: not found
+    assert "vision-lab" not in gpuctl.ok("top", "--once")

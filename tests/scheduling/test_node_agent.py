@@ -22,6 +22,7 @@ from scheduling.agent import AgentError, NodeAgent, resolve_node_name
 from scheduling.config import EstateConfig, SimulatedGpus, parse_config
 from scheduling.inventory import SimulatedBackend
 from scheduling.models import GPU, GpuState, Node, NodeState
+from telemetry.models import GpuSample
 
 NODE = "workstation-1"
 SIMULATE = {"model": "NVIDIA GeForce RTX 4090", "memory": "24Gi", "count": 4}
@@ -245,6 +246,12 @@ def test_the_agent_heartbeats_until_sigterm_then_exits_cleanly(tmp_path):
         assert agent.poll() is None, agent.communicate()[0]
         assert len(heartbeats) == 3, f"heartbeats seen: {heartbeats}"
         assert GPU.objects.filter(node__name=NODE, state=GpuState.AVAILABLE).count() == 4
+        # Its sampler thread writes every GPU each second, beside the heartbeat.
+        samples = GpuSample.objects.filter(gpu__node__name=NODE)
+        while samples.count() < 8 and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+        assert samples.values("gpu").distinct().count() == 4
+        assert not samples.filter(simulated=False).exists()
 
         agent.send_signal(signal.SIGTERM)
         output, _ = agent.communicate(timeout=10)

@@ -61,3 +61,28 @@ def test_a_sample_of_a_gpu_unknown_to_the_database_is_dropped(backend, db):
     NodeFactory(name="workstation-1")  # registered, its GPUs not yet
     assert Sampler(node_name="workstation-1", backend=backend).tick() == 0
     assert not GpuSample.objects.exists()
+
+
+def test_a_failing_read_is_logged_and_sampling_goes_on(
+    transactional_db, backend, workstation, monkeypatch
+):
+    # transactional: the sampler thread reads with its own connection.
+    import threading
+
+    calls = []
+    enough = threading.Event()
+
+    def broken(**kwargs):
+        calls.append(1)
+        if len(calls) >= 3:
+            enough.set()
+        raise RuntimeError("NVML: GPU is lost")
+
+    monkeypatch.setattr(backend, "sample", broken)
+    sampler = Sampler(node_name="workstation-1", backend=backend, interval_s=0.01)
+    sampler.start()
+    try:
+        assert enough.wait(10), "the sampler stopped after a failed read"
+    finally:
+        sampler.stop()
+    assert sampler.errors >= 3 and not sampler._thread.is_alive()

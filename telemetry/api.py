@@ -1,0 +1,290 @@
+"""Metrics API under /api/v1/: a task's GPU history for its tenant; any GPU's, node's or
+task's for operators; the newest sample of every GPU (``gpuctl top``); usage from samples."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
+from gpuplatform.units import parse_duration_s
+from scheduling.models import GPU, Node, Task
+from telemetry import selectors
+
+RANGE_PARAMETERS = [
+    OpenApiParameter(
+        "start", OpenApiTypes.DATETIME, description="ISO 8601; default: end minus since"
+    ),
+    OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO 8601; default: now"),
+    OpenApiParameter(
+        "since",
+        str,
+        description="range length when start is omitted (15m, 6h, "
+        "30d); default 1h, or the task's whole run",
+    ),  # fmt: skip
+    OpenApiParameter(
+        "step",
+        str,
+        description="bucket width (1s, 1m, 1h); default: about 300 points. Under a minute "
+        "reads raw samples, under an hour the 1-minute rollups, else the 1-hour rollups",
+    ),
+]
+MAX_USAGE_DAYS = 366
+
+SeriesOut = inline_serializer(
+    "MetricSeries",
+    {
+        "source": serializers.ChoiceField(choices=["raw", "1m", "1h"]),
+        "step": serializers.IntegerField(help_text="seconds"),
+        "start": serializers.DateTimeField(),
+        "end": serializers.DateTimeField(),
+        "columns": serializers.ListField(child=serializers.CharField()),
+        "series": inline_serializer(
+            "GpuSeries",
+            {
+                "gpu": serializers.CharField(help_text="UUID"),
+                "index": serializers.IntegerField(),
+                "node": serializers.CharField(),
+                "points": serializers.ListField(child=serializers.ListField()),
+            },
+            many=True,
+        ),
+    },
+)
+
+
+class RangeError(Exception):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field, self.reason = field, reason
+
+
+def _range(request: Request, *, default_start: datetime | None = None,
+           default_end: datetime | None = None) -> tuple[datetime, datetime, int]:  # fmt: skip
+    params = request.query_params
+    end = _moment(params, "end") or default_end or timezone.now()
+    start = _moment(params, "start")
+    if start is None:
+        if "since" in params or default_start is None:
+            start = end - timedelta(seconds=_duration(params, "since", "1h"))
+        else:
+            start = default_start
+    if start >= end:
+        raise RangeError("start", "must be before end")
+    span = (end - start).total_seconds()
+    if "step" in params:
+        step = _duration(params, "step", "")
+    else:
+        step = max(1, math.ceil(span / 300))
+    if span / step > selectors.MAX_POINTS:
+        raise RangeError(
+            "step", f"gives {math.ceil(span / step)} points per GPU; at most "
+            f"{selectors.MAX_POINTS}: use a larger step or a shorter range"
+        )  # fmt: skip
+    return start, end, step
+
+
+def _moment(params, field: str) -> datetime | None:
+    raw = params.get(field)
+    if raw is None:
+        return None
+    try:
+        value = parse_datetime(raw)
+    except ValueError:
+        value = None
+    if value is None:
+        raise RangeError(field, f"expected an ISO 8601 date and time, got {raw!r}")
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, timezone.get_current_timezone())
+    return value
+
+
+def _duration(params, field: str, default: str) -> int:
+    try:
+        return parse_duration_s(params.get(field, default), field="")
+    except ValueError as exc:
+        raise RangeError(field, str(exc)) from None
+
+
+def _answer(request: Request, windows_for, **defaults) -> Response:
+    try:
+        start, end, step = _range(request, **defaults)
+    except RangeError as exc:
+        return errors_response({exc.field: [exc.reason]})
+    data = selectors.series(windows=windows_for(start, end), start=start, end=end, step_s=step)
+    return Response({**data, "start": start.isoformat(), "end": end.isoformat()})
+
+
+def _task_answer(request: Request, task: Task) -> Response:
+    windows = selectors.task_windows(task=task)
+    return _answer(
+        request,
+        lambda start, end: windows,
+        default_start=min((w.start for w in windows), default=None),
+        default_end=(task.finished_at + timedelta(seconds=1)) if task.finished_at else None,
+    )
+
+
+class TaskMetrics(APIView):
+    """Your task's GPUs while it held them: utilisation, memory, temperature, power."""
+
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    def get(self, request: Request, pk: int) -> Response:
+        task = selectors.task_metrics_get(tenant=request_tenant(request).tenant, pk=pk)
+        return _task_answer(request, task)
+
+
+class OperatorTaskMetrics(APIView):
+    """Any tenant's task's GPU metrics (operators)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    def get(self, request: Request, pk: int) -> Response:
+        return _task_answer(request, get_object_or_404(Task, pk=pk))
+
+
+class GpuMetrics(APIView):
+    """One GPU's metrics, whoever held it (operators)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    def get(self, request: Request, pk: int) -> Response:
+        gpu = get_object_or_404(GPU, pk=pk)
+        return _answer(
+            request, lambda start, end: selectors.gpu_windows(gpus=[gpu], start=start, end=end)
+        )
+
+
+class NodeMetrics(APIView):
+    """Every GPU of one node (operators)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    def get(self, request: Request, name: str) -> Response:
+        node = get_object_or_404(Node, name=name)
+        gpus = selectors.node_gpus(node=node)
+        return _answer(
+            request, lambda start, end: selectors.gpu_windows(gpus=gpus, start=start, end=end)
+        )
+
+
+LiveOut = inline_serializer(
+    "GpuLive",
+    {
+        "node": serializers.CharField(),
+        "index": serializers.IntegerField(),
+        "uuid": serializers.CharField(),
+        "model": serializers.CharField(),
+        "state": serializers.CharField(),
+        "sampled_at": serializers.DateTimeField(allow_null=True),
+        "util_gpu": serializers.IntegerField(required=False, allow_null=True),
+        "memory_used_mb": serializers.IntegerField(required=False, allow_null=True),
+        "memory_total_mb": serializers.IntegerField(required=False, allow_null=True),
+        "temperature_c": serializers.IntegerField(required=False, allow_null=True),
+        "power_w": serializers.FloatField(required=False, allow_null=True),
+        "simulated": serializers.BooleanField(required=False),
+        "tenant": serializers.CharField(required=False, allow_null=True),
+        "task": serializers.IntegerField(required=False, allow_null=True),
+    },
+    many=True,
+)
+
+
+class GpuLive(APIView):
+    """Every GPU's newest sample (at most a minute old), with the task and tenant holding it
+    where that is your tenant (other tenants' work shows as "another tenant")."""
+
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(responses=LiveOut)
+    def get(self, request: Request) -> Response:
+        tenant = request_tenant(request).tenant
+        return Response(selectors.latest_samples(tenant=tenant))
+
+
+class OperatorGpuLive(APIView):
+    """Every GPU's newest sample with every holder's task and tenant (operators)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=LiveOut)
+    def get(self, request: Request) -> Response:
+        return Response(selectors.latest_samples(tenant=None))
+
+
+UsageOut = inline_serializer(
+    "SampledUsage",
+    {
+        "days": serializers.IntegerField(),
+        "rows": inline_serializer(
+            "SampledUsageRow",
+            {
+                "day": serializers.DateField(),
+                "tenant": serializers.CharField(),
+                "member": serializers.CharField(),
+                "allocated_gpu_hours": serializers.FloatField(),
+                "used_gpu_hours": serializers.FloatField(),
+                "idle_gpu_hours": serializers.FloatField(),
+            },
+            many=True,
+        ),
+    },
+)
+
+
+def _days(request: Request) -> int | Response:
+    raw = request.query_params.get("days", "30")
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_USAGE_DAYS:
+        return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
+    return int(raw)
+
+
+class SampledUsage(APIView):
+    """Your tenant's GPU-hours per day and member: held, actually used (weighted by
+    utilisation) and idle while held, measured from the samples."""
+
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("days", int, description="default 30")], responses=UsageOut
+    )
+    def get(self, request: Request) -> Response:
+        days = _days(request)
+        if isinstance(days, Response):
+            return days
+        tenant = request_tenant(request).tenant
+        return Response(
+            {"days": days, "rows": selectors.usage_from_samples(tenant=tenant, days=days)}
+        )
+
+
+class OperatorSampledUsage(APIView):
+    """Every tenant's sampled GPU-hours per day and member (operators)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("days", int, description="default 30")], responses=UsageOut
+    )
+    def get(self, request: Request) -> Response:
+        days = _days(request)
+        if isinstance(days, Response):
+            return days
+        return Response(
+            {"days": days, "rows": selectors.usage_from_samples(tenant=None, days=days)}
+        )
