@@ -128,14 +128,18 @@ def dashboard() -> dict:
         .annotate(count=Count("id"))
         .order_by("tenant__name", "task_class")
     )
+    # Not the spec, environment or command: a task's can be large and the page shows none.
+    heavy = ("spec", "env", "command")
     queue_head = list(
         pending.select_related("tenant")
+        .defer(*heavy)
         .annotate(position=Cast(KT("wait__position"), IntegerField()))
         .order_by("position", "-priority", "id")[:QUEUE_ROWS]
     )
     running = list(
         Task.objects.filter(state__in=HOLDS_GPUS)
         .select_related("tenant", "node")
+        .defer(*heavy)
         .order_by("started_at", "id")[:RUNNING_ROWS]
     )
     for task in running:

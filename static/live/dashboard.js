@@ -326,11 +326,27 @@
   function gettext(text) { return window.django && window.django.gettext ? window.django.gettext(text) : text; }
   function interpolate(text, args) { let i = 0; return text.replace(/%s/g, () => String(args[i++])); }
 
+  // Runtimes keep counting between renders (rendered in seconds as of the page's render).
+  function duration(seconds) {
+    const h = Math.floor(seconds / 3600);
+    const m = Math.floor((seconds % 3600) / 60);
+    return h ? `${h} h ${m} min` : m ? `${m} min ${Math.floor(seconds % 60)} s` : `${Math.floor(seconds)} s`;
+  }
+  function tickRuntimes() {
+    const elapsed = Date.now() / 1000 - config.renderedAt;
+    document.querySelectorAll(".gp-runtime[data-seconds]").forEach((cell) => {
+      if (cell.dataset.seconds === "" || cell.closest("tr").classList.contains("gp-resolved")) return;
+      cell.textContent = duration(Number(cell.dataset.seconds) + elapsed);
+    });
+  }
+
   document.getElementById("gp-range").addEventListener("change", onRange);
   document.getElementById("gp-custom-go").addEventListener("click", onCustom);
   document.getElementById("gp-chart-node").addEventListener("change", onRange);
   window.addEventListener("resize", () => rebuildCharts());
   setInterval(showStatus, 2000);
+  setInterval(tickRuntimes, 1000);
+  tickRuntimes();
   rebuildCharts();
   if (selectedNode() !== null) seedLive(selectedNode());
   connect();

@@ -24,7 +24,13 @@ def rack(lab, outsider):
 
     nodes = [NodeFactory(name=f"gpu-node-{i}") for i in (1, 2)]
     gpus = [make_gpus(node, count=4) for node in nodes]
-    task = TaskFactory(tenant=lab, name="resnet-50", state="running", node=nodes[0])
+    task = TaskFactory(
+        tenant=lab,
+        name="resnet-50",
+        state="running",
+        node=nodes[0],
+        started_at=timezone.now() - timedelta(seconds=3700),
+    )
     AllocationFactory(task=task, gpu=gpus[0][0], exclusive=True, memory_mb=gpus[0][0].memory_mb)
     TaskFactory(tenant=outsider.tenant, name="bert-large", reason="waiting for 8 GPUs")
     return {"nodes": nodes, "gpus": gpus, "task": task}
@@ -70,6 +76,8 @@ def test_the_dashboard_loads(browser_page, browser_server, operator, rack):
     assert "resnet-50" in page.locator(f"#gpu-{rack['gpus'][0][0].pk}").inner_text()
     assert "waiting for 8 GPUs" in page.locator("#gp-pending-table").inner_text()
     assert page.locator("#gp-status").get_attribute("data-state") == "live"
+    runtime = page.locator(f'tr[data-task-id="{rack["task"].pk}"] .gp-runtime').inner_text()
+    assert runtime.startswith("1 h 1 min")  # counted on by the page since its render
     screenshot(page, "dashboard")
 
 
