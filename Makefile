@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 export HOST PORT
 
-.PHONY: run setup test lint bench clean stop-db help messages
+.PHONY: run setup test lint bench clean stop-db help messages chromium
 
 help:
 	@echo "make run    set up everything and start web, scheduler and node agent (Ctrl-C stops)"
@@ -39,7 +39,19 @@ messages:
 	@for po in locale/*/LC_MESSAGES/django.po; do \
 		msgfmt --check-format -o "$${po%.po}.mo" "$$po" || exit 1; done
 
-setup: $(STAMP) var/secret_key messages
+# The browser tests drive Debian's Chromium through Playwright (`playwright install` cannot
+# download browsers everywhere), with CJK fonts so the Chinese pages render as people see them.
+# Installed when missing and possible (root, apt-get); otherwise those tests skip and say why.
+BROWSER_PACKAGES := chromium fonts-noto-cjk
+chromium:
+	@if [ -x /usr/bin/chromium ] && dpkg -s fonts-noto-cjk >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y $(BROWSER_PACKAGES) || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(BROWSER_PACKAGES); }; \
+	else echo "chromium: /usr/bin/chromium missing and not installable here (needs root and" \
+		"apt-get): browser tests will skip"; fi
+
+setup: $(STAMP) var/secret_key messages chromium
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py migrate --noinput
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py createcachetable
 	SECRET_KEY_FILE=var/secret_key $(BIN)/python manage.py collectstatic --noinput -v 0
@@ -55,7 +67,7 @@ lint: $(STAMP)
 
 # Each checkout tests in databases of its own (scripts/database_url.py --checkout), dropped at
 # the end however the run ends, so two checkouts can run `make test` at once on one host.
-test: lint messages
+test: lint messages chromium
 	@GPUPLATFORM_TESTING=1 $(BIN)/python scripts/database_url.py --checkout gpuplatform -- \
 		bash -c '$(BIN)/python manage.py check --fail-level WARNING && \
 		$(BIN)/python manage.py makemigrations --check --dry-run && \

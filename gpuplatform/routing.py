@@ -1,17 +1,18 @@
-"""Websocket routes. Live GPU charts and task updates register their consumers here."""
+"""Websocket routes: each app's consumers, then a catch-all that closes with 4404."""
 
 from __future__ import annotations
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import re_path
 
+from live.routing import websocket_urlpatterns as live_routes
 from portal.routing import websocket_urlpatterns as portal_routes
 
 # The close code for a websocket path that matches no route (HTTP's 404 in the 4000-4999
 # range the websocket protocol leaves to applications).
 CLOSE_NOT_FOUND = 4404
 
-websocket_urlpatterns: list = [*portal_routes]
+websocket_urlpatterns: list = [*live_routes, *portal_routes]
 
 
 class UnknownPath(AsyncWebsocketConsumer):

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "monitoring",
     "telemetry",
     "portal",
+    "live",
 ]
 
 MIDDLEWARE = [
@@ -320,7 +321,13 @@ if TESTING:
     Q_CLUSTER = {**Q_CLUSTER, "sync": env.boolean("Q_SYNC", True)}
 
 # --- Channels ----------------------------------------------------------------------------------
-if TESTING:
+# postgres: channels_postgres (LISTEN/NOTIFY), which carries events from the node agent and the
+# scheduler to the web processes; memory: one process only, the default of in-process tests.
+# Tests that start daphne and a publisher as separate processes ask for postgres (NOTES.md).
+CHANNEL_LAYER = env.choice(
+    "CHANNEL_LAYER", "memory" if TESTING else "postgres", ("postgres", "memory")
+)
+if CHANNEL_LAYER == "memory":
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 else:
     CHANNEL_LAYERS = {
@@ -330,6 +337,9 @@ else:
             "CONFIG": {**_default_db, "TIME_ZONE": None, "capacity": 1000},
         }
     }
+# Live dashboard: sample frames a websocket may have unacknowledged before newer samples replace
+# older ones instead of queueing (a slow browser loses old points, never slows the sender).
+LIVE_UNACKED_FRAMES = env.integer("LIVE_UNACKED_FRAMES", 2, minimum=1)
 
 # --- The GPU estate ---------------------------------------------------------------------------
 GPUPLATFORM_CONFIG = Path(

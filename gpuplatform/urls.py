@@ -40,6 +40,7 @@ urlpatterns = [
     path("i18n/", include("django.conf.urls.i18n")),
     path("portal/", include("portal.urls")),
     path("admin/", admin.site.urls),
+    path("dashboard/", include("live.urls")),
     path("api/v1/", include((api_patterns, "api"))),
     # Kubernetes-style probes: liveness never touches the database, readiness does. /healthz
     # is readiness under its older name (make run and load balancers poll it).

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from live import events as live
 from monitoring import webhook
 from monitoring.models import Alert
 from scheduling.models import GPU, Node, Task
@@ -53,12 +54,14 @@ def alert_raise(
                 raise
         else:
             logger.warning("alert opened: %s", alert)
+            live.publish_alert(alert)
             webhook.notify(alert_ids=[alert.pk], event="opened")
             return alert
     alert.severity = severity
     alert.message = message
     alert.last_seen_at = now
     alert.save(update_fields=["severity", "message", "last_seen_at"])
+    live.publish_alert(alert)
     return alert
 
 
@@ -121,25 +124,14 @@ def _open(kind: str, subject: dict[str, int | None]) -> QuerySet[Alert]:
 
 def _resolve(alerts: QuerySet[Alert]) -> int:
     # One conditional UPDATE: an alert resolved concurrently is not resolved (or counted) twice.
-    ids = (
-        list(
-            Alert.objects.filter(
-                pk__in=alerts.filter(resolved_at__isnull=True).values("pk"),
-                resolved_at__isnull=True,
-            )
-            .order_by()
-            .values_list("pk", flat=True)
-        )
-        if webhook.webhook_url()
-        else None
+    # The ids first: the webhook and the live dashboard are told which alerts closed.
+    ids = list(alerts.filter(resolved_at__isnull=True).order_by().values_list("pk", flat=True))
+    count = Alert.objects.filter(pk__in=ids, resolved_at__isnull=True).update(
+        resolved_at=timezone.now()
     )
-    if ids is None:
-        count = alerts.filter(resolved_at__isnull=True).update(resolved_at=timezone.now())
-    else:
-        count = Alert.objects.filter(pk__in=ids, resolved_at__isnull=True).update(
-            resolved_at=timezone.now()
-        )
-        webhook.notify(alert_ids=ids, event="resolved")
+    webhook.notify(alert_ids=ids, event="resolved")
     if count:
         logger.info("%d alert(s) resolved", count)
+        for alert in Alert.objects.filter(pk__in=ids):
+            live.publish_alert(alert)
     return count

@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
+from live import events as live
 from scheduling import estate, fairshare, passes, services, states
 from scheduling.launcher import lifecycle
 from scheduling.models import (
@@ -109,6 +110,16 @@ def schedule_pass() -> PassResult:
             last_waiting=result.waiting,
         )
         store_line(decision.line)
+        live.publish_scheduler(
+            {
+                "passes": SchedulerState.objects.values_list("passes", flat=True).get(pk=1),
+                "last_pass_at": now.timestamp(),
+                "last_pass_ms": round(result.ms, 1),
+                "placed": len(result.placed),
+                "preempted": len(result.preempted),
+                "waiting": result.waiting,
+            }
+        )
     if result.placed or result.preempted or result.failed:
         logger.info(
             "pass: %d placed, %d preempted, %d failed (dependencies), %d waiting, %.1f ms",
@@ -352,7 +363,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                    wait_digest = 0
               FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::bigint[]) AS node_id) AS v
              WHERE t.id = v.id AND t.state = %s
-         RETURNING t.id, t.attempt
+         RETURNING t.id, t.attempt, t.tenant_id
             """,
             [
                 TaskState.SCHEDULED,
@@ -363,8 +374,11 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                 TaskState.PENDING,
             ],
         )
-        attempts = dict(cursor.fetchall())
+        returned = cursor.fetchall()
+    attempts = {task_id: attempt for task_id, attempt, _ in returned}
+    tenants = {task_id: tenant_id for task_id, _, tenant_id in returned}
     allocations = []
+    placed = []
     events = []
     for placement in decision.placements:
         attempt = attempts.get(placement.task_id)
@@ -382,6 +396,10 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                 )
             )
         gpus = ", ".join(str(gpu_id) for gpu_id, _ in placement.gpus) or "none"
+        gpu_ids = [gpu_id for gpu_id, _ in placement.gpus]
+        placed.append(
+            (placement.task_id, tenants[placement.task_id], node_ids[placement.node], gpu_ids)
+        )
         events.append(
             TaskEvent(
                 task_id=placement.task_id,
@@ -394,6 +412,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
         )
     Allocation.objects.bulk_create(allocations)
     TaskEvent.objects.bulk_create(events)
+    live.publish_placements(placed)
     return list(attempts)
 
 
@@ -454,9 +473,12 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
                        wait_digest = (%s::bigint[])[v.n]
                   FROM unnest(%s::bigint[], %s::int[]) AS v(id, n)
                  WHERE t.id = v.id AND t.state = %s
+             RETURNING t.id, t.tenant_id, t.reason
                 """,
                 [reasons, records, digest_of, ids, which, TaskState.PENDING.value],
             )
+            # Only the reasons that changed: an unchanged queue costs the pages nothing.
+            live.publish_reasons(cursor.fetchall())
     return count
 
 

@@ -13,6 +13,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
+from live import events as live
 from scheduling import passes, states
 from scheduling.inventory import GpuInfo
 from scheduling.models import GPU, Allocation, GpuState, Node, NodeState, Pool, Task, TaskEvent
@@ -96,6 +97,7 @@ def task_transition(
         attempt=task.attempt,
         actor=actor,
     )
+    live.publish_tasks([task])
     # Freed GPUs, a task back in the queue, or a serial queue's head gone: the next may start.
     frees = from_state in states.HOLDS_GPUS and to_state not in states.HOLDS_GPUS
     if wake_scheduler and (frees or to_state in states.TERMINAL or to_state == TaskState.PENDING):
@@ -136,6 +138,7 @@ def task_set_priority(
         attempt=task.attempt,
         actor=by,
     )
+    live.publish_tasks([task])
     if task.state == TaskState.PENDING:
         passes.request_pass()  # its place in line changed
     return task
@@ -210,6 +213,8 @@ def node_register(
         if gpu.state == GpuState.OFFLINE and gpu.state_reason in (VANISHED, NODE_SILENT):
             _resume(gpu, GpuState.AVAILABLE)
         gpu.save()
+    live.publish_nodes([node])
+    live.publish_gpus(GPU.objects.filter(node=node))
     passes.request_pass()
     return node
 
@@ -231,7 +236,9 @@ def node_heartbeat(*, name: str) -> bool:
             )
             logger.info("node %s is back: heartbeat resumed", name)
             passes.request_pass()
+            live.publish_gpus(GPU.objects.filter(node=node))
         node.save(update_fields=["last_heartbeat", "state", "state_reason", "resume_state"])
+        live.publish_nodes([node])
     return True
 
 
@@ -258,6 +265,9 @@ def nodes_mark_silent(*, offline_after: timedelta, now: datetime | None = None) 
             state=GpuState.OFFLINE, state_reason=NODE_SILENT, resume_state=GpuState.AVAILABLE
         )
         logger.warning("node %s marked offline: no heartbeat since %s", node, node.last_heartbeat)
+    if silent:
+        live.publish_nodes(silent)
+        live.publish_gpus(GPU.objects.filter(node__in=silent))
     return [node.name for node in silent]
 
 
@@ -277,9 +287,12 @@ def _drained_reason(actor: AbstractBaseUser | None) -> str:
 def gpus_drain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) -> int:
     """Let running work finish on these GPUs but place nothing new. Returns how many changed."""
     ids = [gpu.pk for gpu in gpus]
-    return GPU.objects.filter(pk__in=ids, state=GpuState.AVAILABLE).update(
+    count = GPU.objects.filter(pk__in=ids, state=GpuState.AVAILABLE).update(
         state=GpuState.DRAINING, state_reason=_drained_reason(actor)
     )
+    if count:
+        live.publish_gpus(GPU.objects.filter(pk__in=ids))
+    return count
 
 
 def gpus_undrain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) -> int:
@@ -289,15 +302,19 @@ def gpus_undrain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) 
         state=GpuState.AVAILABLE, state_reason=""
     )
     if count:
+        live.publish_gpus(GPU.objects.filter(pk__in=ids))
         passes.request_pass()
     return count
 
 
 def nodes_drain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None) -> int:
     ids = [node.pk for node in nodes]
-    return Node.objects.filter(pk__in=ids, state=NodeState.AVAILABLE).update(
+    count = Node.objects.filter(pk__in=ids, state=NodeState.AVAILABLE).update(
         state=NodeState.DRAINING, state_reason=_drained_reason(actor)
     )
+    if count:
+        live.publish_nodes(Node.objects.filter(pk__in=ids))
+    return count
 
 
 def nodes_undrain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None) -> int:
@@ -306,5 +323,6 @@ def nodes_undrain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = Non
         state=NodeState.AVAILABLE, state_reason=""
     )
     if count:
+        live.publish_nodes(Node.objects.filter(pk__in=ids))
         passes.request_pass()
     return count

@@ -12,6 +12,7 @@ import time
 
 from django.db import DatabaseError, close_old_connections, connection
 
+from live import events as live
 from scheduling.inventory import BackendUnavailable, GpuBackend
 from scheduling.models import Node
 from telemetry import alerts, services
@@ -44,6 +45,7 @@ class Sampler:
         samples = self.backend.sample(reserved_mb=reserved)
         events = self.backend.xid_events()
         rows = services.record_samples(node=node, samples=samples, holders=holders)
+        live.publish_samples(node_id=node.pk, samples=rows)
         simulated = self.backend.name == "simulated"
         if events:
             services.xids_handle(node=node, events=events, simulated=simulated)

@@ -167,3 +167,12 @@ def usage_per_member(*, tenant: Tenant, days: int) -> list[dict]:
             {"member": name, "gpu_hours": round(float(hours), 4)}
             for name, hours in cursor.fetchall()
         ]
+
+
+def tenant_ids_for_user(*, user: AbstractBaseUser) -> frozenset[int]:
+    """The active tenants ``user`` is a member of (what their live socket may follow)."""
+    return frozenset(
+        Membership.objects.filter(user=user, tenant__is_active=True).values_list(
+            "tenant_id", flat=True
+        )
+    )

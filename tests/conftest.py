@@ -17,6 +17,9 @@ from tests.factories import (
     make_gpus,
 )
 
+# Browser fixtures (headless Chromium against daphne), for any test module: see tests/browser.py.
+pytest_plugins = ["tests.browser"]
+
 
 @dataclass
 class Actor:

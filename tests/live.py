@@ -49,12 +49,13 @@ def manage(*args: str, timeout: float = 60, **extra_env: str) -> subprocess.Comp
 
 @contextmanager
 def web_server(
-    startup_timeout: float = 30, log: Path | None = None, **extra_env: str
+    startup_timeout: float = 30, log: Path | None = None, port: int | None = None, **extra_env: str
 ) -> Iterator[str]:
-    """Run daphne, as `make run` does, on a free loopback port; yield its base URL. Its output
-    goes to ``log`` when given (a pipe nobody reads would stall a chatty server)."""
-    port = free_port()
-    sink = open(log, "wb") if log else subprocess.PIPE
+    """Run daphne, as `make run` does, on a free loopback port (or ``port``: a server started
+    again where the last one was); yield its base URL. Its output goes to ``log`` when given
+    (a pipe nobody reads would stall a chatty server)."""
+    port = port or free_port()
+    sink = open(log, "ab") if log else subprocess.PIPE
     proc = subprocess.Popen(
         [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
          "gpuplatform.asgi:application"],
@@ -87,3 +88,13 @@ def web_server(
             proc.wait()
         if log:
             sink.close()
+
+
+def shell(code: str, **extra_env: str) -> str:
+    """Run ``code`` in a platform process of its own (``manage.py shell -c``): how tests act
+    as the node agent or the scheduler would, from outside the process under test. Returns
+    its standard output; fails the test with its errors if it fails."""
+    result = manage("shell", "-c", code, **extra_env)
+    if result.returncode != 0:
+        raise AssertionError(f"manage.py shell failed:\n{result.stderr}")
+    return result.stdout

@@ -31,7 +31,7 @@ from scheduling.launcher.procs import ProcessId
 from scheduling.launcher.reports import STOPPING, attempt_finished, requeue_lost
 from scheduling.launcher.supervisor import Supervisor
 from scheduling.models import Allocation, StopRequest, Task, TaskAttempt
-from scheduling.states import HOLDS_GPUS, IllegalTransition, TaskState
+from scheduling.states import HOLDS_GPUS, TERMINAL, IllegalTransition, TaskState
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +262,19 @@ def task_retry(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
         infra_requeues=0,
         exit_code=None,
     )
+
+
+def task_requeue(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
+    """Put a task back in the queue: one that holds GPUs is stopped and requeued as a
+    preemption would (it keeps its attempt count), one that ended is retried."""
+    if task.state in TERMINAL:
+        return task_retry(task=task, by=by)
+    if task.state not in HOLDS_GPUS:
+        raise IllegalTransition(task.state, "requeued (it is not running nor ended)")
+    with transaction.atomic():
+        task_preempt(task=task, reason=_by("requeued", by))
+    task.refresh_from_db()
+    return task
 
 
 SIGNALS = {"stop": signal.SIGTERM, "pause": signal.SIGUSR1, "resume": signal.SIGUSR2}

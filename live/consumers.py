@@ -1,0 +1,111 @@
+"""The websocket every live page opens: ``/ws/live/``.
+
+Browsers authenticate with their session, scripts with an API token (``Authorization: Bearer``).
+Operators join the operators' group, everyone else the groups of their tenants; the groups carry
+only what their members may see (live.events), so a consumer needs no per-event filtering.
+
+Back-pressure: events (task, GPU, node, alert changes) are sent as they come. Samples are
+coalesced, the newest per GPU, and sent as numbered frames; the browser acknowledges each, and
+while LIVE_UNACKED_FRAMES are unacknowledged newer samples replace older ones instead of
+queueing. A slow browser loses old points; the node agent never waits for it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from live import selectors
+from live.events import SAMPLE_FIELDS
+
+# Events held for a browser that is not reading; beyond this it is told to catch up instead.
+MAX_PENDING_EVENTS = 1000
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        self.viewer = await database_sync_to_async(selectors.viewer_for_scope)(self.scope)
+        if self.viewer is None:
+            await self.close()  # before accept: the handshake is refused (HTTP 403)
+            return
+        self.joined = self.viewer.groups()
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.samples: dict[int, list] = {}
+        self.events: list[dict] = []
+        self.overflowed = False
+        self.seq = 0
+        self.acked = 0
+        await self.accept()
+        await self.send_json(
+            {
+                "type": "hello",
+                "operator": self.viewer.operator,
+                "tenant_ids": sorted(self.viewer.tenant_ids),
+                "server_time": time.time(),
+                "unacked_frames": settings.LIVE_UNACKED_FRAMES,
+                "sample_fields": SAMPLE_FIELDS,
+            }
+        )
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "joined", ()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind == "ack":
+            seq = content.get("seq")
+            if not isinstance(seq, int) or not 0 <= seq <= self.seq:
+                await self._error("seq", f"expected a frame number from 0 to {self.seq}")
+                return
+            self.acked = max(self.acked, seq)
+            await self._flush()
+        elif kind == "catch_up":
+            since = content.get("since")
+            if not isinstance(since, int | float) or isinstance(since, bool):
+                await self._error("since", "expected seconds since the epoch (a number)")
+                return
+            answer = await database_sync_to_async(selectors.catch_up)(
+                viewer=self.viewer, since=float(since)
+            )
+            # What it already holds is in the answer: pending duplicates are dropped.
+            self.events, self.overflowed = [], False
+            await self.send_json({"type": "catch_up", **answer})
+        else:
+            await self._error("type", "expected 'ack' or 'catch_up'")
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        try:
+            await super().receive(text_data=text_data, bytes_data=bytes_data, **kwargs)
+        except ValueError:
+            await self._error("message", "expected a JSON object")
+
+    async def live_batch(self, message: dict) -> None:
+        for event in message["events"]:
+            if event["kind"] == "samples":
+                for row in event["rows"]:
+                    self.samples[row[0]] = row  # the newest per GPU replaces the older
+            elif len(self.events) < MAX_PENDING_EVENTS:
+                self.events.append(event)
+            else:
+                self.overflowed = True
+        await self._flush()
+
+    async def _flush(self) -> None:
+        if self.overflowed:
+            self.events, self.overflowed = [], False
+            await self.send_json({"type": "resync"})
+        if self.events:
+            events, self.events = self.events, []
+            await self.send_json({"type": "events", "events": events})
+        if self.samples and self.seq - self.acked < settings.LIVE_UNACKED_FRAMES:
+            rows, self.samples = list(self.samples.values()), {}
+            self.seq += 1
+            await self.send_json({"type": "samples", "seq": self.seq, "rows": rows})
+
+    async def _error(self, field: str, message: str) -> None:
+        await self.send_json({"type": "error", "field": field, "message": message})

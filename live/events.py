@@ -1,0 +1,273 @@
+"""The event plane: small JSON events the services publish to websocket groups on commit.
+
+Groups: ``live.ops`` (operators: everything) and ``live.tenant.<id>`` (a tenant's members: that
+tenant's tasks and the samples of GPUs its tasks hold). A publisher never learns who listens and
+never waits for a browser: a send is one INSERT of the messages into channels_postgres' table (the
+trigger NOTIFYs the web processes), or an in-process group_send with the in-memory layer.
+
+Every helper registers its send with ``transaction.on_commit``: a browser never hears of a change
+that rolled back. Call sites that change many rows publish once, with a batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+
+logger = logging.getLogger(__name__)
+
+OPS = "live.ops"
+# The handler name consumers implement (channels maps "live.batch" to live_batch).
+MESSAGE_TYPE = "live.batch"
+# Seconds an undelivered message stays in channels_postgres' table (its own default is 60).
+EXPIRY_S = 60
+# Per-tenant pending reasons in one event at most; the rest only counted (a page re-reads).
+REASONS_PER_EVENT = 500
+
+
+def tenant_group(tenant_id: int) -> str:
+    return f"live.tenant.{tenant_id}"
+
+
+def _ts(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment else None
+
+
+# --- Building events -----------------------------------------------------------------------------
+
+
+def task_event(task: Any, *, gpu_ids: Iterable[int] = ()) -> dict:
+    """A task's state as the dashboard and portal show it (no command, no environment)."""
+    return {
+        "kind": "task",
+        "id": task.pk,
+        "tenant_id": task.tenant_id,
+        "name": task.name,
+        "state": str(task.state),
+        "reason": task.reason,
+        "node_id": task.node_id,
+        "gpu_ids": list(gpu_ids),
+        "at": time.time(),
+    }
+
+
+def gpu_event(gpu: Any) -> dict:
+    return {
+        "kind": "gpu",
+        "id": gpu.pk,
+        "node_id": gpu.node_id,
+        "index": gpu.index,
+        "state": str(gpu.state),
+        "reason": gpu.state_reason,
+        "at": time.time(),
+    }
+
+
+def node_event(node: Any) -> dict:
+    return {
+        "kind": "node",
+        "id": node.pk,
+        "name": node.name,
+        "state": str(node.state),
+        "reason": node.state_reason,
+        "last_heartbeat": _ts(node.last_heartbeat),
+        "at": time.time(),
+    }
+
+
+def alert_event(alert: Any) -> dict:
+    return {
+        "kind": "alert",
+        "id": alert.pk,
+        "alert_kind": alert.kind,
+        "severity": alert.severity,
+        "message": alert.message,
+        "open": alert.resolved_at is None,
+        "gpu_id": alert.gpu_id,
+        "node_id": alert.node_id,
+        "task_id": alert.task_id,
+        "at": time.time(),
+    }
+
+
+# --- Publishing ----------------------------------------------------------------------------------
+
+
+def publish(events: Iterable[tuple[int | None, dict]]) -> None:
+    """Send each ``(tenant_id, event)`` to operators, and to the tenant's members when
+    ``tenant_id`` is set, once the current transaction commits (at once outside one)."""
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for tenant_id, event in events:
+        by_group[OPS].append(event)
+        if tenant_id is not None:
+            by_group[tenant_group(tenant_id)].append(event)
+    if by_group:
+        transaction.on_commit(lambda: send(by_group))
+
+
+def publish_tasks(tasks: Iterable[Any]) -> None:
+    publish((task.tenant_id, task_event(task)) for task in tasks)
+
+
+def publish_gpus(gpus: Iterable[Any]) -> None:
+    publish((None, gpu_event(gpu)) for gpu in gpus)
+
+
+def publish_nodes(nodes: Iterable[Any]) -> None:
+    publish((None, node_event(node)) for node in nodes)
+
+
+def publish_alert(alert: Any) -> None:
+    # Alerts name GPUs, nodes and tasks of any tenant: operators only.
+    publish([(None, alert_event(alert))])
+
+
+def publish_placements(rows: Iterable[tuple[int, int, int, list[int]]]) -> None:
+    """Tasks a pass placed, as (task id, tenant id, node id, GPU ids)."""
+    now = time.time()
+    publish(
+        (
+            tenant_id,
+            {
+                "kind": "task",
+                "id": task_id,
+                "tenant_id": tenant_id,
+                "state": "scheduled",
+                "reason": "",
+                "node_id": node_id,
+                "gpu_ids": gpu_ids,
+                "at": now,
+            },
+        )
+        for task_id, tenant_id, node_id, gpu_ids in rows
+    )
+
+
+def publish_scheduler(figures: Mapping) -> None:
+    """A pass's figures (passes, last_pass_at, last_pass_ms, placed, waiting), for operators."""
+    publish([(None, {"kind": "scheduler", **figures, "at": time.time()})])
+
+
+def publish_reasons(rows: Iterable[tuple[int, int, str]]) -> None:
+    """The pending reasons a pass changed, as (task id, tenant id, reason), one event per
+    tenant."""
+    per_tenant: dict[int, list[list]] = defaultdict(list)
+    for task_id, tenant_id, reason in rows:
+        per_tenant[tenant_id].append([task_id, reason])
+    now = time.time()
+    events: list[tuple[int | None, dict]] = []
+    for tenant_id, reasons in per_tenant.items():
+        event = {
+            "kind": "reasons",
+            "tenant_id": tenant_id,
+            "reasons": reasons[:REASONS_PER_EVENT],
+            "more": max(0, len(reasons) - REASONS_PER_EVENT),
+            "at": now,
+        }
+        events.append((tenant_id, event))
+    publish(events)
+
+
+def publish_samples(*, node_id: int, samples: Iterable[Any]) -> None:
+    """One node's GPU samples of one tick: all of them to operators, and each tenant the
+    samples of the GPUs its running tasks hold. ``samples`` are telemetry's stored GpuSample
+    rows (gpu_id, ``at`` a datetime), its readings (gpu_uuid, ``at`` in epoch seconds) or
+    mappings with those keys; the metrics are util_gpu, memory_used_mb, memory_total_mb,
+    temperature_c and power_w. Sent at once: a sample is not part of a transaction."""
+    from scheduling.models import GPU, Allocation
+
+    ids: dict[str, int] = {}
+    samples = list(samples)
+    if any(_field(sample, "gpu_id") is None for sample in samples):
+        ids = dict(GPU.objects.filter(node_id=node_id).values_list("uuid", "pk"))
+    holders: dict[int, set[int]] = defaultdict(set)
+    for gpu_id, tenant_id in Allocation.objects.filter(
+        gpu__node_id=node_id, released_at__isnull=True
+    ).values_list("gpu_id", "task__tenant_id"):
+        holders[gpu_id].add(tenant_id)
+    rows = []
+    for sample in samples:
+        gpu_id = _field(sample, "gpu_id") or ids.get(_field(sample, "gpu_uuid"))
+        if gpu_id is None:
+            continue
+        at = _field(sample, "at")
+        rows.append(
+            [
+                gpu_id,
+                at.timestamp() if isinstance(at, datetime) else at,
+                _field(sample, "util_gpu"),
+                _field(sample, "memory_used_mb"),
+                _field(sample, "memory_total_mb"),
+                _field(sample, "temperature_c"),
+                _field(sample, "power_w"),
+            ]
+        )
+    if not rows:
+        return
+    by_group: dict[str, list[dict]] = {OPS: [sample_event(node_id, rows)]}
+    for tenant_id in {t for tenants in holders.values() for t in tenants}:
+        mine = [row for row in rows if tenant_id in holders.get(row[0], ())]
+        by_group[tenant_group(tenant_id)] = [sample_event(node_id, mine)]
+    send(by_group)
+
+
+def _field(sample: Any, name: str) -> Any:
+    return sample.get(name) if isinstance(sample, Mapping) else getattr(sample, name, None)
+
+
+SAMPLE_FIELDS = ["gpu_id", "at", "util", "mem_used_mb", "mem_total_mb", "temp_c", "power_w"]
+
+
+def sample_event(node_id: int, rows: list[list]) -> dict:
+    # Rows, not objects: a tick of 8 GPUs stays well under NOTIFY's 8,000-byte payload.
+    return {"kind": "samples", "node_id": node_id, "fields": SAMPLE_FIELDS, "rows": rows}
+
+
+def send(by_group: Mapping[str, list[dict]]) -> None:
+    """Send each group its events as one message. Never raises: a lost live event must not
+    fail the change it reports (the page catches up from the database)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    messages = {
+        group: {"type": MESSAGE_TYPE, "events": events} for group, events in by_group.items()
+    }
+    try:
+        if settings.CHANNEL_LAYER == "postgres":
+            _send_postgres(layer, messages)
+        else:
+            for group, message in messages.items():
+                # In-process layer: an event loop per send is wasted on a group nobody is in.
+                if getattr(layer, "groups", {}).get(group):
+                    async_to_sync(layer.group_send)(group, message)
+    except (DatabaseError, OSError, RuntimeError):
+        logger.exception("live events not sent")
+
+
+# channels_postgres' own group_send opens an asyncio connection pool bound to the event loop of
+# its first call; a sync caller (the node agent, a django-q2 worker) gets a new loop from each
+# async_to_sync, so it would reuse a pool tied to a dead loop. One INSERT on this thread's own
+# connection does the same job for every group at once: the table's trigger NOTIFYs listeners.
+_INSERT = """
+    INSERT INTO channels_postgres_message (channel, message, expire)
+    SELECT DISTINCT ON (v.n, g.channel) g.channel, v.message, now() + make_interval(secs => %s)
+      FROM unnest(%s::text[], %s::bytea[]) WITH ORDINALITY AS v(group_key, message, n)
+      JOIN channels_postgres_groupchannel AS g ON g.group_key = v.group_key
+     ORDER BY v.n, g.channel
+"""
+
+
+def _send_postgres(layer: Any, messages: Mapping[str, dict]) -> None:
+    keys = [layer._group_key(group) for group in messages]
+    blobs = [layer.serialize(message) for message in messages.values()]
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT, [EXPIRY_S, keys, blobs])

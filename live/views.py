@@ -1,0 +1,174 @@
+"""The operators' live dashboard: server-rendered like the admin, kept live by /ws/live/."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.auth.decorators import user_passes_test
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_GET, require_http_methods
+
+from live import history, selectors, tiles
+from scheduling import services
+from scheduling.launcher import lifecycle
+from scheduling.models import GPU, Node, Task
+from scheduling.states import IllegalTransition
+
+operator_required = user_passes_test(
+    lambda user: user.is_active and user.is_staff, login_url=settings.LOGIN_URL
+)
+
+# The time-range picker's choices, in seconds (custom ranges give start and end).
+RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+# The longest custom range: what the coarsest rollup still answers in a few hundred points.
+MAX_RANGE_S = 90 * 86400
+
+
+@operator_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    data = selectors.dashboard()
+    tasks_url = reverse("admin:scheduling_task_changelist")
+    for entry in data["nodes"]:
+        entry["tiles"] = tiles.render_tiles(
+            entry["gpus"],
+            simulated=entry["node"].backend == "simulated",
+            tasks_url=tasks_url,
+            dash_url=reverse("live:dashboard"),
+        )
+    config = {
+        "socket": "/ws/live/",
+        "history": reverse("live:history"),
+        "unackedFrames": settings.LIVE_UNACKED_FRAMES,
+        "renderedAt": data["now"].timestamp(),
+        "nodes": [
+            {
+                "id": entry["node"].pk,
+                "name": entry["node"].name,
+                "gpus": [{"id": t["gpu"].pk, "index": t["gpu"].index} for t in entry["gpus"]],
+            }
+            for entry in data["nodes"]
+        ],
+    }
+    context = {
+        **admin.site.each_context(request),
+        **data,
+        "title": _("Live operations"),
+        "ranges": list(RANGES),
+        "config": config,
+    }
+    return render(request, "live/dashboard.html", context)
+
+
+@operator_required
+@require_GET
+def history_series(request: HttpRequest) -> JsonResponse:
+    """A node's GPU series for the time-range picker: ``node`` and either ``range`` (one of
+    RANGES) or ``start`` and ``end`` (epoch seconds)."""
+    errors: dict[str, list[str]] = {}
+    node = Node.objects.filter(pk=_int(request.GET.get("node"))).first()
+    if node is None:
+        errors["node"] = [_("expected the id of a node")]
+    now = time.time()
+    if "range" in request.GET:
+        if request.GET["range"] not in RANGES:
+            errors["range"] = [_("expected one of %s") % ", ".join(RANGES)]
+        start, end = now - RANGES.get(request.GET["range"], 0), now
+    else:
+        start, end = _float(request.GET.get("start")), _float(request.GET.get("end"))
+        if start is None:
+            errors["start"] = [_("expected seconds since the epoch")]
+        if end is None:
+            errors["end"] = [_("expected seconds since the epoch")]
+        if start is not None and end is not None and not 0 < end - start <= MAX_RANGE_S:
+            errors["end"] = [_("expected after start, at most 90 days later")]
+    if errors:
+        return JsonResponse({"errors": errors}, status=400)
+    series = history.series(node=node, start=start, end=end)
+    return JsonResponse({"node": node.pk, "start": start, "end": end, **series})
+
+
+ACTIONS = {
+    ("gpu", "drain"): gettext_lazy(
+        "Drain GPU %(name)s: running work finishes, nothing new starts."
+    ),
+    ("gpu", "undrain"): gettext_lazy("Return GPU %(name)s to service."),
+    ("node", "drain"): gettext_lazy(
+        "Drain node %(name)s: running work finishes, nothing new starts."
+    ),
+    ("node", "undrain"): gettext_lazy("Return node %(name)s to service."),
+    ("task", "cancel"): gettext_lazy("Cancel task %(name)s (a running task is stopped)."),
+    ("task", "requeue"): gettext_lazy(
+        "Requeue task %(name)s (a running task is stopped and waits again)."
+    ),
+}
+
+
+@operator_required
+@require_http_methods(["GET", "POST"])
+def act(request: HttpRequest, kind: str, pk: int, action: str) -> HttpResponse:
+    """An operator's action, confirmed on a page of its own (GET asks, POST does)."""
+    if (kind, action) not in ACTIONS:
+        raise Http404
+    model = {"gpu": GPU, "node": Node, "task": Task}[kind]
+    obj = get_object_or_404(model, pk=pk)
+    name = str(obj)
+    if request.method == "GET":
+        context = {
+            **admin.site.each_context(request),
+            "title": _("Are you sure?"),
+            "question": str(ACTIONS[kind, action]) % {"name": name},
+            "action": action,
+        }
+        return render(request, "live/confirm.html", context)
+    try:
+        done = _perform(kind, action, obj, request.user)
+    except (IllegalTransition, services.StaleTask) as exc:
+        messages.error(request, _("%(name)s: not done: %(why)s") % {"name": name, "why": exc})
+    else:
+        if done:
+            messages.success(
+                request, _("%(name)s: %(action)s done.") % {"name": name, "action": action}
+            )
+        else:
+            messages.warning(
+                request, _("%(name)s: nothing to %(action)s.") % {"name": name, "action": action}
+            )
+    return redirect(reverse("live:dashboard"))
+
+
+def _perform(kind: str, action: str, obj, user) -> bool:
+    if kind == "gpu":
+        act = services.gpus_drain if action == "drain" else services.gpus_undrain
+        return bool(act(gpus=[obj], actor=user))
+    if kind == "node":
+        act = services.nodes_drain if action == "drain" else services.nodes_undrain
+        return bool(act(nodes=[obj], actor=user))
+    if action == "cancel":
+        lifecycle.task_cancel(task=obj, by=user)
+    else:
+        lifecycle.task_requeue(task=obj, by=user)
+    return True
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        number = float(value) if value is not None else None
+    except ValueError:
+        return None
+    if number is None or number != number or not 0 <= number < 1e11:  # NaN, or out of range
+        return None
+    return number
