@@ -120,9 +120,21 @@ def backstops_ensure(*, schedule_model: type[Schedule] = Schedule, using: str = 
 
     Returns how many rows it created. ``schedule_model`` is the historical model when called
     from ``post_migrate``."""
+    return schedules_ensure(BACKSTOPS, schedule_model=schedule_model, using=using)
+
+
+def schedules_ensure(
+    specs: tuple[tuple[str, str, int], ...],
+    *,
+    schedule_model: type[Schedule] = Schedule,
+    using: str = "default",
+) -> int:
+    """Make each (name, function, minutes) of ``specs`` exactly one django-q2 Schedule row on
+    the scheduler's cluster, repeating forever; duplicates are removed and drifted fields put
+    back. Idempotent: the platform calls it after every ``migrate``. Returns the rows created."""
     created = 0
     rows = schedule_model.objects.using(using)
-    for name, func, minutes in BACKSTOPS:
+    for name, func, minutes in specs:
         wanted = {
             "func": func,
             "schedule_type": Schedule.MINUTES,

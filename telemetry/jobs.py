@@ -19,8 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
-from scheduling import estate
-from scheduling.passes import scheduler_cluster
+from scheduling import estate, passes
 from telemetry.models import METRICS, GpuRollupHour, GpuRollupMinute, GpuSample
 
 MINUTE_LOOKBACK = timedelta(minutes=5)
@@ -140,26 +139,5 @@ def retention(*, now: datetime | None = None) -> dict[str, int]:
 
 
 def schedules_ensure(*, schedule_model: type[Schedule] = Schedule, using: str = "default") -> int:
-    """Create or repair the telemetry schedules, one row each; see passes.backstops_ensure."""
-    created = 0
-    rows = schedule_model.objects.using(using)
-    for name, func, minutes in SCHEDULES:
-        wanted = {
-            "func": func,
-            "schedule_type": Schedule.MINUTES,
-            "minutes": minutes,
-            "repeats": -1,
-            # The scheduler's cluster, never a node's: a node's launch queue must stay free.
-            "cluster": scheduler_cluster(),
-        }
-        existing = list(rows.filter(name=name).order_by("pk"))
-        if not existing:
-            rows.create(name=name, **wanted)
-            created += 1
-            continue
-        keep, *extra = existing
-        rows.filter(pk__in=[row.pk for row in extra]).delete()
-        changed = {key: value for key, value in wanted.items() if getattr(keep, key) != value}
-        if changed:
-            rows.filter(pk=keep.pk).update(**changed)
-    return created
+    """Create or repair the telemetry schedules, one row each (as the scheduling backstops)."""
+    return passes.schedules_ensure(SCHEDULES, schedule_model=schedule_model, using=using)
