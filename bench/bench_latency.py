@@ -140,8 +140,10 @@ def supervisor_alive(task_id: int, *, unlaunched: bool = True) -> bool:
 
 
 def idle(task_id: int) -> bool:
-    """Nothing in any broker queue, no pass requested, the last task's supervisor gone."""
-    if OrmQ.objects.exists():
+    """Nothing in any broker queue (but wake-up passes booked for later: a waiting task books
+    one for when it would start to starve), no pass requested, the last task's supervisor
+    gone."""
+    if any(row.name() != "scheduling-wake-up" for row in OrmQ.objects.all()):
         return False
     if SchedulerState.objects.filter(pk=1, pass_queued=True).exists():
         return False
