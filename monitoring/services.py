@@ -73,7 +73,6 @@ def alert_resolve(
     return _resolve(_open(kind, _subject(gpu=gpu, task=task, node=node)))
 
 
-@transaction.atomic
 def alerts_resolve_except(
     *,
     kind: str,
@@ -94,7 +93,10 @@ def alerts_resolve_except(
         for pk, gpu_id, task_id in alerts.values_list("pk", "gpu_id", "task_id")
         if (gpu_id, task_id) not in keep
     ]
-    return _resolve(Alert.objects.filter(pk__in=stale, resolved_at__isnull=True))
+    if not stale:  # the usual case, every sampling tick: no transaction, no second query
+        return 0
+    with transaction.atomic():
+        return _resolve(Alert.objects.filter(pk__in=stale, resolved_at__isnull=True))
 
 
 @transaction.atomic
