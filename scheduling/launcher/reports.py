@@ -33,7 +33,11 @@ def attempt_started(attempt: TaskAttempt, pid: ProcessId) -> bool:
     False when the task was cancelled or moved on meanwhile: the supervisor stops at once.
     """
     with transaction.atomic():
-        attempt = TaskAttempt.objects.select_for_update().get(pk=attempt.pk)
+        attempt = (
+            TaskAttempt.objects.select_for_update(of=("self",))
+            .select_related("node")
+            .get(pk=attempt.pk)
+        )
         attempt.pid, attempt.pid_started, attempt.started_at = pid.pid, pid.started, timezone.now()
         attempt.save(update_fields=["pid", "pid_started", "started_at"])
         task = Task.objects.select_for_update().get(pk=attempt.task_id)
