@@ -127,7 +127,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
                    array_agg({names[-1]}::bigint ORDER BY t)
               FROM (
                 SELECT w.gpu_id,
-                       date_part('epoch', date_bin(make_interval(secs => %s), s.{time_col},
+                       extract(epoch FROM date_bin(make_interval(secs => %s), s.{time_col},
                                                    %s::timestamptz))::bigint AS t,
                        {selected}
                   FROM (VALUES {values}) AS w(gpu_id, w_start, w_end, task_id)
@@ -180,7 +180,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
 def _binary_cursor() -> Iterator:
     """A cursor whose results come in PostgreSQL's binary format (Django's own binds
     parameters client-side, which allows text only): arrays of numbers arrive as machine
-    words, not text to parse, which halves the read of a 32-GPU quarter-hour. Wrapped like
+    words, not text to parse: a third less time for a 32-GPU quarter-hour. Wrapped like
     Django's cursors, so query logging and execute wrappers still see the query."""
     connection.ensure_connection()
     raw = psycopg.Cursor(connection.connection)
