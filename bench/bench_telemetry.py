@@ -176,7 +176,7 @@ def read_cost(now) -> dict:
             began = time.perf_counter()
             data = selectors.series(windows=windows, start=start, end=now, step_s=step)
             runs.append(time.perf_counter() - began)
-            points = sum(len(s["points"]) for s in data["series"])
+            points = sum(len(s["values"][0]) for s in data["series"])
         timings[name] = {"median_s": median(runs), "points": points, "source": data["source"]}
     return timings
 

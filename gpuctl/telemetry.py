@@ -96,7 +96,7 @@ def metrics_table(data: dict) -> str:
                 _num(p[4], " °C"),
                 _num(p[5], " W"),
             ]
-            for p in series["points"]
+            for p in zip(*series["values"], strict=True)
         ]
         lines.append(out.table(["TIME", "UTIL", "PEAK", "MEMORY", "TEMP", "POWER"], rows))
     return "\n".join(lines)

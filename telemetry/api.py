@@ -55,7 +55,11 @@ SeriesOut = inline_serializer(
                 "gpu": serializers.CharField(help_text="UUID"),
                 "index": serializers.IntegerField(),
                 "node": serializers.CharField(),
-                "points": serializers.ListField(child=serializers.ListField()),
+                "values": serializers.ListField(
+                    child=serializers.ListField(),
+                    help_text="one list per entry of columns, aligned: the i-th point is "
+                    "each list's i-th value",
+                ),
             },
             many=True,
         ),

@@ -64,8 +64,9 @@ def test_a_task_reads_only_its_own_gpus_raw_at_a_short_step(history, owner):
     [series] = body["series"]
     assert series["index"] == 0 and series["node"] == "workstation-1"
     assert body["columns"][:2] == ["time", "util_gpu"]
-    assert {point[1] for point in series["points"]} == {80.0}
-    assert 29 <= len(series["points"]) <= 31
+    time, util = series["values"][:2]
+    assert set(util) == {80.0}
+    assert 29 <= len(time) <= 31
 
 
 def test_a_long_step_reads_the_rollups_with_the_same_means(history, owner):
@@ -77,15 +78,15 @@ def test_a_long_step_reads_the_rollups_with_the_same_means(history, owner):
     hours = client.get(url, {"step": "1h", "since": "2h"}).json()
 
     assert minutes["source"] == "1m" and hours["source"] == "1h"
-    assert {p[1] for p in minutes["series"][0]["points"]} == {80.0}
-    assert sum(p[-1] for p in hours["series"][0]["points"]) == 600  # every sample counted
+    assert set(minutes["series"][0]["values"][1]) == {80.0}
+    assert sum(hours["series"][0]["values"][-1]) == 600  # every sample counted
 
 
 def test_the_default_range_is_the_tasks_whole_run(history, owner):
     tasks, start, now = history
     body = bearer(owner.token).get(f"/api/v1/tasks/{tasks['alice'].pk}/metrics/").json()
     assert body["start"] == start.isoformat()
-    assert sum(p[-1] for p in body["series"][0]["points"]) == 600
+    assert sum(body["series"][0]["values"][-1]) == 600
 
 
 @pytest.mark.parametrize(
@@ -158,13 +159,17 @@ def test_a_tenant_sees_the_alerts_about_its_tasks_and_operators_see_all(
 
 def test_a_one_second_step_gives_every_raw_sample(history, owner):
     tasks, start, now = history
+    # A fixed range, not "since": the samples stop at the fixture's now, not the request's.
+    iso = "%Y-%m-%dT%H:%M:%SZ"
+    params = {"start": (now - timedelta(minutes=2)).strftime(iso), "end": now.strftime(iso)}
     body = (
         bearer(owner.token)
-        .get(f"/api/v1/tasks/{tasks['alice'].pk}/metrics/", {"since": "2m", "step": "1s"})
+        .get(f"/api/v1/tasks/{tasks['alice'].pk}/metrics/", {**params, "step": "1s"})
         .json()
     )
-    points = body["series"][0]["points"]
-    assert body["source"] == "raw" and 119 <= len(points) <= 120
-    assert points[0][0] >= int((now - timedelta(minutes=2)).timestamp()) and points[0][1] == 80.0
-    assert {p[-1] for p in points} == {1}
-    assert [p[0] for p in points] == sorted(p[0] for p in points)
+    values = dict(zip(body["columns"], body["series"][0]["values"], strict=True))
+    time = values["time"]
+    assert body["source"] == "raw" and len(time) == 120
+    assert time[0] == int((now - timedelta(minutes=2)).timestamp()) and values["util_gpu"][0] == 80
+    assert values["util_gpu_max"] == values["util_gpu"] and set(values["samples"]) == {1}
+    assert time == sorted(time)
