@@ -31,6 +31,7 @@ from scheduling.models import TaskAttempt
 from scheduling.spec import SpecError, parse_yaml
 from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
+from telemetry import selectors as telemetry_selectors
 from tenants import selectors as tenant_selectors
 from tenants import services as tenant_services
 from tenants.models import Role
@@ -281,8 +282,46 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "controls": controls if may_control else [],
             "may_submit": who.may(Action.SUBMIT),
             "spec_yaml": yaml.safe_dump(task.spec, sort_keys=False, allow_unicode=True),
+            "gpu_charts": _gpu_charts(task),
         },
     )
+
+
+# Points per GPU the task page's history starts with: enough to see a shape, few enough that
+# the page stays small whatever the task's age.
+CHART_POINTS = 300
+
+
+def _gpu_charts(task) -> dict | None:
+    """The task's GPUs and their history for its charts (the same read as the API's
+    tasks/{id}/metrics/), or None before it has held a GPU. Two queries whatever its age."""
+    windows = telemetry_selectors.task_windows(task=task)
+    if not windows:
+        return None
+    start = min(w.start for w in windows)
+    end = max(w.end for w in windows) + timedelta(seconds=1)
+    step = max(1, int((end - start).total_seconds()) // CHART_POINTS + 1)
+    data = telemetry_selectors.series(windows=windows, start=start, end=end, step_s=step)
+    # The page's own allocations carry the GPUs (prefetched by task_detail): no extra query.
+    gpus = {a.gpu_id: a.gpu for a in task.allocations.all()}
+    by_uuid = {s["gpu"]: s["points"] for s in data["series"]}
+    util_at, mem_at = data["columns"].index("util_gpu"), data["columns"].index("memory_used_mb")
+    return {
+        "socket": "/ws/live/",
+        "simulated": bool(task.node and task.node.backend == "simulated"),
+        "step": step,
+        "gpus": [
+            {
+                "id": gpu.pk,
+                "index": gpu.index,
+                "memory_mb": gpu.memory_mb,
+                # [time, utilisation %, memory used MiB] per point
+                "points": [[p[0], p[util_at], p[mem_at]] for p in by_uuid.get(gpu.uuid, ())],
+            }
+            for gpu in sorted(gpus.values(), key=lambda g: (g.node_id, g.index))
+        ],
+        "running": task.state == TaskState.RUNNING,
+    }
 
 
 @require_POST

@@ -314,3 +314,66 @@ def test_only_tenant_admins_see_the_quota_and_fair_share(owner, teammate):
     page = browser(teammate).get("/portal/").content.decode()
     assert "Fair share" not in page and "<progress" not in page
     assert "Only the tenant's admins see its quota" in page
+
+
+# --- GPU charts on the task page ------------------------------------------------------------------
+
+
+def _running_with_samples(tenant, user, gpus, seconds: int):
+    """A running task on ``gpus`` that has ``seconds`` samples a second of each."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from telemetry.models import GpuSample
+    from tests.factories import AllocationFactory
+
+    started = timezone.now() - timedelta(seconds=seconds + 5)
+    task = TaskFactory(tenant=tenant, owner=user, state="running", node=gpus[0].node,
+                       started_at=started)  # fmt: skip
+    for gpu in gpus:
+        AllocationFactory(task=task, gpu=gpu, started_at=started)
+    GpuSample.objects.bulk_create(
+        GpuSample(gpu=gpu, at=started + timedelta(seconds=s + 1), task=task, util_gpu=40 + i,
+                  memory_used_mb=1000 * (i + 1), memory_total_mb=gpu.memory_mb, simulated=True)
+        for s in range(seconds) for i, gpu in enumerate(gpus)
+    )  # fmt: skip
+    return task
+
+
+def test_the_task_page_charts_its_gpus_history_labelled_simulated(owner, workstation):
+    gpus = list(workstation.gpus.order_by("index"))[:2]
+    task = _running_with_samples(owner.tenant, owner.user, gpus, 20)
+    response = browser(owner).get(f"/portal/tasks/{task.pk}/")
+    charts = response.context["gpu_charts"]
+    assert [g["index"] for g in charts["gpus"]] == [0, 1]
+    assert len(charts["gpus"][0]["points"]) > 1
+    assert {p[1] for p in charts["gpus"][1]["points"]} == {41.0}
+    assert {p[2] for p in charts["gpus"][1]["points"]} == {2000.0}
+    assert charts["simulated"] and charts["running"]
+    page = response.content.decode()
+    assert 'id="gpu-charts-data"' in page and "simulated GPUs" in page
+    chinese = browser(owner, language="zh-hans").get(f"/portal/tasks/{task.pk}/").content.decode()
+    assert "模拟" in chinese
+
+
+def test_a_task_that_never_held_a_gpu_says_so_instead_of_a_chart(owner):
+    task = TaskFactory(tenant=owner.tenant, owner=owner.user)
+    page = browser(owner).get(f"/portal/tasks/{task.pk}/").content.decode()
+    assert 'id="gpu-history"' in page and 'id="gpu-charts-data"' not in page
+
+
+def test_the_task_page_costs_the_same_queries_with_few_or_many_samples(owner, workstation):
+    gpus = list(workstation.gpus.order_by("index"))
+    few = _running_with_samples(owner.tenant, owner.user, gpus[:1], 3)
+    many = _running_with_samples(owner.tenant, owner.user, gpus[1:], 200)
+    client = browser(owner)
+    assert _queries(client, f"/portal/tasks/{few.pk}/") == _queries(
+        client, f"/portal/tasks/{many.pk}/"
+    )
+
+
+def test_another_tenants_task_charts_are_not_found(outsider, owner, workstation):
+    gpus = list(workstation.gpus.order_by("index"))[:1]
+    task = _running_with_samples(owner.tenant, owner.user, gpus, 3)
+    assert browser(outsider).get(f"/portal/tasks/{task.pk}/").status_code == 404
