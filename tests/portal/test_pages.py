@@ -377,3 +377,47 @@ def test_another_tenants_task_charts_are_not_found(outsider, owner, workstation)
     gpus = list(workstation.gpus.order_by("index"))[:1]
     task = _running_with_samples(owner.tenant, owner.user, gpus, 3)
     assert browser(outsider).get(f"/portal/tasks/{task.pk}/").status_code == 404
+
+
+# --- Usage: allocated beside used ----------------------------------------------------------------
+
+
+def test_usage_shows_used_and_idle_beside_allocated_per_day_and_member(owner, workstation):
+    """An hour on one GPU yesterday: busy at 100% for half of it, idle for the other half."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from telemetry.models import GpuRollupMinute
+    from tests.factories import AllocationFactory
+
+    midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    started = midnight - timedelta(hours=14)
+    gpu = workstation.gpus.get(index=0)
+    task = TaskFactory(tenant=owner.tenant, owner=owner.user, state="succeeded")
+    ended = started + timedelta(hours=1)
+    AllocationFactory(task=task, gpu=gpu, started_at=started, released_at=ended, exclusive=True,
+                      memory_mb=gpu.memory_mb)  # fmt: skip
+    GpuRollupMinute.objects.bulk_create(
+        GpuRollupMinute(gpu=gpu, start=started + timedelta(minutes=m), task=task,
+                        tenant=owner.tenant, samples=60, util_gpu_mean=100.0 * (m < 30),
+                        util_gpu_max=100.0 * (m < 30))
+        for m in range(60)
+    )  # fmt: skip
+    client = browser(owner)
+    response = client.get("/portal/usage/")
+    day = next(row for row in response.context["per_day"] if row["gpu_hours"])
+    assert (day["gpu_hours"], day["used_gpu_hours"], day["idle_gpu_hours"]) == (1.0, 0.5, 0.5)
+    member = response.context["per_member"][0]
+    assert (member["member"], member["used_gpu_hours"], member["idle_gpu_hours"]) == (
+        "alice", 0.5, 0.5,
+    )  # fmt: skip
+    assert "Used GPU-hours" in response.content.decode()
+    lines = client.get("/portal/usage.csv").content.decode().splitlines()
+    assert lines[0] == "day,gpu_hours_allocated,gpu_hours_used,gpu_hours_idle_allocated"
+    assert f"{day['day'].isoformat()},1.0000,0.5000,0.5000" in lines
+    assert "alice,1.0000,0.5000,0.5000" in lines
+    # A day with nothing sampled is not measured, not zero.
+    assert any(row.endswith(",0.0000,,") for row in lines)
+    chinese = browser(owner, language="zh-hans").get("/portal/usage/").content.decode()
+    assert "实际使用" in chinese
