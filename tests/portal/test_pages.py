@@ -306,6 +306,46 @@ def test_the_api_answers_in_chinese_when_asked(viewer, bobs_task):
     assert english.json()["detail"] == "your role in this tenant may only read"
 
 
+@pytest.mark.parametrize(
+    ("body", "field", "english", "chinese"),
+    [
+        ({"resources": {"gpus": 65}}, "resources.gpus", "must be from 0 to 64, got 65",
+         "必须在 0 到 64 之间，实际为 65"),
+        ({"comand": "x"}, "comand", "unknown key; did you mean 'command'?",
+         "未知的键；你是不是想写 'command'？"),
+        ({"env": {"LD_PRELOAD": "/x.so"}}, "env.LD_PRELOAD",
+         "cannot be set: it changes how the dynamic loader starts every program, the platform's "
+         "launcher included",
+         "不能设置：它会改变动态链接器启动每个程序的方式，包括平台自己的启动器"),
+        ({"resources": {"gpus": 8}}, "resources.gpus",
+         "asks for 8 GPUs on one node, but the largest matching node has 4",
+         "要求在一个节点上使用 8 块 GPU，但符合条件的最大节点只有 4 块"),
+    ],
+    ids=["spec-range", "spec-unknown-key", "spec-reserved-env", "submit-infeasible"],
+)  # fmt: skip
+def test_a_bad_spec_is_refused_in_the_callers_language(
+    teammate, workstation, body, field, english, chinese
+):
+    from tests.api.conftest import bearer
+
+    spec = {"name": "train", "command": "python train.py", **body}
+    client = bearer(teammate.token)
+    assert client.post("/api/v1/tasks/", spec, format="json").json()["errors"][field] == [english]
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {teammate.token}", HTTP_ACCEPT_LANGUAGE="zh-hans"
+    )
+    refused = client.post("/api/v1/tasks/", spec, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["errors"][field] == [chinese]
+    assert Task.objects.count() == 0
+
+
+def test_the_submit_form_shows_spec_errors_in_chinese(teammate, workstation):
+    response = browser(teammate, language="zh-hans").post("/portal/submit/", _form(gpus="lots"))
+    assert response.status_code == 400
+    assert "必须是 GPU 的整数个数" in " ".join(response.context["form"].errors["gpus"])
+
+
 def test_only_tenant_admins_see_the_quota_and_fair_share(owner, teammate):
     from tests.factories import QuotaFactory
 
