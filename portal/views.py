@@ -321,6 +321,7 @@ def _gpu_charts(task) -> dict | None:
             for gpu in sorted(gpus.values(), key=lambda g: (g.node_id, g.index))
         ],
         "running": task.state == TaskState.RUNNING,
+        "sampled": bool(data["series"]),
     }
 
 

@@ -32,7 +32,8 @@
     })));
     charts[id] = new uPlot({
       title: element.dataset.title, width, height: 200, series,
-      scales: yMax ? { y: { range: [0, yMax] } } : {}, axes: [{}, { size: 60 }],
+      scales: yMax ? { y: { range: [0, yMax] } } : {},
+      axes: [{}, { size: 60 }],
     }, [[]].concat(ids.map(() => [])), element);
   }
 
@@ -40,8 +41,12 @@
     drawPending = false;
     const times = Array.from(points.keys()).sort((a, b) => a - b);
     const column = (gpuId, k) => times.map((t) => (points.get(t)[gpuId] ? points.get(t)[gpuId][k] : null));
-    charts["gpu-chart-util"].setData([times].concat(ids.map((id) => column(id, 0))));
-    charts["gpu-chart-mem"].setData([times].concat(ids.map((id) => column(id, 1))));
+    const series = { "gpu-chart-util": 0, "gpu-chart-mem": 1 };
+    Object.entries(series).forEach(([id, k]) => {
+      charts[id].setData([times].concat(ids.map((gpuId) => column(gpuId, k))));
+      // One point alone makes uPlot spread the time axis over years: show a minute around it.
+      if (times.length === 1) charts[id].setScale("x", { min: times[0] - 60, max: times[0] + 60 });
+    });
   }
 
   function scheduleDraw() {
@@ -57,7 +62,10 @@
       put(at, gpuId, util, memUsed);
       added += 1;
     });
-    if (added) scheduleDraw();
+    if (!added) return;
+    const empty = document.getElementById("gpu-charts-empty");
+    if (empty) empty.remove();
+    scheduleDraw();
   }
 
   function showStatus(open) {

@@ -40,4 +40,5 @@ def test_a_task_chart_receives_a_point_pushed_after_the_page_opened(
     )
     page.wait_for_function("gpTaskCharts.chartPoints('gpu-chart-util') === 1")
     assert page.evaluate("gpTaskCharts.chartPoints('gpu-chart-mem')") == 1
+    assert page.locator("#gpu-charts-empty").count() == 0
     screenshot(page, "task-charts-en")
