@@ -272,15 +272,17 @@ class _Reader:
 
 
 def _at(path: str, key: object) -> str:
-    key_text = key if isinstance(key, str) else _got(key)
+    # A field path is the same in every language: the words for an odd key stay English.
+    key_text = key if isinstance(key, str) else _got(key, translate=False)
     return f"{path}.{key_text}" if path else key_text
 
 
-def _got(value: object) -> str:
+def _got(value: object, *, translate: bool = True) -> str:
+    words = gettext if translate else str
     if isinstance(value, dict):
-        return gettext("a mapping")
+        return words("a mapping")
     if isinstance(value, list | tuple):
-        return gettext("a list")
+        return words("a list")
     try:
         return _short(repr(value))
     except ValueError:  # an int too long to print
