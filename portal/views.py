@@ -294,7 +294,7 @@ CHART_POINTS = 300
 
 def _gpu_charts(task) -> dict | None:
     """The task's GPUs and their history for its charts (the same read as the API's
-    tasks/{id}/metrics/), or None before it has held a GPU. Two queries whatever its age."""
+    tasks/{id}/metrics/), or None before it has held a GPU. Three queries whatever its age."""
     windows = telemetry_selectors.task_windows(task=task)
     if not windows:
         return None
