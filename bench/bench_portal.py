@@ -15,6 +15,7 @@ import random
 import shutil
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.db import connection
@@ -62,7 +63,9 @@ def build(tenant_name: str = "bench-lab") -> tuple:
             batch = []
     Task.objects.bulk_create(batch)
     running = Task.objects.create(tenant=tenant, owner=user, name="live", command="train",
-                                  state="running", attempt=1, node=node)  # fmt: skip
+                                  state="running", attempt=1, node=node,
+                                  started_at=now - timedelta(hours=1))  # fmt: skip
+    chart_history(running, node, hours=1)
     TaskEvent.objects.bulk_create(
         TaskEvent(task=running, from_state=a, to_state=b, reason="bench")
         for a, b in [("", "pending"), ("pending", "scheduled"), ("scheduled", "running")]
@@ -75,6 +78,30 @@ def build(tenant_name: str = "bench-lab") -> tuple:
         cursor.execute("ANALYZE scheduling_task")
     print(f"{TASKS:,} tasks in tenant {tenant.name} made in {time.perf_counter() - began:.1f} s")
     return user, running, log
+
+
+def chart_history(task, node, *, hours: int) -> None:
+    """Two GPUs held by the running task for ``hours``, sampled every second: what its page's
+    GPU charts read (the raw samples, grouped to about 300 points per GPU)."""
+    from scheduling.models import GPU, Allocation
+    from telemetry.models import GpuSample
+
+    for index in range(2):
+        gpu, _ = GPU.objects.get_or_create(
+            node=node, index=index,
+            defaults={"uuid": f"GPU-bench-portal-{index}", "model": "NVIDIA GeForce RTX 4090",
+                      "gpu_type": "rtx4090-24g", "memory_mb": 24576},
+        )  # fmt: skip
+        Allocation.objects.create(task=task, attempt=1, gpu=gpu, memory_mb=24576, exclusive=True,
+                                  started_at=task.started_at)  # fmt: skip
+        GpuSample.objects.bulk_create(
+            (GpuSample(gpu=gpu, at=task.started_at + timedelta(seconds=s), task=task,
+                       tenant_id=task.tenant_id, util_gpu=s % 100, memory_used_mb=8000,
+                       memory_total_mb=24576) for s in range(hours * 3600)),
+            batch_size=5000,
+        )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {GpuSample._meta.db_table}")  # noqa: S608 - our table name
 
 
 def time_pages(user, running) -> dict:

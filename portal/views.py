@@ -31,6 +31,7 @@ from scheduling.models import TaskAttempt
 from scheduling.spec import SpecError, parse_yaml
 from scheduling.states import IllegalTransition, TaskState
 from scheduling.submission import tasks_submit
+from telemetry import selectors as telemetry_selectors
 from tenants import selectors as tenant_selectors
 from tenants import services as tenant_services
 from tenants.models import Role
@@ -281,8 +282,47 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "controls": controls if may_control else [],
             "may_submit": who.may(Action.SUBMIT),
             "spec_yaml": yaml.safe_dump(task.spec, sort_keys=False, allow_unicode=True),
+            "gpu_charts": _gpu_charts(task),
         },
     )
+
+
+# Points per GPU the task page's history starts with: enough to see a shape, few enough that
+# the page stays small whatever the task's age.
+CHART_POINTS = 300
+
+
+def _gpu_charts(task) -> dict | None:
+    """The task's GPUs and their history for its charts (the same read as the API's
+    tasks/{id}/metrics/), or None before it has held a GPU. Three queries whatever its age."""
+    windows = telemetry_selectors.task_windows(task=task)
+    if not windows:
+        return None
+    start = min(w.start for w in windows)
+    end = max(w.end for w in windows) + timedelta(seconds=1)
+    step = max(1, int((end - start).total_seconds()) // CHART_POINTS + 1)
+    data = telemetry_selectors.series(windows=windows, start=start, end=end, step_s=step)
+    # The page's own allocations carry the GPUs (prefetched by task_detail): no extra query.
+    gpus = {a.gpu_id: a.gpu for a in task.allocations.all()}
+    by_uuid = {s["gpu"]: s["points"] for s in data["series"]}
+    util_at, mem_at = data["columns"].index("util_gpu"), data["columns"].index("memory_used_mb")
+    return {
+        "socket": "/ws/live/",
+        "simulated": bool(task.node and task.node.backend == "simulated"),
+        "step": step,
+        "gpus": [
+            {
+                "id": gpu.pk,
+                "index": gpu.index,
+                "memory_mb": gpu.memory_mb,
+                # [time, utilisation %, memory used MiB] per point
+                "points": [[p[0], p[util_at], p[mem_at]] for p in by_uuid.get(gpu.uuid, ())],
+            }
+            for gpu in sorted(gpus.values(), key=lambda g: (g.node_id, g.index))
+        ],
+        "running": task.state == TaskState.RUNNING,
+        "sampled": bool(data["series"]),
+    }
 
 
 @require_POST
@@ -402,16 +442,42 @@ def _usage_days(request: HttpRequest) -> int:
     return days if days in USAGE_DAYS else 30
 
 
+def _usage(tenant, days: int) -> tuple[list[dict], list[dict]]:
+    """Per day and per member: GPU-hours allocated (from allocations) beside those actually
+    used (utilisation-weighted) and held idle, as telemetry sampled them. A day or member with
+    no samples shows None for the sampled figures (not measured), never 0."""
+    per_day = tenant_selectors.usage_per_day(tenant=tenant, days=days)
+    per_member = tenant_selectors.usage_per_member(tenant=tenant, days=days)
+    sampled_day: dict[str, list[float]] = {}
+    sampled_member: dict[str, list[float]] = {}
+    for row in telemetry_selectors.usage_from_samples(tenant=tenant, days=days):
+        for table, key in ((sampled_day, row["day"]), (sampled_member, row["member"])):
+            figures = table.setdefault(key, [0.0, 0.0])
+            figures[0] += row["used_gpu_hours"]
+            figures[1] += row["idle_gpu_hours"]
+    for row in per_day:
+        used, idle = sampled_day.get(row["day"].isoformat(), (None, None))
+        row["used_gpu_hours"], row["idle_gpu_hours"] = used, idle
+    for row in per_member:
+        used, idle = sampled_member.get(row["member"] or "", (None, None))
+        row["used_gpu_hours"], row["idle_gpu_hours"] = used, idle
+    return per_day, per_member
+
+
 @portal_page
 def usage(request: HttpRequest) -> HttpResponse:
     who = request.caller
     days = _usage_days(request)
-    per_day = tenant_selectors.usage_per_day(tenant=who.tenant, days=days)
-    per_member = tenant_selectors.usage_per_member(tenant=who.tenant, days=days)
+    per_day, per_member = _usage(who.tenant, days)
     peak = max((row["gpu_hours"] for row in per_day), default=0) or 1
     for row in per_day:
         row["percent"] = round(100 * row["gpu_hours"] / peak, 1)
+        # The used bar sits inside the allocated one: its height is a share of that bar.
+        share = (row["used_gpu_hours"] or 0) / row["gpu_hours"] if row["gpu_hours"] else 0
+        row["used_share"] = round(100 * min(share, 1), 1)
     total = sum(row["gpu_hours"] for row in per_day)
+    used = sum(row["used_gpu_hours"] or 0 for row in per_day)
+    idle = sum(row["idle_gpu_hours"] or 0 for row in per_day)
     return render(
         request,
         "portal/usage.html",
@@ -423,24 +489,34 @@ def usage(request: HttpRequest) -> HttpResponse:
             "per_day": per_day,
             "per_member": per_member,
             "total": total,
+            "used": used,
+            "idle": idle,
         },
     )
+
+
+def _hours(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
 
 
 @portal_page
 def usage_csv(request: HttpRequest) -> HttpResponse:
     who = request.caller
     days = _usage_days(request)
+    per_day, per_member = _usage(who.tenant, days)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{who.tenant.name}-{days}d.csv"'
     writer = csv.writer(response)
-    writer.writerow(["day", "gpu_hours_allocated"])
-    for row in tenant_selectors.usage_per_day(tenant=who.tenant, days=days):
-        writer.writerow([row["day"].isoformat(), f"{row['gpu_hours']:.4f}"])
+    figures = ["gpu_hours_allocated", "gpu_hours_used", "gpu_hours_idle_allocated"]
+    writer.writerow(["day", *figures])
+    for row in per_day:
+        writer.writerow([row["day"].isoformat(), f"{row['gpu_hours']:.4f}",
+                         _hours(row["used_gpu_hours"]), _hours(row["idle_gpu_hours"])])  # fmt: skip
     writer.writerow([])
-    writer.writerow(["member", "gpu_hours_allocated"])
-    for row in tenant_selectors.usage_per_member(tenant=who.tenant, days=days):
-        writer.writerow([row["member"] or "", f"{row['gpu_hours']:.4f}"])
+    writer.writerow(["member", *figures])
+    for row in per_member:
+        writer.writerow([row["member"] or "", f"{row['gpu_hours']:.4f}",
+                         _hours(row["used_gpu_hours"]), _hours(row["idle_gpu_hours"])])  # fmt: skip
     return response
 
 

@@ -18,7 +18,7 @@ from itertools import product
 from typing import Any
 
 import yaml
-from django.utils.translation import gettext
+from django.utils.translation import gettext, gettext_lazy
 
 from gpuplatform.units import format_duration_s, parse_duration_s, parse_memory_mb
 
@@ -55,17 +55,19 @@ _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # launcher, so these would act on the shell, the loader or the launcher before the user's command
 # does. PATH stays allowed: users point it at their venv or conda, and the platform starts
 # /bin/sh by absolute path.
-_LOADER = "changes how the dynamic loader starts every program, the platform's launcher included"
-_SHELL = "makes the shell run a file before the command"
-_INTERPRETER = (
+_LOADER = gettext_lazy(
+    "changes how the dynamic loader starts every program, the platform's launcher included"
+)
+_SHELL = gettext_lazy("makes the shell run a file before the command")
+_INTERPRETER = gettext_lazy(
     "would load code into the platform's own launcher; set it inside the command instead, "
     "e.g. 'PYTHONPATH=src python train.py'"
 )
-_GPU = "is set by the platform to the GPUs it gives the task"
-_PLATFORM = "is reserved for the platform's own configuration"
+_GPU = gettext_lazy("is set by the platform to the GPUs it gives the task")
+_PLATFORM = gettext_lazy("is reserved for the platform's own configuration")
 _RESERVED_PREFIXES = {"LD_": _LOADER, "DYLD_": _LOADER, "GPUPLATFORM_": _PLATFORM}
 _RESERVED_NAMES = {
-    "IFS": "changes how the shell splits the command into words",
+    "IFS": gettext_lazy("changes how the shell splits the command into words"),
     **dict.fromkeys(["BASH_ENV", "ENV"], _SHELL),
     **dict.fromkeys(["PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME"], _INTERPRETER),
     **dict.fromkeys(["PERL5LIB", "PERL5OPT", "RUBYOPT", "NODE_OPTIONS"], _INTERPRETER),
@@ -159,7 +161,7 @@ def parse_spec(data: object) -> TaskSpec:
     """Check one task mapping (kind: task) and return it typed, or raise SpecError."""
     problems = _Problems()
     if isinstance(data, dict) and data.get("kind") == "sweep":
-        problems.add("kind", "must be 'task' here: a sweep submits several tasks")
+        problems.add("kind", gettext("must be 'task' here: a sweep submits several tasks"))
     spec = None if problems else _task(data, problems, "")
     if spec is None or problems:
         raise SpecError(problems.errors)
@@ -179,7 +181,7 @@ def parse_yaml(text: str) -> list[TaskSpec]:
     except yaml.YAMLError as exc:
         raise SpecError({"yaml": [_yaml_problem(exc, text)]}) from exc
     except RecursionError as exc:
-        raise SpecError({"yaml": ["nested too deeply"]}) from exc
+        raise SpecError({"yaml": [gettext("nested too deeply")]}) from exc
     documents = [(index, doc) for index, doc in enumerate(loaded) if doc is not None]
     if len(documents) == 1:
         return parse_specs(documents[0][1])  # a single document may itself be a list of tasks
@@ -193,15 +195,22 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
     elif isinstance(exc, yaml.reader.ReaderError):  # a bad character: only an offset is known
         line = text.count("\n", 0, exc.position) + 1
         column = exc.position - text.rfind("\n", 0, exc.position)
-        problem = f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+        problem = gettext("unacceptable character #x%(code)04x: %(reason)s") % {
+            "code": exc.character,
+            "reason": exc.reason,
+        }
     else:
         return " ".join(str(exc).split())
-    return f"line {line}, column {column}: {problem}"
+    return gettext("line %(line)d, column %(column)d: %(problem)s") % {
+        "line": line,
+        "column": column,
+        "problem": problem,
+    }
 
 
 def _parse_documents(documents: list[tuple[int, object]]) -> list[TaskSpec]:
     if not documents:
-        raise SpecError({"spec": ["no tasks: expected a task, a sweep or a list of them"]})
+        raise SpecError({"spec": [gettext("no tasks: expected a task, a sweep or a list of them")]})
     problems = _Problems()
     tasks: list[TaskSpec] = []
     for index, document in documents:
@@ -217,7 +226,9 @@ def _document(data: object, problems: "_Problems", path: str) -> list[TaskSpec]:
         return [] if spec is None else [spec]
     if kind == "sweep":
         return _sweep(data, problems, path)
-    problems.add(_at(path, "kind"), f"must be 'task' or 'sweep', got {_got(kind)}")
+    problems.add(
+        _at(path, "kind"), gettext("must be 'task' or 'sweep', got %(got)s") % {"got": _got(kind)}
+    )
     return []
 
 
@@ -261,19 +272,30 @@ class _Reader:
 
 
 def _at(path: str, key: object) -> str:
-    key_text = key if isinstance(key, str) else _got(key)
+    # A field path is the same in every language: the words for an odd key stay English.
+    key_text = key if isinstance(key, str) else _got(key, translate=False)
     return f"{path}.{key_text}" if path else key_text
 
 
-def _got(value: object) -> str:
+def _got(value: object, *, translate: bool = True) -> str:
+    words = gettext if translate else str
     if isinstance(value, dict):
-        return "a mapping"
+        return words("a mapping")
     if isinstance(value, list | tuple):
-        return "a list"
+        return words("a list")
     try:
         return _short(repr(value))
     except ValueError:  # an int too long to print
         return f"a {type(value).__name__}"
+
+
+# Reasons several fields share, translated when the problem is found (the request's language).
+def _at_most_characters() -> str:
+    return gettext("must be at most %(limit)s characters, got %(n)s")
+
+
+def _from_to() -> str:
+    return gettext("must be from %(low)s to %(high)s, got %(got)s")
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -282,15 +304,17 @@ def _short(text: str, limit: int = 60) -> str:
 
 def _mapping(value: object, problems: _Problems, path: str, allowed: tuple) -> dict | None:
     if not isinstance(value, dict):
-        problems.add(path, f"must be a mapping, got {_got(value)}")
+        problems.add(path, gettext("must be a mapping, got %(got)s") % {"got": _got(value)})
         return None
     for key in value:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1) if isinstance(key, str) else []
             hint = (
-                f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(allowed)}"
+                gettext("did you mean %(key)r?") % {"key": close[0]}
+                if close
+                else gettext("expected one of %(keys)s") % {"keys": ", ".join(allowed)}
             )
-            problems.add(_at(path, key), f"unknown key; {hint}")
+            problems.add(_at(path, key), gettext("unknown key; %(hint)s") % {"hint": hint})
     return value
 
 
@@ -319,20 +343,26 @@ def _task(data: object, problems: _Problems, path: str) -> TaskSpec | None:
 def _string(value: object) -> str:
     if isinstance(value, str):
         return value
-    hint = "; put it in quotes" if isinstance(value, int | float) else ""
-    raise ValueError(f"must be a string, got {_got(value)}{hint}")
+    if isinstance(value, int | float):
+        raise ValueError(
+            gettext("must be a string, got %(got)s; put it in quotes") % {"got": _got(value)}
+        )
+    raise ValueError(gettext("must be a string, got %(got)s") % {"got": _got(value)})
 
 
 def _name(value: object, limit: int = MAX_NAME) -> str:
     text = _string(value)
     if not text:
-        raise ValueError("must not be empty")
+        raise ValueError(gettext("must not be empty"))
     if len(text) > limit:
-        raise ValueError(f"must be at most {limit} characters, got {len(text)}")
+        raise ValueError(_at_most_characters() % {"limit": limit, "n": len(text)})
     if not _NAME_RE.fullmatch(text):
         raise ValueError(
-            "must start with a letter or digit and hold only letters, digits, '.', '_' and '-', "
-            f"got {_got(text)}"
+            gettext(
+                "must start with a letter or digit and hold only letters, digits, '.', '_' and "
+                "'-', got %(got)s"
+            )
+            % {"got": _got(text)}
         )
     return text
 
@@ -352,12 +382,15 @@ def _priority(value: object) -> int:
         return PRIORITIES[value]
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 100:
         return value
-    raise ValueError(f"must be low, normal, high or a whole number 0-100, got {_got(value)}")
+    raise ValueError(
+        gettext("must be low, normal, high or a whole number 0-100, got %(got)s")
+        % {"got": _got(value)}
+    )
 
 
 def _task_class(value: object) -> str:
     if value not in TASK_CLASSES:
-        raise ValueError(f"must be 'batch' or 'online', got {_got(value)}")
+        raise ValueError(gettext("must be 'batch' or 'online', got %(got)s") % {"got": _got(value)})
     return str(value)
 
 
@@ -365,24 +398,28 @@ def _check_text(text: str) -> None:
     """What PostgreSQL cannot store: NUL, and lone surrogates (JSON's "\\ud800" decodes to
     one; it has no UTF-8 form), refused here as bad input rather than failing the INSERT."""
     if "\0" in text:
-        raise ValueError("must not contain NUL bytes")
+        raise ValueError(gettext("must not contain NUL bytes"))
     if not text.isascii():
         try:
             text.encode()
         except UnicodeEncodeError as exc:
             bad = text[exc.start : exc.end]
-            raise ValueError(f"must be valid Unicode text, got a lone surrogate {bad!r}") from None
+            raise ValueError(
+                gettext("must be valid Unicode text, got a lone surrogate %(bad)r") % {"bad": bad}
+            ) from None
 
 
 def _command(value: object) -> str:
     text = _string(value)
     if not text.strip():
-        raise ValueError("must not be empty")
+        raise ValueError(gettext("must not be empty"))
     _check_text(text)
     if len(text) > MAX_COMMAND_LENGTH:
         raise ValueError(
-            f"must be at most {MAX_COMMAND_LENGTH} characters, got {len(text)}; "
-            "put a long command in a script"
+            gettext(
+                "must be at most %(limit)s characters, got %(n)s; put a long command in a script"
+            )
+            % {"limit": MAX_COMMAND_LENGTH, "n": len(text)}
         )
     return text
 
@@ -391,15 +428,22 @@ def _workdir(value: object) -> str:
     text = _string(value)
     _check_text(text)
     if len(text) > MAX_WORKDIR:
-        raise ValueError(f"must be at most {MAX_WORKDIR} characters, got {len(text)}")
+        raise ValueError(_at_most_characters() % {"limit": MAX_WORKDIR, "n": len(text)})
     if text.startswith("/"):
-        raise ValueError(f"must be relative to your tenant's root directory, got {_got(text)}")
+        raise ValueError(
+            gettext("must be relative to your tenant's root directory, got %(got)s")
+            % {"got": _got(text)}
+        )
     parts = [part for part in text.split("/") if part not in ("", ".")]
     # Checked on the parts, not the text: "a/../../b" and "a/.." both climb.
     if ".." in parts:
-        raise ValueError("must not contain '..': a task stays inside your tenant's root directory")
+        raise ValueError(
+            gettext("must not contain '..': a task stays inside your tenant's root directory")
+        )
     if any(part.startswith("~") for part in parts):
-        raise ValueError(f"must not use '~' (a home directory), got {_got(text)}")
+        raise ValueError(
+            gettext("must not use '~' (a home directory), got %(got)s") % {"got": _got(text)}
+        )
     return "/".join(parts)
 
 
@@ -408,17 +452,26 @@ def _scalar_text(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, str | int | float):
         return str(value)
-    raise ValueError(f"must be a string, number or boolean, got {_got(value)}")
+    raise ValueError(
+        gettext("must be a string, number or boolean, got %(got)s") % {"got": _got(value)}
+    )
 
 
 def _env(value: object, problems: _Problems, path: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        problems.add(path, f"must be a mapping of names to values, got {_got(value)}")
+        problems.add(
+            path,
+            gettext("must be a mapping of names to values, got %(got)s") % {"got": _got(value)},
+        )
         return {}
     if len(value) > MAX_ENV:
-        problems.add(path, f"must have at most {MAX_ENV} entries, got {len(value)}")
+        problems.add(
+            path,
+            gettext("must have at most %(limit)s entries, got %(n)s")
+            % {"limit": MAX_ENV, "n": len(value)},
+        )
         return {}
     env = {}
     for key, raw in value.items():
@@ -431,14 +484,16 @@ def _env(value: object, problems: _Problems, path: str) -> dict[str, str]:
 
 def _env_name(key: object) -> str:
     if not isinstance(key, str) or not _IDENTIFIER_RE.fullmatch(key):
-        raise ValueError(f"is not a valid variable name (like MY_VAR), got {_got(key)}")
+        raise ValueError(
+            gettext("is not a valid variable name (like MY_VAR), got %(got)s") % {"got": _got(key)}
+        )
     # Compared in upper case: no one needs a lower-case ld_preload, and refusing it costs nothing.
     upper = key.upper()
     reason = _RESERVED_NAMES.get(upper) or next(
         (why for prefix, why in _RESERVED_PREFIXES.items() if upper.startswith(prefix)), None
     )
     if reason:
-        raise ValueError(f"cannot be set: it {reason}")
+        raise ValueError(gettext("cannot be set: it %(reason)s") % {"reason": reason})
     return key
 
 
@@ -446,7 +501,7 @@ def _env_value(value: object) -> str:
     text = _scalar_text(value)
     _check_text(text)
     if len(text) > MAX_ENV_VALUE:
-        raise ValueError(f"must be at most {MAX_ENV_VALUE} characters, got {len(text)}")
+        raise ValueError(_at_most_characters() % {"limit": MAX_ENV_VALUE, "n": len(text)})
     return text
 
 
@@ -459,7 +514,7 @@ def _resources(value: object, problems: _Problems, path: str) -> dict[str, Any]:
     read = _Reader(data, path, problems)
     fields["gpus_min"], fields["gpus_max"] = read.get("gpus", _gpus, (1, 1))
     fields["gpu_memory_mb"] = read.get("gpu_memory", _gpu_memory, None)
-    fields["gpu_type"] = read.get("gpu_type", _slug(_GPU_TYPE_RE, "'.'"), "")
+    fields["gpu_type"] = read.get("gpu_type", _slug(_GPU_TYPE_RE, dots=True), "")
     fields["pool"] = read.get("pool", _slug(_SLUG_RE), "")
     fields["node"] = read.get("node", _slug(_SLUG_RE), "")
     fields["memory_mb"] = read.get("memory", _host_memory, None)
@@ -471,12 +526,14 @@ def _resources(value: object, problems: _Problems, path: str) -> dict[str, Any]:
             ("gpu_type", fields["gpu_type"]),
         ):
             if given:
-                problems.add(_at(path, key), "not allowed with gpus: 0 (a CPU-only task)")
+                problems.add(_at(path, key), gettext("not allowed with gpus: 0 (a CPU-only task)"))
     return fields
 
 
 def _gpus(value: object) -> tuple[int, int]:
-    problem = f'must be a whole number of GPUs or a range like "1-4", got {_got(value)}'
+    problem = gettext('must be a whole number of GPUs or a range like "1-4", got %(got)s') % {
+        "got": _got(value)
+    }
     if isinstance(value, int) and not isinstance(value, bool):
         low, high, ranged = value, value, False
     elif isinstance(value, str) and (match := _GPUS_RE.fullmatch(value)):
@@ -485,49 +542,64 @@ def _gpus(value: object) -> tuple[int, int]:
     else:
         raise ValueError(problem)
     if not 0 <= low <= MAX_GPUS or not 0 <= high <= MAX_GPUS:
-        raise ValueError(f"must be from 0 to {MAX_GPUS}, got {_got(value)}")
+        raise ValueError(_from_to() % {"low": 0, "high": MAX_GPUS, "got": _got(value)})
     if ranged and not 1 <= low <= high:
-        raise ValueError(f'a range must go from at least 1 up, like "1-4", got {_got(value)}')
+        raise ValueError(
+            gettext('a range must go from at least 1 up, like "1-4", got %(got)s')
+            % {"got": _got(value)}
+        )
     return low, high
 
 
 def _host_memory(value: object) -> int:
     mb = parse_memory_mb(value, field="")
     if mb > MAX_MEMORY_MB:
-        raise ValueError(f"must be at most 64Ti, got {_got(value)}")
+        raise ValueError(gettext("must be at most 64Ti, got %(got)s") % {"got": _got(value)})
     return mb
 
 
 def _cpus(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"must be a number of CPUs such as 4 or 0.5, got {_got(value)}")
+        raise ValueError(
+            gettext("must be a number of CPUs such as 4 or 0.5, got %(got)s") % {"got": _got(value)}
+        )
     if not 0.01 <= value <= MAX_CPUS:
-        raise ValueError(f"must be from 0.01 to {MAX_CPUS}, got {_got(value)}")
+        raise ValueError(_from_to() % {"low": 0.01, "high": MAX_CPUS, "got": _got(value)})
     return float(value)
 
 
 def _pids(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"must be a whole number of processes, got {_got(value)}")
+        raise ValueError(
+            gettext("must be a whole number of processes, got %(got)s") % {"got": _got(value)}
+        )
     if not 1 <= value <= MAX_PIDS:
-        raise ValueError(f"must be from 1 to {MAX_PIDS}, got {_got(value)}")
+        raise ValueError(_from_to() % {"low": 1, "high": MAX_PIDS, "got": _got(value)})
     return value
 
 
 def _gpu_memory(value: object) -> int:
     mb = parse_memory_mb(value, field="")
     if mb > MAX_GPU_MEMORY_MB:
-        raise ValueError(f"must be at most 1Ti per GPU, got {_got(value)}")
+        raise ValueError(gettext("must be at most 1Ti per GPU, got %(got)s") % {"got": _got(value)})
     return mb
 
 
-def _slug(pattern: re.Pattern, extra: str = "") -> Callable[[object], str]:
-    allowed = f"lowercase letters, digits, {extra + ', ' if extra else ''}inner '-'"
-
+def _slug(pattern: re.Pattern, dots: bool = False) -> Callable[[object], str]:
     def parse(value: object) -> str:
         text = _string(value)
         if text and not pattern.fullmatch(text):
-            raise ValueError(f"must be {allowed}, at most 63 characters, got {_got(text)}")
+            if dots:
+                problem = gettext(
+                    "must be lowercase letters, digits, '.', inner '-', at most 63 characters, "
+                    "got %(got)s"
+                )
+            else:
+                problem = gettext(
+                    "must be lowercase letters, digits, inner '-', at most 63 characters, "
+                    "got %(got)s"
+                )
+            raise ValueError(problem % {"got": _got(text)})
         return text
 
     return parse
@@ -545,7 +617,9 @@ def _policy(value: object, problems: _Problems, path: str, task_class: str) -> d
     fields["retries"] = read.get("retries", _retries, 0)
     fields["preemptible"] = read.get("preemptible", _bool, not online)
     if online and fields["preemptible"]:
-        problems.add(_at(path, "preemptible"), "online tasks are never preempted; use class: batch")
+        problems.add(
+            _at(path, "preemptible"), gettext("online tasks are never preempted; use class: batch")
+        )
     fields["after"] = _after(data.get("after"), problems, _at(path, "after"))
     return fields
 
@@ -553,20 +627,23 @@ def _policy(value: object, problems: _Problems, path: str, task_class: str) -> d
 def _timeout(value: object) -> int:
     seconds = parse_duration_s(value, field="")
     if seconds > MAX_TIMEOUT_S:
-        raise ValueError(f"must be at most 365d, got {_got(value)}")
+        raise ValueError(gettext("must be at most 365d, got %(got)s") % {"got": _got(value)})
     return seconds
 
 
 def _retries(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_RETRIES:
         return value
-    raise ValueError(f"must be a whole number from 0 to {MAX_RETRIES}, got {_got(value)}")
+    raise ValueError(
+        gettext("must be a whole number from 0 to %(high)s, got %(got)s")
+        % {"high": MAX_RETRIES, "got": _got(value)}
+    )
 
 
 def _bool(value: object) -> bool:
     if isinstance(value, bool):
         return value
-    raise ValueError(f"must be true or false, got {_got(value)}")
+    raise ValueError(gettext("must be true or false, got %(got)s") % {"got": _got(value)})
 
 
 def _after(value: object, problems: _Problems, path: str) -> tuple[str | int, ...]:
@@ -574,7 +651,11 @@ def _after(value: object, problems: _Problems, path: str) -> tuple[str | int, ..
         return ()
     items = value if isinstance(value, list) else [value]
     if len(items) > MAX_AFTER:
-        problems.add(path, f"may name at most {MAX_AFTER} tasks, got {len(items)}")
+        problems.add(
+            path,
+            gettext("may name at most %(limit)s tasks, got %(n)s")
+            % {"limit": MAX_AFTER, "n": len(items)},
+        )
         return ()
     refs: list[str | int] = []
     for index, item in enumerate(items):
@@ -585,7 +666,7 @@ def _after(value: object, problems: _Problems, path: str) -> tuple[str | int, ..
             problems.add(item_path, str(exc))
             continue
         if ref in refs:
-            problems.add(item_path, f"duplicate {ref!r}")
+            problems.add(item_path, gettext("duplicate %(ref)r") % {"ref": ref})
         else:
             refs.append(ref)
     return tuple(refs)
@@ -594,11 +675,13 @@ def _after(value: object, problems: _Problems, path: str) -> tuple[str | int, ..
 def _task_ref(value: object) -> str | int:
     if isinstance(value, int) and not isinstance(value, bool):
         if not 1 <= value <= MAX_TASK_ID:
-            raise ValueError(f"must be a positive task id, got {_got(value)}")
+            raise ValueError(
+                gettext("must be a positive task id, got %(got)s") % {"got": _got(value)}
+            )
         return value
     if isinstance(value, str):
         return _name(value)
-    raise ValueError(f"must be a task name or id, got {_got(value)}")
+    raise ValueError(gettext("must be a task name or id, got %(got)s") % {"got": _got(value)})
 
 
 def _sweep(data: dict, problems: _Problems, path: str) -> list[TaskSpec]:
@@ -619,7 +702,8 @@ def _sweep(data: dict, problems: _Problems, path: str) -> list[TaskSpec]:
     if len(last_name) > MAX_NAME:
         problems.add(
             _at(path, "name"),
-            f"too long: task names like {_got(last_name)} would pass {MAX_NAME} characters",
+            gettext("too long: task names like %(example)s would pass %(limit)s characters")
+            % {"example": _got(last_name), "limit": MAX_NAME},
         )
         return []
     tasks = []
@@ -631,7 +715,11 @@ def _sweep(data: dict, problems: _Problems, path: str) -> list[TaskSpec]:
             with_values = _short(", ".join(f"{key}={value}" for key, value in bound.items()))
             for where, reasons in expanded.errors.items():
                 for reason in reasons:
-                    problems.add(where, f"{reason} (with {with_values})")
+                    problems.add(
+                        where,
+                        gettext("%(reason)s (with %(values)s)")
+                        % {"reason": reason, "values": with_values},
+                    )
             return []
         tasks.append(spec)
     return tasks
@@ -639,31 +727,42 @@ def _sweep(data: dict, problems: _Problems, path: str) -> list[TaskSpec]:
 
 def _template(value: object, problems: _Problems, path: str) -> dict | None:
     if value is None:
-        problems.add(path, "is required")
+        problems.add(path, gettext("is required"))
         return None
     if not isinstance(value, dict):
-        problems.add(path, f"must be a mapping, got {_got(value)}")
+        problems.add(path, gettext("must be a mapping, got %(got)s") % {"got": _got(value)})
         return None
     for key in ("name", "kind"):
         if key in value:
-            problems.add(_at(path, key), "not allowed in a template: the sweep names its tasks")
+            problems.add(
+                _at(path, key), gettext("not allowed in a template: the sweep names its tasks")
+            )
     return {key: item for key, item in value.items() if key not in ("name", "kind")}
 
 
 def _parameters(value: object, problems: _Problems, path: str) -> dict[str, list[str]]:
     if value is None:
-        problems.add(path, "is required")
+        problems.add(path, gettext("is required"))
         return {}
     if not isinstance(value, dict) or not value:
-        problems.add(path, f"must be a mapping of names to lists of values, got {_got(value)}")
+        problems.add(
+            path,
+            gettext("must be a mapping of names to lists of values, got %(got)s")
+            % {"got": _got(value)},
+        )
         return {}
     grid = {}
     for key, values in value.items():
         key_path = _at(path, key)
         if not isinstance(key, str) or not _IDENTIFIER_RE.fullmatch(key):
-            problems.add(key_path, "parameter names must be identifiers, like lr or batch_size")
+            problems.add(
+                key_path, gettext("parameter names must be identifiers, like lr or batch_size")
+            )
         elif not isinstance(values, list) or not values:
-            problems.add(key_path, f"must be a non-empty list of values, got {_got(values)}")
+            problems.add(
+                key_path,
+                gettext("must be a non-empty list of values, got %(got)s") % {"got": _got(values)},
+            )
         else:
             grid[key] = [
                 _parameter_value(value, problems, f"{key_path}[{i}]")
@@ -671,7 +770,11 @@ def _parameters(value: object, problems: _Problems, path: str) -> dict[str, list
             ]
     count = math.prod(len(values) for values in grid.values())
     if count > MAX_SWEEP_TASKS:
-        problems.add(path, f"expands to {count} tasks, more than the limit of {MAX_SWEEP_TASKS}")
+        problems.add(
+            path,
+            gettext("expands to %(n)s tasks, more than the limit of %(limit)s")
+            % {"n": count, "limit": MAX_SWEEP_TASKS},
+        )
     return grid
 
 

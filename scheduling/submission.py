@@ -18,6 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from gpuplatform.units import format_memory_mb
 from scheduling import passes
@@ -88,7 +89,7 @@ def _estate(tenant: Tenant) -> _Estate:
     return _Estate(
         pools=dict(pools),
         nodes={name for name, _ in nodes},
-        nodes_by_pool={pool for _, pool in nodes},
+        nodes_by_pool={pool for _node, pool in nodes},
         shapes=[_Shape(*row) for row in shapes],
         quota=(
             None
@@ -111,17 +112,23 @@ def _feasibility(spec: TaskSpec, estate: _Estate, prefix: str) -> dict[str, list
         errors.setdefault(f"{prefix}{field}", []).append(reason)
 
     if spec.pool and spec.pool not in estate.pools:
-        known = ", ".join(sorted(estate.pools)) or "none"
-        add("resources.pool", f"unknown pool {spec.pool!r} (pools: {known})")
+        known = ", ".join(sorted(estate.pools)) or _("none")
+        add(
+            "resources.pool",
+            _("unknown pool %(pool)r (pools: %(known)s)") % {"pool": spec.pool, "known": known},
+        )
         return errors
     if spec.node and spec.node not in estate.nodes:
-        add("resources.node", f"unknown node {spec.node!r}")
+        add("resources.node", _("unknown node %(node)r") % {"node": spec.node})
         return errors
     if spec.gpus_max == 0:
         if spec.pool and spec.pool not in estate.nodes_by_pool:
-            add("resources.pool", f"pool {spec.pool!r} has no nodes to run the task on")
+            add(
+                "resources.pool",
+                _("pool %(pool)r has no nodes to run the task on") % {"pool": spec.pool},
+            )
         elif not estate.nodes:
-            add("resources.gpus", "the cluster has no nodes to run the task on")
+            add("resources.gpus", _("the cluster has no nodes to run the task on"))
         return errors
     candidates = [
         s
@@ -131,9 +138,9 @@ def _feasibility(spec: TaskSpec, estate: _Estate, prefix: str) -> dict[str, list
     if spec.gpu_type:
         typed = [s for s in candidates if s.gpu_type == spec.gpu_type]
         if not typed:
-            types = sorted({s.gpu_type for s in candidates}) or ["none"]
-            add("resources.gpu_type", f"no GPU of type {spec.gpu_type!r} here (types: "
-                f"{', '.join(types)})")  # fmt: skip
+            types = ", ".join(sorted({s.gpu_type for s in candidates})) or _("none")
+            add("resources.gpu_type", _("no GPU of type %(type)r here (types: %(types)s)")
+                % {"type": spec.gpu_type, "types": types})  # fmt: skip
             return errors
         candidates = typed
     per_node: dict[str, int] = {}
@@ -141,20 +148,24 @@ def _feasibility(spec: TaskSpec, estate: _Estate, prefix: str) -> dict[str, list
         per_node[shape.node] = per_node.get(shape.node, 0) + shape.count
     most = max(per_node.values(), default=0)
     if spec.gpus_min > most:
-        add("resources.gpus", f"asks for {spec.gpus_min} GPUs on one node, but the largest "
-            f"matching node has {most}")  # fmt: skip
+        add("resources.gpus", _("asks for %(n)s GPUs on one node, but the largest matching "
+            "node has %(most)s") % {"n": spec.gpus_min, "most": most})  # fmt: skip
     if spec.gpu_memory_mb is not None:
         biggest = max((s.memory_mb for s in candidates), default=0)
         if spec.gpu_memory_mb > biggest:
-            add("resources.gpu_memory", f"asks for {format_memory_mb(spec.gpu_memory_mb)} per "
-                f"GPU, but the largest matching GPU has {format_memory_mb(biggest)}")  # fmt: skip
+            add("resources.gpu_memory", _("asks for %(asked)s per GPU, but the largest matching "
+                "GPU has %(biggest)s") % {"asked": format_memory_mb(spec.gpu_memory_mb),
+                                          "biggest": format_memory_mb(biggest)})  # fmt: skip
     return errors
 
 
 def priority_problem(priority: int, quota: Quota | None) -> str:
     """Why the tenant's quota refuses this priority, or "" (submission and later changes)."""
     if quota is not None and priority > quota.max_priority:
-        return f"priority {priority} is above this tenant's highest allowed, {quota.max_priority}"
+        return _("priority %(priority)s is above this tenant's highest allowed, %(max)s") % {
+            "priority": priority,
+            "max": quota.max_priority,
+        }
     return ""
 
 
@@ -166,7 +177,8 @@ def _quota_errors(spec: TaskSpec, quota: Quota | None, prefix: str) -> dict[str,
         errors[f"{prefix}priority"] = [problem]
     if quota.max_gpus is not None and spec.gpus_min > quota.max_gpus:
         errors[f"{prefix}resources.gpus"] = [
-            f"asks for {spec.gpus_min} GPUs but the tenant may use at most {quota.max_gpus}"
+            _("asks for %(n)s GPUs but the tenant may use at most %(max)s")
+            % {"n": spec.gpus_min, "max": quota.max_gpus}
         ]
     return errors
 
@@ -203,8 +215,8 @@ def _queue_errors(tenant: Tenant, quota: Quota | None, adding: int) -> dict[str,
         return {}
     return {
         "quota": [
-            f"the tenant may have at most {quota.max_queued_tasks} tasks queued; this would "
-            f"make {queued + adding}"
+            _("the tenant may have at most %(max)s tasks queued; this would make %(n)s")
+            % {"max": quota.max_queued_tasks, "n": queued + adding}
         ]
     }
 
@@ -227,7 +239,8 @@ def _resolve_after(
             task = Task.objects.filter(tenant=tenant, name=ref).order_by("-id").first()
         if task is None:
             # Same words whether the task does not exist or belongs to someone else.
-            problems.append(f"no task {'#' if isinstance(ref, int) else ''}{ref} in this tenant")
+            text = f"#{ref}" if isinstance(ref, int) else ref
+            problems.append(_("no task %(ref)s in this tenant") % {"ref": text})
         else:
             found.append(task)
     return found, problems
@@ -294,11 +307,15 @@ def tasks_submit(
     size (plus one per task named in ``after`` by id or by an earlier submission's name).
     """
     if not tenant.is_active:
-        raise SubmitError({"tenant": [f"tenant {tenant.name} is inactive"]})
+        raise SubmitError({"tenant": [_("tenant %(name)s is inactive") % {"name": tenant.name}]})
     if not specs:
-        raise SubmitError({"tasks": ["nothing to submit"]})
+        raise SubmitError({"tasks": [_("nothing to submit")]})
     if len(specs) > MAX_SWEEP_TASKS:
-        raise SubmitError({"tasks": [f"at most {MAX_SWEEP_TASKS} tasks at once, got {len(specs)}"]})
+        problem = _("at most %(max)s tasks at once, got %(n)s") % {
+            "max": MAX_SWEEP_TASKS,
+            "n": len(specs),
+        }
+        raise SubmitError({"tasks": [problem]})
     estate = _estate(tenant)
     errors: dict[str, list[str]] = {}
     many = len(specs) > 1
@@ -314,8 +331,10 @@ def tasks_submit(
             try:
                 paths.workdir(tenant.name, spec.workdir)
                 workdirs[spec.workdir] = ""
-            except paths.PathEscape as exc:
-                workdirs[spec.workdir] = str(exc).removeprefix("workdir: ")
+            except paths.PathEscape:
+                workdirs[spec.workdir] = _("%(workdir)r leads outside the tenant's directory") % {
+                    "workdir": spec.workdir
+                }
         if workdirs[spec.workdir]:
             errors[f"{prefix}workdir"] = [workdirs[spec.workdir]]
         deps, problems = _resolve_after(spec, tenant, batch) if spec.after else ([], [])

@@ -306,6 +306,46 @@ def test_the_api_answers_in_chinese_when_asked(viewer, bobs_task):
     assert english.json()["detail"] == "your role in this tenant may only read"
 
 
+@pytest.mark.parametrize(
+    ("body", "field", "english", "chinese"),
+    [
+        ({"resources": {"gpus": 65}}, "resources.gpus", "must be from 0 to 64, got 65",
+         "必须在 0 到 64 之间，实际为 65"),
+        ({"comand": "x"}, "comand", "unknown key; did you mean 'command'?",
+         "未知的键；你是不是想写 'command'？"),
+        ({"env": {"LD_PRELOAD": "/x.so"}}, "env.LD_PRELOAD",
+         "cannot be set: it changes how the dynamic loader starts every program, the platform's "
+         "launcher included",
+         "不能设置：它会改变动态链接器启动每个程序的方式，包括平台自己的启动器"),
+        ({"resources": {"gpus": 8}}, "resources.gpus",
+         "asks for 8 GPUs on one node, but the largest matching node has 4",
+         "要求在一个节点上使用 8 块 GPU，但符合条件的最大节点只有 4 块"),
+    ],
+    ids=["spec-range", "spec-unknown-key", "spec-reserved-env", "submit-infeasible"],
+)  # fmt: skip
+def test_a_bad_spec_is_refused_in_the_callers_language(
+    teammate, workstation, body, field, english, chinese
+):
+    from tests.api.conftest import bearer
+
+    spec = {"name": "train", "command": "python train.py", **body}
+    client = bearer(teammate.token)
+    assert client.post("/api/v1/tasks/", spec, format="json").json()["errors"][field] == [english]
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {teammate.token}", HTTP_ACCEPT_LANGUAGE="zh-hans"
+    )
+    refused = client.post("/api/v1/tasks/", spec, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["errors"][field] == [chinese]
+    assert Task.objects.count() == 0
+
+
+def test_the_submit_form_shows_spec_errors_in_chinese(teammate, workstation):
+    response = browser(teammate, language="zh-hans").post("/portal/submit/", _form(gpus="lots"))
+    assert response.status_code == 400
+    assert "必须是 GPU 的整数个数" in " ".join(response.context["form"].errors["gpus"])
+
+
 def test_only_tenant_admins_see_the_quota_and_fair_share(owner, teammate):
     from tests.factories import QuotaFactory
 
@@ -314,3 +354,110 @@ def test_only_tenant_admins_see_the_quota_and_fair_share(owner, teammate):
     page = browser(teammate).get("/portal/").content.decode()
     assert "Fair share" not in page and "<progress" not in page
     assert "Only the tenant's admins see its quota" in page
+
+
+# --- GPU charts on the task page ------------------------------------------------------------------
+
+
+def _running_with_samples(tenant, user, gpus, seconds: int):
+    """A running task on ``gpus`` that has ``seconds`` samples a second of each."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from telemetry.models import GpuSample
+    from tests.factories import AllocationFactory
+
+    started = timezone.now() - timedelta(seconds=seconds + 5)
+    task = TaskFactory(tenant=tenant, owner=user, state="running", node=gpus[0].node,
+                       started_at=started)  # fmt: skip
+    for gpu in gpus:
+        AllocationFactory(task=task, gpu=gpu, started_at=started)
+    GpuSample.objects.bulk_create(
+        GpuSample(gpu=gpu, at=started + timedelta(seconds=s + 1), task=task, util_gpu=40 + i,
+                  memory_used_mb=1000 * (i + 1), memory_total_mb=gpu.memory_mb, simulated=True)
+        for s in range(seconds) for i, gpu in enumerate(gpus)
+    )  # fmt: skip
+    return task
+
+
+def test_the_task_page_charts_its_gpus_history_labelled_simulated(owner, workstation):
+    gpus = list(workstation.gpus.order_by("index"))[:2]
+    task = _running_with_samples(owner.tenant, owner.user, gpus, 20)
+    response = browser(owner).get(f"/portal/tasks/{task.pk}/")
+    charts = response.context["gpu_charts"]
+    assert [g["index"] for g in charts["gpus"]] == [0, 1]
+    assert len(charts["gpus"][0]["points"]) > 1
+    assert {p[1] for p in charts["gpus"][1]["points"]} == {41.0}
+    assert {p[2] for p in charts["gpus"][1]["points"]} == {2000.0}
+    assert charts["simulated"] and charts["running"]
+    page = response.content.decode()
+    assert 'id="gpu-charts-data"' in page and "simulated GPUs" in page
+    chinese = browser(owner, language="zh-hans").get(f"/portal/tasks/{task.pk}/").content.decode()
+    assert "模拟" in chinese
+
+
+def test_a_task_that_never_held_a_gpu_says_so_instead_of_a_chart(owner):
+    task = TaskFactory(tenant=owner.tenant, owner=owner.user)
+    page = browser(owner).get(f"/portal/tasks/{task.pk}/").content.decode()
+    assert 'id="gpu-history"' in page and 'id="gpu-charts-data"' not in page
+
+
+def test_the_task_page_costs_the_same_queries_with_few_or_many_samples(owner, workstation):
+    gpus = list(workstation.gpus.order_by("index"))
+    few = _running_with_samples(owner.tenant, owner.user, gpus[:1], 3)
+    many = _running_with_samples(owner.tenant, owner.user, gpus[1:], 200)
+    client = browser(owner)
+    assert _queries(client, f"/portal/tasks/{few.pk}/") == _queries(
+        client, f"/portal/tasks/{many.pk}/"
+    )
+
+
+def test_another_tenants_task_charts_are_not_found(outsider, owner, workstation):
+    gpus = list(workstation.gpus.order_by("index"))[:1]
+    task = _running_with_samples(owner.tenant, owner.user, gpus, 3)
+    assert browser(outsider).get(f"/portal/tasks/{task.pk}/").status_code == 404
+
+
+# --- Usage: allocated beside used ----------------------------------------------------------------
+
+
+def test_usage_shows_used_and_idle_beside_allocated_per_day_and_member(owner, workstation):
+    """An hour on one GPU yesterday: busy at 100% for half of it, idle for the other half."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from telemetry.models import GpuRollupMinute
+    from tests.factories import AllocationFactory
+
+    midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    started = midnight - timedelta(hours=14)
+    gpu = workstation.gpus.get(index=0)
+    task = TaskFactory(tenant=owner.tenant, owner=owner.user, state="succeeded")
+    ended = started + timedelta(hours=1)
+    AllocationFactory(task=task, gpu=gpu, started_at=started, released_at=ended, exclusive=True,
+                      memory_mb=gpu.memory_mb)  # fmt: skip
+    GpuRollupMinute.objects.bulk_create(
+        GpuRollupMinute(gpu=gpu, start=started + timedelta(minutes=m), task=task,
+                        tenant=owner.tenant, samples=60, util_gpu_mean=100.0 * (m < 30),
+                        util_gpu_max=100.0 * (m < 30))
+        for m in range(60)
+    )  # fmt: skip
+    client = browser(owner)
+    response = client.get("/portal/usage/")
+    day = next(row for row in response.context["per_day"] if row["gpu_hours"])
+    assert (day["gpu_hours"], day["used_gpu_hours"], day["idle_gpu_hours"]) == (1.0, 0.5, 0.5)
+    member = response.context["per_member"][0]
+    assert (member["member"], member["used_gpu_hours"], member["idle_gpu_hours"]) == (
+        "alice", 0.5, 0.5,
+    )  # fmt: skip
+    assert "Used GPU-hours" in response.content.decode()
+    lines = client.get("/portal/usage.csv").content.decode().splitlines()
+    assert lines[0] == "day,gpu_hours_allocated,gpu_hours_used,gpu_hours_idle_allocated"
+    assert f"{day['day'].isoformat()},1.0000,0.5000,0.5000" in lines
+    assert "alice,1.0000,0.5000,0.5000" in lines
+    # A day with nothing sampled is not measured, not zero.
+    assert any(row.endswith(",0.0000,,") for row in lines)
+    chinese = browser(owner, language="zh-hans").get("/portal/usage/").content.decode()
+    assert "实际使用" in chinese
