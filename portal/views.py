@@ -304,8 +304,13 @@ def _gpu_charts(task) -> dict | None:
     data = telemetry_selectors.series(windows=windows, start=start, end=end, step_s=step)
     # The page's own allocations carry the GPUs (prefetched by task_detail): no extra query.
     gpus = {a.gpu_id: a.gpu for a in task.allocations.all()}
-    by_uuid = {s["gpu"]: s["points"] for s in data["series"]}
-    util_at, mem_at = data["columns"].index("util_gpu"), data["columns"].index("memory_used_mb")
+    columns = data["columns"]
+    at, util_at, mem_at = (columns.index(name) for name in ("time", "util_gpu", "memory_used_mb"))
+    # Each series is columns aligned in time (``values``); the page wants points.
+    by_uuid = {
+        s["gpu"]: list(zip(s["values"][at], s["values"][util_at], s["values"][mem_at], strict=True))
+        for s in data["series"]
+    }
     return {
         "socket": "/ws/live/",
         "simulated": bool(task.node and task.node.backend == "simulated"),
@@ -316,7 +321,7 @@ def _gpu_charts(task) -> dict | None:
                 "index": gpu.index,
                 "memory_mb": gpu.memory_mb,
                 # [time, utilisation %, memory used MiB] per point
-                "points": [[p[0], p[util_at], p[mem_at]] for p in by_uuid.get(gpu.uuid, ())],
+                "points": [list(point) for point in by_uuid.get(gpu.uuid, ())],
             }
             for gpu in sorted(gpus.values(), key=lambda g: (g.node_id, g.index))
         ],
