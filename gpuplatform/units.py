@@ -8,6 +8,9 @@ should stop start-up with a message the operator can act on, not silently become
 import re
 from decimal import Decimal
 
+from django.conf import settings
+from django.utils.translation import gettext, gettext_noop
+
 _MIB = 1024 * 1024
 
 # Bytes per unit. Kubernetes-style binary suffixes (Ki, Mi, Gi, Ti) and SI decimal ones (K, M, G,
@@ -37,6 +40,8 @@ _SECONDS_PER_UNIT: dict[str, int] = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 # Units must come largest first and at most once ("1h30m", not "30m1h" or "1h1h"), so a value
 # has exactly one reading.
+# Parse errors, marked for the catalogue and translated when raised (``_t``).
+EXPECTED = gettext_noop("expected %(example)s, got %(value)s")
 _DURATION_RE = re.compile(
     r"(?:(?P<d>\d+)\s*d)?\s*(?:(?P<h>\d+)\s*h)?\s*(?:(?P<m>\d+)\s*m)?\s*(?:(?P<s>\d+)\s*s)?"
 )
@@ -55,33 +60,45 @@ def parse_memory_mb(value: object, *, field: str = "memory") -> int:
 
     Errors are ValueError starting with "<field>: " (nothing when field is "").
     """
-    example = "a size such as 24Gi or 20480Mi"
+    example = gettext_noop("a size such as 24Gi or 20480Mi")
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(_problem(field, f"expected {example}, got {value!r}"))
+        raise ValueError(_problem(field, EXPECTED, example=_t(example), value=repr(value)))
     if isinstance(value, int):
         mb = value
     else:
         mb = _parse_size_string(value, field=field, example=example)
     if mb < 1:
-        raise ValueError(_problem(field, f"must be at least 1 MiB, got {value!r}"))
+        raise ValueError(
+            _problem(
+                field, gettext_noop("must be at least 1 MiB, got %(value)s"), value=repr(value)
+            )
+        )
     return mb
 
 
 def _parse_size_string(text: str, *, field: str, example: str) -> int:
     match = _SIZE_RE.fullmatch(text.strip().lower())
     if match is None:
-        raise ValueError(_problem(field, f"expected {example}, got {text!r}"))
+        raise ValueError(_problem(field, EXPECTED, example=_t(example), value=repr(text)))
     unit = match["unit"]
     if not unit:
         raise ValueError(
-            _problem(field, f"needs a unit such as Mi or Gi: {text!r} could be bytes or MiB")
+            _problem(
+                field,
+                gettext_noop("needs a unit such as Mi or Gi: %(value)s could be bytes or MiB"),
+                value=repr(text),
+            )
         )
     if unit not in _BYTES_PER_UNIT:
         raise ValueError(
             _problem(
                 field,
-                f"unknown unit {unit!r} in {text!r}; "
-                "use Ki, Mi, Gi, Ti (binary) or K, M, G, T (decimal)",
+                gettext_noop(
+                    "unknown unit %(unit)s in %(value)s; "
+                    "use Ki, Mi, Gi, Ti (binary) or K, M, G, T (decimal)"
+                ),
+                unit=repr(unit),
+                value=repr(text),
             )
         )
     # Decimal, not float: "1.1Gi" must not lose a MiB to binary rounding.
@@ -96,15 +113,19 @@ def parse_duration_s(value: object, *, field: str = "duration") -> int:
     Zero and negative durations are rejected: every duration in the estate (a heartbeat period, a
     timeout) would make no sense at zero. Errors start with "<field>: " unless field is "".
     """
-    example = "a duration such as 30s, 5m, 6h or 1h30m"
+    example = gettext_noop("a duration such as 30s, 5m, 6h or 1h30m")
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(_problem(field, f"expected {example}, got {value!r}"))
+        raise ValueError(_problem(field, EXPECTED, example=_t(example), value=repr(value)))
     if isinstance(value, int):
         seconds = value
     else:
         seconds = _parse_duration_string(value, field=field, example=example)
     if seconds <= 0:
-        raise ValueError(_problem(field, f"must be more than zero, got {value!r}"))
+        raise ValueError(
+            _problem(
+                field, gettext_noop("must be more than zero, got %(value)s"), value=repr(value)
+            )
+        )
     return seconds
 
 
@@ -114,7 +135,7 @@ def _parse_duration_string(text: str, *, field: str, example: str) -> int:
         return int(cleaned)
     match = _DURATION_RE.fullmatch(cleaned)
     if not cleaned or match is None:
-        raise ValueError(_problem(field, f"expected {example}, got {text!r}"))
+        raise ValueError(_problem(field, EXPECTED, example=_t(example), value=repr(text)))
     return sum(
         int(amount) * _SECONDS_PER_UNIT[unit]
         for unit, amount in match.groupdict().items()
@@ -122,9 +143,18 @@ def _parse_duration_string(text: str, *, field: str, example: str) -> int:
     )
 
 
-def _problem(field: str, text: str) -> str:
+def _t(message: str, **params: object) -> str:
+    """``message`` in the active language where Django is set up (the API and the portal answer
+    in the caller's), else as written (a script or a configuration check without settings)."""
+    if settings.configured:
+        message = gettext(message)
+    return message % params if params else message
+
+
+def _problem(field: str, text: str, **params: object) -> str:
     # An empty field leaves the name out, for callers that print their own location (the
     # configuration loader prefixes the key path).
+    text = _t(text, **params)
     return f"{field}: {text}" if field else text
 
 

@@ -112,3 +112,13 @@ def test_it_formats_durations_compactly(seconds: int, expected: str) -> None:
 @pytest.mark.parametrize("seconds", [1, 59, 60, 3601, 5400, 86400, 93784])
 def test_it_reads_back_every_duration_it_formats(seconds: int) -> None:
     assert parse_duration_s(format_duration_s(seconds)) == seconds
+
+
+def test_parse_errors_speak_the_active_language_and_keep_the_field():
+    from django.utils import translation
+
+    with translation.override("zh-hans"), pytest.raises(ValueError) as error:
+        parse_duration_s("soon", field="timeout")
+    assert str(error.value) == "timeout: 应为30s、5m、6h 或 1h30m 这样的时长，实际为 'soon'"
+    with pytest.raises(ValueError, match=r"^timeout: expected a duration such as 30s"):
+        parse_duration_s("soon", field="timeout")
