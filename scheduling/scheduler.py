@@ -8,6 +8,7 @@ trigger refuses an over-allocation even if this code had a bug.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -72,6 +73,20 @@ class PassResult:
 
 def schedule_pass() -> PassResult:
     """Run one pass now (waiting for any pass already running elsewhere to finish)."""
+    # A pass builds tens of thousands of short-lived objects (one view per waiting task, their
+    # reasons) that hold no reference cycles: left on, the cycle collector ran full collections
+    # in the middle of one pass in four, adding about 70 ms each (10,000 waiting tasks). It is
+    # off for the pass, and back on (if it was) as soon as the pass ends.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _schedule_pass()
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _schedule_pass() -> PassResult:
     began = time.perf_counter()
     result = PassResult()
     with transaction.atomic():
@@ -190,21 +205,25 @@ def build_snapshot(now: datetime, digests: dict[int, int] | None = None) -> Snap
         )
     }
     gpu_views = []
-    for gpu in GPU.objects.select_related("node__pool").exclude(state=GpuState.OFFLINE):
-        row = held.get(gpu.pk, {})
+    # Values, not model instances: 256 GPUs with their node and pool cost several ms as objects.
+    gpus = GPU.objects.exclude(state=GpuState.OFFLINE).values_list(
+        "id", "node__name", "node__pool__name", "gpu_type", "memory_mb", "foreign_memory_mb",
+        "state", "node__state",
+    )  # fmt: skip
+    for gpu_id, node, pool, gpu_type, memory_mb, foreign_mb, state, node_state in gpus:
+        row = held.get(gpu_id, {})
         gpu_views.append(
             GpuView(
-                id=gpu.pk,
-                node=gpu.node.name,
-                pool=gpu.node.pool.name,
-                gpu_type=gpu.gpu_type,
-                memory_mb=gpu.memory_mb,
+                id=gpu_id,
+                node=node,
+                pool=pool,
+                gpu_type=gpu_type,
+                memory_mb=memory_mb,
                 reserved_mb=row.get("mb", 0),
-                foreign_mb=gpu.foreign_memory_mb,
+                foreign_mb=foreign_mb,
                 holders=row.get("n", 0),
                 exclusive=bool(row.get("exclusive")),
-                schedulable=gpu.state == GpuState.AVAILABLE
-                and gpu.node.state == NodeState.AVAILABLE,
+                schedulable=state == GpuState.AVAILABLE and node_state == NodeState.AVAILABLE,
             )
         )
 
