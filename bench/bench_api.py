@@ -21,9 +21,7 @@ Targets are issue 9's: 300 single-task submissions a second from 8 clients with 
 from __future__ import annotations
 
 import functools
-import http.client
 import importlib.util
-import json
 import multiprocessing
 import os
 import subprocess
@@ -40,7 +38,16 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django_q.models import OrmQ
 
-from bench.common import GTHREAD_THREADS, clear_tasks, percentile, table, verdict, web_server
+from bench.common import (
+    GTHREAD_THREADS,
+    ClientJob,
+    api_client,
+    clear_tasks,
+    percentile,
+    table,
+    verdict,
+    web_server,
+)
 from gpuplatform.dburl import current_database_url
 from scheduling.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool, Task
@@ -69,53 +76,6 @@ STARTUP_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
 ROOT = Path(__file__).resolve().parent.parent
 CPUS = os.cpu_count() or 1
-
-
-# --- Clients (forked child processes that never touch the database) -----------------------------
-
-
-def _client(job: tuple) -> dict:
-    """Send ``count`` requests on one keep-alive connection; one latency per request."""
-    port, token, method, path, count, start_at, limit_s, tag, batch = job
-    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-    if method == "POST":
-        headers["Content-Type"] = "application/json"
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    latencies: list[float] = []
-    statuses: Counter[int] = Counter()
-    sample = ""
-    connects = 0
-    while (wait := start_at - time.perf_counter()) > 0:
-        time.sleep(wait)
-    began, cpu = time.perf_counter(), time.process_time()
-    deadline = began + limit_s
-    for n in range(count):
-        if time.perf_counter() > deadline:
-            break
-        body = None
-        if method == "POST":
-            specs = [{"name": f"{tag}-{n}-{i}", "command": "python train.py --epochs 1",
-                      "resources": {"gpus": 1}} for i in range(batch or 1)]  # fmt: skip
-            body = json.dumps(specs if batch else specs[0])
-        t0 = time.perf_counter()
-        try:
-            if conn.sock is None:
-                connects += 1
-            conn.request(method, path, body=body, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-            status = response.status
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            status, data = 0, repr(exc).encode()
-        latencies.append(time.perf_counter() - t0)
-        statuses[status] += 1
-        if not 200 <= status < 300 and not sample:
-            sample = f"{status}: {data[:300].decode(errors='replace')}"
-    ended, cpu = time.perf_counter(), time.process_time() - cpu
-    conn.close()
-    return {"latencies": latencies, "statuses": dict(statuses), "began": began, "ended": ended,
-            "sample": sample, "connects": connects, "cpu_s": cpu}  # fmt: skip
 
 
 # --- Servers -------------------------------------------------------------------------------------
@@ -202,11 +162,12 @@ def run_phase(pool, port: int, secrets: list[str], method: str, path: str, total
               batch: int = 0) -> dict:  # fmt: skip
     start_at = time.perf_counter() + 0.2
     jobs = [
-        (port, secrets[i % len(secrets)], method, path,
-         total // clients + (i < total % clients), start_at, limit_s, f"{label}-{i}", batch)
+        ClientJob(port, secrets[i % len(secrets)], method, path,
+                  total // clients + (i < total % clients), start_at, limit_s, f"{label}-{i}",
+                  batch=batch)
         for i in range(clients)
     ]  # fmt: skip
-    result = pool.map_async(_client, jobs)
+    result = pool.map_async(api_client, jobs)
     time.sleep(max(0.0, start_at - time.perf_counter()))
     (server_before, db_before), (busy_before, all_before) = cpu_by_pid(proc), machine_busy()
     parts = result.get()

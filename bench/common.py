@@ -266,6 +266,7 @@ class ClientJob(NamedTuple):
     tag: str
     command: str = "python train.py --epochs 1"  # of each submitted 1-GPU task
     pool: str = ""
+    batch: int = 0  # 0: one spec per POST; N: a list of N specs per POST
 
 
 def api_client(job: ClientJob) -> dict:
@@ -290,8 +291,12 @@ def api_client(job: ClientJob) -> dict:
             resources: dict[str, object] = {"gpus": 1}
             if job.pool:
                 resources["pool"] = job.pool
-            spec = {"name": f"{job.tag}-{n}", "command": job.command, "resources": resources}
-            body = json.dumps(spec)
+            specs = [
+                {"name": f"{job.tag}-{n}-{i}" if job.batch else f"{job.tag}-{n}",
+                 "command": job.command, "resources": resources}
+                for i in range(job.batch or 1)
+            ]  # fmt: skip
+            body = json.dumps(specs if job.batch else specs[0])
         t0 = time.perf_counter()
         try:
             if conn.sock is None:
