@@ -153,7 +153,8 @@ def publish_placements(rows: Iterable[tuple[int, int, int, list[int]]]) -> None:
 
 
 def publish_scheduler(figures: Mapping) -> None:
-    """A pass's figures (passes, last_pass_at, last_pass_ms, placed, waiting), for operators."""
+    """A pass's figures (last_pass_at, last_pass_ms, placed, preempted, waiting), for
+    operators."""
     publish([(None, {"kind": "scheduler", **figures, "at": time.time()})])
 
 
@@ -177,7 +178,12 @@ def publish_reasons(rows: Iterable[tuple[int, int, str]]) -> None:
     publish(events)
 
 
-def publish_samples(*, node_id: int, samples: Iterable[Any]) -> None:
+def publish_samples(
+    *,
+    node_id: int,
+    samples: Iterable[Any],
+    tenants_by_gpu: Mapping[int, Iterable[int]] | None = None,
+) -> None:
     """One node's GPU samples of one tick: all of them to operators, and each tenant the
     samples of the GPUs its running tasks hold. ``samples`` are telemetry's stored GpuSample
     rows (gpu_id, ``at`` a datetime), its readings (gpu_uuid, ``at`` in epoch seconds) or
@@ -190,10 +196,14 @@ def publish_samples(*, node_id: int, samples: Iterable[Any]) -> None:
     if any(_field(sample, "gpu_id") is None for sample in samples):
         ids = dict(GPU.objects.filter(node_id=node_id).values_list("uuid", "pk"))
     holders: dict[int, set[int]] = defaultdict(set)
-    for gpu_id, tenant_id in Allocation.objects.filter(
-        gpu__node_id=node_id, released_at__isnull=True
-    ).values_list("gpu_id", "task__tenant_id"):
-        holders[gpu_id].add(tenant_id)
+    if tenants_by_gpu is not None:  # the caller read them already (the sampler, each tick)
+        for gpu_id, tenant_ids in tenants_by_gpu.items():
+            holders[gpu_id].update(tenant_ids)
+    else:
+        for gpu_id, tenant_id in Allocation.objects.filter(
+            gpu__node_id=node_id, released_at__isnull=True
+        ).values_list("gpu_id", "task__tenant_id"):
+            holders[gpu_id].add(tenant_id)
     rows = []
     for sample in samples:
         gpu_id = _field(sample, "gpu_id") or ids.get(_field(sample, "gpu_uuid"))

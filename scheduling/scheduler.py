@@ -127,7 +127,6 @@ def _schedule_pass() -> PassResult:
         store_line(decision.line)
         live.publish_scheduler(
             {
-                "passes": SchedulerState.objects.values_list("passes", flat=True).get(pk=1),
                 "last_pass_at": now.timestamp(),
                 "last_pass_ms": round(result.ms, 1),
                 "placed": len(result.placed),

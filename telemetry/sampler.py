@@ -45,7 +45,11 @@ class Sampler:
         samples = self.backend.sample(reserved_mb=reserved)
         events = self.backend.xid_events()
         rows = services.record_samples(node=node, samples=samples, holders=holders)
-        live.publish_samples(node_id=node.pk, samples=rows)
+        live.publish_samples(
+            node_id=node.pk,
+            samples=rows,
+            tenants_by_gpu={h.gpu_id: h.tenant_ids for h in holders.values()},
+        )
         simulated = self.backend.name == "simulated"
         if events:
             services.xids_handle(node=node, events=events, simulated=simulated)

@@ -30,6 +30,7 @@ class Holder:
     task_id: int | None = None
     tenant_id: int | None = None
     reserved_mb: int = 0  # by every task on the GPU together
+    tenant_ids: frozenset[int] = frozenset()  # of every task on the GPU (the live plane's groups)
 
 
 def gpu_holders(*, node: Node) -> dict[str, Holder]:
@@ -50,11 +51,14 @@ def gpu_holders(*, node: Node) -> dict[str, Holder]:
         if current is None:
             continue
         reserved = current.reserved_mb + memory_mb
+        tenants = current.tenant_ids | {tenant_id}
         if memory_mb > best.get(uuid, -1):
             best[uuid] = memory_mb
-            holders[uuid] = Holder(current.gpu_id, task_id, tenant_id, reserved)
+            holders[uuid] = Holder(current.gpu_id, task_id, tenant_id, reserved, tenants)
         else:
-            holders[uuid] = Holder(current.gpu_id, current.task_id, current.tenant_id, reserved)
+            holders[uuid] = Holder(
+                current.gpu_id, current.task_id, current.tenant_id, reserved, tenants
+            )
     return holders
 
 
