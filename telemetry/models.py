@@ -39,6 +39,19 @@ METRICS = (
 )
 
 
+def _holder(model: str) -> models.ForeignKey:
+    """The task or tenant that held the GPU: history outlives them, so no constraint (a deleted
+    task leaves its samples) and no index (reads go by GPU and time, then filter)."""
+    return models.ForeignKey(
+        model,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        null=True,
+        related_name="+",
+    )
+
+
 class GpuSample(models.Model):
     pk = models.CompositePrimaryKey("gpu_id", "at")
     # Not indexed alone: the leading column of the (gpu, time) index serves it.
@@ -46,22 +59,8 @@ class GpuSample(models.Model):
         "scheduling.GPU", on_delete=models.CASCADE, related_name="+", db_index=False
     )
     at = models.DateTimeField()
-    task = models.ForeignKey(
-        "scheduling.Task",
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        db_index=False,
-        null=True,
-        related_name="+",
-    )
-    tenant = models.ForeignKey(
-        "tenants.Tenant",
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        db_index=False,
-        null=True,
-        related_name="+",
-    )
+    task = _holder("scheduling.Task")
+    tenant = _holder("tenants.Tenant")
     simulated = models.BooleanField(default=False)
     lost = models.BooleanField(default=False)
     util_gpu = models.SmallIntegerField(null=True)
@@ -92,22 +91,8 @@ class GpuRollup(models.Model):
         "scheduling.GPU", on_delete=models.CASCADE, related_name="+", db_index=False
     )
     start = models.DateTimeField(help_text="Start of the bucket.")
-    task = models.ForeignKey(
-        "scheduling.Task",
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        db_index=False,
-        null=True,
-        related_name="+",
-    )
-    tenant = models.ForeignKey(
-        "tenants.Tenant",
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        db_index=False,
-        null=True,
-        related_name="+",
-    )
+    task = _holder("scheduling.Task")
+    tenant = _holder("tenants.Tenant")
     samples = models.PositiveIntegerField(help_text="Raw samples summarised.")
     simulated = models.BooleanField(default=False)
     util_gpu_min = models.FloatField(null=True)
