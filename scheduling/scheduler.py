@@ -15,15 +15,14 @@ import logging
 import time
 import zlib
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import psycopg
 from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
+from gpuplatform.db import server_bound_cursor
 from live import events as live
 from scheduling import estate, fairshare, passes, services, states
 from scheduling.launcher import lifecycle
@@ -483,7 +482,7 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
             ids.append(task_id)
             which.append(n + 1)  # SQL arrays count from 1
     if ids:
-        with _binary_cursor() as cursor:
+        with server_bound_cursor() as cursor:
             cursor.execute(
                 """
                 UPDATE scheduling_task AS t
@@ -522,17 +521,3 @@ def _digest(reason: str, record: str) -> int:
     """A signed 64-bit digest of a stored (reason, wait): what bigint holds."""
     raw = hashlib.blake2b(f"{reason}\0{record}".encode(), digest_size=8).digest()
     return int.from_bytes(raw, "big", signed=True) or 1  # 0 means "not written by a pass"
-
-
-@contextmanager
-def _binary_cursor():
-    """A cursor on Django's connection (so its transaction) that binds parameters on the
-    server in binary: Django's client-side binding quoted a 10,000-element array in Python
-    (about 18 ms), psycopg's C dumpers send it in well under one."""
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as raw:
-        # Wrapped as Django wraps its own: the statements are counted and logged like others.
-        if connection.queries_logged:
-            yield connection.make_debug_cursor(raw)
-        else:
-            yield connection.make_cursor(raw)

@@ -7,15 +7,14 @@ allocations, and another tenant's task is not found (404).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import psycopg
 from django.db import connection
 from django.utils import timezone
 
+from gpuplatform.db import server_bound_cursor
 from scheduling import estate
 from scheduling import selectors as scheduling_selectors
 from scheduling.models import GPU, Allocation, Node, Task
@@ -149,7 +148,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
           JOIN {GPU._meta.db_table} g ON g.id = q.gpu_id
           JOIN {Node._meta.db_table} n ON n.id = g.node_id
     """  # noqa: S608 - table names are ours
-    with _binary_cursor() as cursor:
+    with server_bound_cursor(binary_results=True) as cursor:
         cursor.execute(sql, [*head, *params])
         rows = cursor.fetchall()
     gpus: dict[int, tuple] = {}
@@ -174,20 +173,6 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         uuid, index, node = gpus[gpu_id]
         series_out.append({"gpu": uuid, "index": index, "node": node, "values": values})
     return {"source": source, "step": step_s, "columns": COLUMNS, "series": series_out}
-
-
-@contextmanager
-def _binary_cursor() -> Iterator:
-    """A cursor whose results come in PostgreSQL's binary format (Django's own binds
-    parameters client-side, which allows text only): arrays of numbers arrive as machine
-    words, not text to parse: a third less time for a 32-GPU quarter-hour. Wrapped like
-    Django's cursors, so query logging and execute wrappers still see the query."""
-    connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
-    raw.format = psycopg.pq.Format.BINARY
-    wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
-    with wrap(raw) as cursor:
-        yield cursor
 
 
 def gpu_windows(*, gpus: Iterable[GPU], start: datetime, end: datetime) -> list[Window]:
