@@ -7,8 +7,6 @@ the supervisors it started are detached and live on regardless.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import signal
 import subprocess
@@ -17,17 +15,16 @@ import time
 
 from django.conf import settings
 
+from scheduling.launcher import procs
 from scheduling.launcher.environ import platform_environment
 
 logger = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1
 RESTART_DELAY_S = 2.0
 
 
 def _die_with_parent() -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    procs.prctl(procs.PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class NodeCluster:
@@ -39,6 +36,7 @@ class NodeCluster:
     def start(self) -> None:
         # No secret in its environment: supervisors are forked from its workers.
         environ = platform_environment(Q_CLUSTER_NAME=self.node_name)
+        procs.warm()  # not in the child, between fork and exec
         self.proc = subprocess.Popen(  # noqa: S603 - fixed argv
             [sys.executable, "manage.py", "qcluster"],
             cwd=settings.BASE_DIR,

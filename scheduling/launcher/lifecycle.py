@@ -25,7 +25,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from scheduling import passes, services
-from scheduling.launcher import cgroups, paths, tracking
+from scheduling.launcher import cgroups, paths, procs, tracking
 from scheduling.launcher.environ import platform_environment
 from scheduling.launcher.procs import ProcessId
 from scheduling.launcher.reports import STOPPING, attempt_finished, requeue_lost
@@ -127,19 +127,43 @@ def spawn_supervisor(attempt: TaskAttempt) -> None:
 def _fork_supervisor(task_id: int, attempt_no: int, sink) -> None:
     """Double fork: the first child starts a new session and exits at once (we reap it), so
     the supervisor, its child, is nobody's zombie and in nobody's process group."""
-    connections.close_all()  # the children must open their own connection, never share ours
+    _warm_before_fork()
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
         return
     code = 1
     try:
+        _forget_inherited_connections()
         os.setsid()
         if os.fork() == 0:
             _be_supervisor(task_id, attempt_no, sink)  # never returns
         code = 0
     finally:
         os._exit(code)
+
+
+def _warm_before_fork() -> None:
+    """Load once, in the long-lived parent, what each supervisor would otherwise load for
+    itself: libc for prctl, and the channel layer it reports live events through (importing
+    channels_postgres took ~20 ms of CPU in every supervisor)."""
+    from channels.layers import get_channel_layer
+
+    procs.warm()
+    get_channel_layer()
+
+
+# The parent's database sessions, as the forked child inherited them. The child opens its own;
+# these are kept referenced and never closed here (closing would end the session for the parent,
+# which goes on using it: it would otherwise have to close and reconnect before every fork).
+_INHERITED: list = []
+
+
+def _forget_inherited_connections() -> None:
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            _INHERITED.append(conn.connection)
+            conn.connection = None
 
 
 def _be_supervisor(task_id: int, attempt_no: int, sink) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import signal
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import psutil
 
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
@@ -23,23 +25,34 @@ PR_SET_CHILD_SUBREAPER = 36
 SUPERVISOR_NAME = "gpup-supervisor"
 
 
-def become_subreaper() -> bool:
-    """Make orphaned descendants re-parent to this process instead of init (Linux only)."""
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    # find_library runs ``ldconfig -p`` (a fork and exec) each time: once per process, and
+    # before a fork (``warm``), not in every supervisor (three of them cost ~15 ms each).
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def warm() -> None:
+    """Load what the helpers below need in this process, so its forked children do not."""
+    _libc()
+
+
+def prctl(option: int, value: int | bytes) -> bool:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return _libc().prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process instead of init (Linux only)."""
+    return prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def hide_from_same_user() -> bool:
     """Not dumpable: ``/proc/<pid>/environ``, ``mem`` and ptrace are closed even to processes
     of the same user (a task in single-user mode), as ssh-agent does. Reset by exec."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return prctl(PR_SET_DUMPABLE, 0)
 
 
 def set_title(title: str) -> None:
@@ -55,11 +68,7 @@ def set_title(title: str) -> None:
 
 def set_name(name: str) -> None:
     """The process name ps, top and psutil show (Linux: 15 bytes at most)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    prctl(PR_SET_NAME, name.encode()[:15])
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,22 @@ def test_a_task_runs_with_its_gpus_and_its_output_is_logged(launcher, node, lab)
     assert task.reason == "exited with 3"
 
 
+def backend_pid() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def test_forking_a_supervisor_keeps_the_launchers_own_database_session(launcher, node, lab):
+    """The launcher forks a supervisor per task. It used to close its session first (a new
+    PostgreSQL backend per task); the child opens its own and never touches the parent's."""
+    before = backend_pid()
+    task = start(lab, "true")
+    wait_for(state_of(task, "succeeded"))
+    assert backend_pid() == before
+    assert attempt_of(task).supervisor_pid is not None
+
+
 @pytest.mark.parametrize(("command", "state", "code"), [
     ("true", "succeeded", 0),
     ("exit 3", "failed", 3),
