@@ -243,12 +243,13 @@ def timelines(task_ids: list[int], offset: float) -> list[dict[str, object]]:
     ):
         if isinstance(result, dict) and result.get("placed"):
             passes_run.append((started.timestamp(), stopped.timestamp(), result["ms"] / 1000))
-    launches = {}  # task id -> when its launch was enqueued
+    launches = {}  # task id -> when its launch was enqueued (one job per node and pass)
     for started, args in Success.objects.filter(
-        func="scheduling.launcher.tasks.launch"
+        func="scheduling.launcher.tasks.launch_many"
     ).values_list("started", "args"):
-        if args and args[1] == 1:
-            launches[args[0]] = started.timestamp()
+        for task_id, attempt_no in args[0] if args else ():
+            if attempt_no == 1:
+                launches[task_id] = started.timestamp()
 
     out = []
     for task_id in task_ids:

@@ -19,6 +19,7 @@ from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend
 from scheduling.launcher import environ, gpuwatch, identity, lifecycle, tracking
 from scheduling.launcher.cluster import NodeCluster
+from scheduling.launcher.relay import Relay
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class NodeAgent:
                 self.name,
                 identity.SINGLE_USER_NOTE,
             )
+        relay = self._relay() if launcher else None
         cluster = NodeCluster(self.name) if launcher else None
         if cluster is not None:
             cluster.start()
@@ -158,8 +160,20 @@ class NodeAgent:
             sampler.stop()
         if cluster is not None:
             cluster.stop()
+        if relay is not None:
+            relay.stop()
         self.backend.close()
         logger.info("node agent %s stopped", self.name)
+
+    def _relay(self) -> Relay | None:
+        """Take the supervisors' reports on a thread of its own (launcher.relay)."""
+        try:
+            relay = Relay(self.name)
+        except OSError as exc:  # another agent of this node holds it: supervisors write
+            logger.error("node %s: cannot take supervisors' reports: %s", self.name, exc)
+            return None
+        relay.start()
+        return relay
 
     def _sampler(self):
         """Start GPU sampling on its own thread (telemetry.sampler): the heartbeat loop above

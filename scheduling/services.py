@@ -63,6 +63,42 @@ def task_transition(
     to_state = TaskState(to_state)
     states.check(from_state, to_state)
     now = timezone.now()
+    updates = _transition_updates(from_state, to_state, reason, now, fields)
+    changed = Task.objects.filter(pk=task.pk, state=from_state).update(**updates)
+    if not changed:
+        raise StaleTask(f"task {task.pk} is no longer {from_state}")
+    _transitioned([(task, from_state, updates)], to_state, now, actor, wake_scheduler)
+    return task
+
+
+@transaction.atomic
+def task_transitions(
+    moves: Iterable[tuple[Task, str]], *, to_state: TaskState | str, **fields: Any
+) -> None:
+    """Move many tasks to ``to_state``, each with its own reason, in a few statements: what
+    ``task_transition`` does for one. The caller holds the tasks' rows locked (select_for_update)
+    and read their state under the lock, so no update here can race another process."""
+    to_state = TaskState(to_state)
+    now = timezone.now()
+    done, rows = [], []
+    for task, reason in moves:
+        from_state = TaskState(task.state)
+        states.check(from_state, to_state)
+        updates = _transition_updates(from_state, to_state, reason, now, fields)
+        done.append((task, from_state, updates))
+        for name, value in updates.items():
+            setattr(task, name, value)
+        rows.append(task)
+    if not rows:
+        return
+    # Every row gets every field any of them changed: the others keep the values read under lock.
+    Task.objects.bulk_update(rows, list({name: None for _, _, u in done for name in u}))
+    _transitioned(done, to_state, now, None, True)
+
+
+def _transition_updates(
+    from_state: TaskState, to_state: TaskState, reason: str, now: datetime, fields: dict
+) -> dict[str, Any]:
     # A new state makes the last pass's assessment stale; the next pass writes a fresh one.
     updates: dict[str, Any] = {
         "state": to_state,
@@ -80,29 +116,44 @@ def task_transition(
         updates["finished_at"] = now
     elif to_state == TaskState.PENDING:
         updates.update(node=None, scheduled_at=None, started_at=None, finished_at=None)
+    return updates
 
-    changed = Task.objects.filter(pk=task.pk, state=from_state).update(**updates)
-    if not changed:
-        raise StaleTask(f"task {task.pk} is no longer {from_state}")
-    if from_state in states.HOLDS_GPUS and to_state not in states.HOLDS_GPUS:
-        Allocation.objects.filter(task_id=task.pk, released_at__isnull=True).update(released_at=now)
-    for name, value in updates.items():
-        setattr(task, name, value)
-    TaskEvent.objects.create(
-        task=task,
-        at=now,
-        from_state=from_state,
-        to_state=to_state,
-        reason=reason,
-        attempt=task.attempt,
-        actor=actor,
-    )
-    live.publish_tasks([task])
+
+def _transitioned(
+    done: list[tuple[Task, TaskState, dict[str, Any]]],
+    to_state: TaskState,
+    now: datetime,
+    actor: AbstractBaseUser | None,
+    wake_scheduler: bool,
+) -> None:
+    """What follows the UPDATE of the tasks in ``done``: their GPUs released if they left the
+    states that hold them, one TaskEvent each, live events, and a pass if one may start."""
+    frees = [task.pk for task, from_state, _ in done if from_state in states.HOLDS_GPUS]
+    frees = frees if to_state not in states.HOLDS_GPUS else []
+    if frees:
+        Allocation.objects.filter(task_id__in=frees, released_at__isnull=True).update(
+            released_at=now
+        )
+    events = []
+    for task, from_state, updates in done:
+        for name, value in updates.items():
+            setattr(task, name, value)
+        events.append(
+            TaskEvent(
+                task=task,
+                at=now,
+                from_state=from_state,
+                to_state=to_state,
+                reason=updates["reason"],
+                attempt=task.attempt,
+                actor=actor,
+            )
+        )
+    TaskEvent.objects.bulk_create(events)
+    live.publish_tasks([task for task, _, _ in done])
     # Freed GPUs, a task back in the queue, or a serial queue's head gone: the next may start.
-    frees = from_state in states.HOLDS_GPUS and to_state not in states.HOLDS_GPUS
     if wake_scheduler and (frees or to_state in states.TERMINAL or to_state == TaskState.PENDING):
         passes.request_pass()
-    return task
 
 
 @transaction.atomic

@@ -167,7 +167,7 @@ class NvmlBackend(GpuBackend):
     def _sample_device(self, handle: Any, uuid: str, at: float) -> GpuSample:
         nvml = self._nvml
         rates = self._optional(nvml.nvmlDeviceGetUtilizationRates, handle)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        memory = self._memory(handle)
         power_mw = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
         limit_mw = self._optional(nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
         ecc = getattr(nvml, "NVML_VOLATILE_ECC", 0)
@@ -197,6 +197,22 @@ class NvmlBackend(GpuBackend):
                 handle,
             ),
         )
+
+    def _memory(self, handle: Any) -> Any:
+        """Memory as nvidia-smi shows it: version 2 of the call (drivers since 510) leaves the
+        driver's own reserve out of ``used``; version 1 counts it in (480 MiB on an idle H100,
+        seen on a real one). Older drivers and bindings answer version 1."""
+        nvml = self._nvml
+        v2 = getattr(nvml, "nvmlMemory_v2", None)
+        if v2 is not None:
+            try:
+                return nvml.nvmlDeviceGetMemoryInfo(handle, version=v2)
+            except TypeError:
+                pass  # bindings without the version argument
+            except nvml.NVMLError as exc:
+                if not isinstance(exc, _unsupported(nvml)):
+                    raise
+        return nvml.nvmlDeviceGetMemoryInfo(handle)
 
     def _optional(self, call: Callable[..., Any], *args: Any) -> Any:
         """The call's answer, or None where this GPU or driver does not support it (consumer

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -50,10 +51,15 @@ def dispatch(func: str, task: Task, *args: object) -> None:
 
 
 def dispatch_launches(task_ids: list[int]) -> None:
-    for task in Task.objects.filter(pk__in=task_ids, state=TaskState.SCHEDULED).select_related(
-        "node"
-    ):
-        dispatch("launch", task, task.attempt)
+    """One launch job per node for what a pass placed there, not one per task."""
+    if not settings.LAUNCH_TASKS:
+        return
+    by_node: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    placed = Task.objects.filter(pk__in=task_ids, state=TaskState.SCHEDULED, node__isnull=False)
+    for task_id, attempt_no, node_name in placed.values_list("pk", "attempt", "node__name"):
+        by_node[node_name].append((task_id, attempt_no))
+    for node_name, pairs in by_node.items():
+        async_task("scheduling.launcher.tasks.launch_many", pairs, cluster=node_name)
 
 
 # --- Launch (runs on the node) -----------------------------------------------------------------
@@ -61,14 +67,28 @@ def dispatch_launches(task_ids: list[int]) -> None:
 
 def launch(task_id: int, attempt_no: int) -> str:
     """Start a supervisor for this attempt, once, however often the launch is delivered."""
-    task = Task.objects.select_related("tenant", "node").filter(pk=task_id).first()
+    return launch_many([(task_id, attempt_no)])[0]
+
+
+def launch_many(pairs: list[tuple[int, int]]) -> list[str]:
+    """``launch`` for each (task id, attempt number), reading them all in two queries."""
+    ids = [task_id for task_id, _ in pairs]
+    tasks = Task.objects.select_related("tenant", "node").in_bulk(ids)
+    uuids: dict[tuple[int, int], list[str]] = defaultdict(list)
+    held = Allocation.objects.filter(task_id__in=ids, released_at__isnull=True).order_by(
+        "gpu__index"
+    )
+    for task_id, attempt_no, uuid in held.values_list("task_id", "attempt", "gpu__uuid"):
+        uuids[(task_id, attempt_no)].append(uuid)
+    return [
+        _launch(tasks.get(task_id), attempt_no, uuids[(task_id, attempt_no)])
+        for task_id, attempt_no in pairs
+    ]
+
+
+def _launch(task: Task | None, attempt_no: int, uuids: list[str]) -> str:
     if task is None or task.state != TaskState.SCHEDULED or task.attempt != attempt_no:
         return "stale: the task moved on"
-    uuids = list(
-        Allocation.objects.filter(task=task, attempt=attempt_no, released_at__isnull=True)
-        .order_by("gpu__index")
-        .values_list("gpu__uuid", flat=True)
-    )
     log = paths.log_path(task.tenant.name, task.pk, attempt_no)
     cluster = os.environ.get("Q_CLUSTER_NAME", "")
     if cluster and cluster != task.node.name:
@@ -100,7 +120,7 @@ def spawn_supervisor(attempt: TaskAttempt) -> None:
     out = paths.attempt_dir(attempt.task.tenant.name, attempt.task_id)
     sink = out / f"supervisor-{attempt.number}.log"
     if settings.SUPERVISOR_START == "fork":
-        _fork_supervisor(attempt.task_id, attempt.number, sink)
+        _fork_supervisor(attempt, sink)
         return
     argv = [
         sys.executable,
@@ -124,7 +144,7 @@ def spawn_supervisor(attempt: TaskAttempt) -> None:
         )
 
 
-def _fork_supervisor(task_id: int, attempt_no: int, sink) -> None:
+def _fork_supervisor(attempt: TaskAttempt, sink) -> None:
     """Double fork: the first child starts a new session and exits at once (we reap it), so
     the supervisor, its child, is nobody's zombie and in nobody's process group."""
     _warm_before_fork()
@@ -137,7 +157,7 @@ def _fork_supervisor(task_id: int, attempt_no: int, sink) -> None:
         _forget_inherited_connections()
         os.setsid()
         if os.fork() == 0:
-            _be_supervisor(task_id, attempt_no, sink)  # never returns
+            _be_supervisor(attempt, sink)  # never returns
         code = 0
     finally:
         os._exit(code)
@@ -166,7 +186,7 @@ def _forget_inherited_connections() -> None:
             conn.connection = None
 
 
-def _be_supervisor(task_id: int, attempt_no: int, sink) -> None:
+def _be_supervisor(attempt: TaskAttempt, sink) -> None:
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -181,7 +201,7 @@ def _be_supervisor(task_id: int, attempt_no: int, sink) -> None:
         logging.basicConfig(
             level=logging.INFO, force=True, format="%(asctime)s %(levelname)s %(message)s"
         )
-        code = Supervisor(task_id, attempt_no).run()
+        code = Supervisor(attempt).run()
     except BaseException:
         traceback.print_exc()
     finally:

@@ -7,6 +7,7 @@ module only, ``lifecycle`` (which starts supervisors) imports both.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -27,30 +28,53 @@ USER_FAILURES = ("failed", "timed_out")
 # --- Reports from the supervisor -----------------------------------------------------------------
 
 
-def attempt_started(attempt: TaskAttempt, pid: ProcessId) -> bool:
-    """The command runs: record its identity and move the task to running.
+@dataclass(frozen=True)
+class StartReport:
+    attempt_id: int
+    supervisor: ProcessId
+    pid: ProcessId
 
-    False when the task was cancelled or moved on meanwhile: the supervisor stops at once.
-    """
+
+def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
+    """Commands that run: record each one's supervisor and process and move its task to
+    running, all in one transaction. Returns, per attempt id, whether it may go on: False when
+    its task was cancelled or moved on meanwhile (the supervisor then stops at once)."""
+    started: dict[int, bool] = {report.attempt_id: False for report in reports}
     with transaction.atomic():
-        attempt = (
-            TaskAttempt.objects.select_for_update(of=("self",))
+        attempts = {
+            attempt.pk: attempt
+            for attempt in TaskAttempt.objects.select_for_update(of=("self",))
             .select_related("node")
-            .get(pk=attempt.pk)
+            .filter(pk__in=started)
+            .order_by("pk")
+        }
+        tasks = Task.objects.select_for_update().filter(
+            pk__in={attempt.task_id for attempt in attempts.values()}
         )
-        attempt.pid, attempt.pid_started, attempt.started_at = pid.pid, pid.started, timezone.now()
-        attempt.save(update_fields=["pid", "pid_started", "started_at"])
-        task = Task.objects.select_for_update().get(pk=attempt.task_id)
-        if attempt.stop_requested or task.attempt != attempt.number:
-            return False
-        if task.state != TaskState.SCHEDULED:
-            return False
-        services.task_transition(
-            task=task,
-            to_state=TaskState.RUNNING,
-            reason=f"started on {attempt.node.name} (pid {pid.pid})",
+        tasks = {task.pk: task for task in tasks.order_by("pk")}
+        now = timezone.now()
+        moves = []
+        for report in reports:
+            attempt = attempts.get(report.attempt_id)
+            if attempt is None or attempt.pid is not None:
+                continue  # unknown, or a repeated report: the first one counted
+            attempt.supervisor_pid = report.supervisor.pid
+            attempt.supervisor_started = report.supervisor.started
+            attempt.pid, attempt.pid_started = report.pid.pid, report.pid.started
+            attempt.started_at = now
+            task = tasks[attempt.task_id]
+            if attempt.stop_requested or task.attempt != attempt.number:
+                continue
+            if task.state != TaskState.SCHEDULED:
+                continue
+            started[attempt.pk] = True
+            moves.append((task, f"started on {attempt.node.name} (pid {report.pid.pid})"))
+        TaskAttempt.objects.bulk_update(
+            list(attempts.values()),
+            ["supervisor_pid", "supervisor_started", "pid", "pid_started", "started_at"],
         )
-    return True
+        services.task_transitions(moves, to_state=TaskState.RUNNING)
+    return started
 
 
 def still_wanted(attempt_id: int) -> bool:
@@ -66,6 +90,66 @@ def still_wanted(attempt_id: int) -> bool:
         and row["task__attempt"] == row["number"]
         and row["task__state"] in HOLDS_GPUS
     )
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    task_id: int
+    attempt_no: int
+    exit_code: int | None
+    timed_out: bool = False
+    problem: str = ""
+    note: str = ""
+
+
+def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:
+    """``attempt_finished`` for many attempts in one transaction; the common case, a running
+    task that exited with 0, in a few statements for all of them. Returns each outcome by
+    (task id, attempt number)."""
+    outcomes: dict[tuple[int, int], str] = {}
+    with transaction.atomic():
+        keys = {(report.task_id, report.attempt_no) for report in reports}
+        attempts = {
+            (attempt.task_id, attempt.number): attempt
+            for attempt in TaskAttempt.objects.select_for_update()
+            .filter(task_id__in={task_id for task_id, _ in keys})
+            .order_by("pk")
+            if (attempt.task_id, attempt.number) in keys
+        }
+        tasks = Task.objects.select_for_update().filter(pk__in={t for t, _ in keys})
+        tasks = {task.pk: task for task in tasks.order_by("pk")}
+        now = timezone.now()
+        succeeded, moves = [], []
+        for report in reports:
+            key = (report.task_id, report.attempt_no)
+            attempt, task = attempts.get(key), tasks.get(report.task_id)
+            if key in outcomes or attempt is None or attempt.outcome:
+                continue  # the general path below answers these
+            plain = not (report.timed_out or report.problem or attempt.stop_requested)
+            if (
+                plain
+                and report.exit_code == 0
+                and task.attempt == attempt.number
+                and (task.state == TaskState.RUNNING)
+            ):
+                attempt.exit_code, attempt.outcome, attempt.ended_at = 0, "succeeded", now
+                succeeded.append(attempt)
+                moves.append((task, "; ".join(filter(None, ["exited with 0", report.note]))))
+                outcomes[key] = "succeeded"
+        TaskAttempt.objects.bulk_update(succeeded, ["exit_code", "outcome", "ended_at"])
+        services.task_transitions(moves, to_state=TaskState.SUCCEEDED, exit_code=0)
+        for report in reports:
+            key = (report.task_id, report.attempt_no)
+            if key not in outcomes:
+                outcomes[key] = attempt_finished(
+                    report.task_id,
+                    report.attempt_no,
+                    report.exit_code,
+                    timed_out=report.timed_out,
+                    problem=report.problem,
+                    note=report.note,
+                )
+    return outcomes
 
 
 def attempt_finished(

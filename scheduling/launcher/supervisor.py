@@ -3,7 +3,9 @@
 Started detached by the node's launch task (forked from it, or as a fresh interpreter). It runs
 the command with ``/bin/sh -c`` in the tenant's work directory, as the tenant's Unix user when
 it is root, inside the attempt's own cgroup (see ``tracking``); it copies the task's output
-into the attempt's log, and reports to the database. Signals from the node's control task:
+into the attempt's log, and reports that the command started and how it ended through the node
+agent (``relay``, which writes many supervisors' reports at once), or to the database itself
+when the agent cannot take them. Signals from the node's control task:
 SIGTERM stops the task (SIGTERM, grace, then the whole cgroup or process tree is killed),
 SIGUSR1 pauses it (freeze), SIGUSR2 resumes it (thaw). It enforces the timeout itself, and
 writes the exit status to a file reserved in advance before telling the database, so the status
@@ -142,12 +144,9 @@ class LogRelay:
 
 
 class Supervisor:
-    def __init__(self, task_id: int, attempt_no: int) -> None:
-        from scheduling.models import TaskAttempt
-
-        self.attempt = TaskAttempt.objects.select_related("task__tenant", "node").get(
-            task_id=task_id, number=attempt_no
-        )
+    def __init__(self, attempt) -> None:
+        """``attempt`` with its task, tenant and node, as the launcher has them in memory."""
+        self.attempt = attempt
         self.task = self.attempt.task
         self.stop_asked = False
         self.pause_asked: bool | None = None
@@ -155,6 +154,16 @@ class Supervisor:
         self.paused_total = 0.0
         self.tracker = None
         self.relay: LogRelay | None = None
+
+    @classmethod
+    def of(cls, task_id: int, attempt_no: int) -> Supervisor:
+        from scheduling.models import TaskAttempt
+
+        return cls(
+            TaskAttempt.objects.select_related("task__tenant", "node").get(
+                task_id=task_id, number=attempt_no
+            )
+        )
 
     # -- signals from the control task --
 
@@ -176,8 +185,7 @@ class Supervisor:
     # -- the run --
 
     def run(self) -> int:
-        from scheduling.launcher import environ, identity, paths, procs, reports, tracking
-        from scheduling.models import TaskAttempt
+        from scheduling.launcher import environ, identity, paths, procs, tracking
 
         procs.become_subreaper()
         procs.hide_from_same_user()
@@ -186,14 +194,6 @@ class Supervisor:
         )
         environ.drop_secrets_from_environ()
         self.install_signals()
-        me = procs.ProcessId.of(os.getpid())
-        self.db(
-            lambda: TaskAttempt.objects.filter(pk=self.attempt.pk).update(
-                supervisor_pid=me.pid, supervisor_started=me.started
-            ),
-            forever=True,
-            keep=True,  # reported again in milliseconds, once the task runs: one connection
-        )
         tenant = self.task.tenant
         exit_file = paths.exit_path(tenant.name, self.task.pk, self.attempt.number)
         paths.reserve_exit_record(exit_file)  # False: the database is the only record left
@@ -226,14 +226,23 @@ class Supervisor:
             return self.finish(None, problem=f"cannot start the command: {exc}")
         finally:
             os.close(self.relay.write_fd)  # the task holds the only writing end now
-        started = self.db(
-            lambda: reports.attempt_started(self.attempt, procs.ProcessId.of(child.pid)),
-            forever=True,
-        )
-        if not started:
+        if not self.report_started(procs.ProcessId.of(child.pid)):
             self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
             return self.finish(child.wait())
         return self.watch(child)
+
+    def report_started(self, pid) -> bool:
+        """Through the node agent (with other supervisors' reports); if it cannot take it, to
+        the database ourselves. Until this is written, reconciliation treats the attempt as
+        still launching (LAUNCH_PATIENCE), then kills what it left, by its cgroup."""
+        from scheduling.launcher import procs, relay, reports
+
+        me = procs.ProcessId.of(os.getpid())
+        reply = relay.send(self.attempt.node.name, relay.started_message(self.attempt, me, pid))
+        if reply is not None:
+            return bool(reply["started"])
+        report = reports.StartReport(self.attempt.pk, me, pid)
+        return self.db(lambda: reports.attempts_started([report])[report.attempt_id], forever=True)
 
     def watch(self, child: subprocess.Popen) -> int:
         from scheduling.launcher import procs, reports
@@ -311,7 +320,7 @@ class Supervisor:
     # -- the end --
 
     def finish(self, returncode: int | None, *, timed_out: bool = False, problem: str = "") -> int:
-        from scheduling.launcher import paths, reports
+        from scheduling.launcher import paths, relay, reports
 
         exit_code = (
             None if returncode is None else (returncode if returncode >= 0 else 128 - returncode)
@@ -337,15 +346,15 @@ class Supervisor:
             logger.error(
                 "cannot write the exit file %s; the database is the only record", exit_file
             )
-        outcome = self.db(
-            lambda: reports.attempt_finished(
-                self.task.pk,
-                self.attempt.number,
-                exit_code,
-                timed_out=timed_out,
-                problem=problem,
-                note=note,
-            ),
+        report = reports.ExitReport(
+            self.task.pk, self.attempt.number, exit_code, timed_out, problem, note
+        )
+        reply = relay.send(
+            self.attempt.node.name, relay.finished_message(self.attempt, os.getpid(), report)
+        )
+        outcome = reply["outcome"] if reply is not None else None
+        outcome = outcome or self.db(
+            lambda: reports.attempts_finished([report])[(report.task_id, report.attempt_no)],
             default=None,
             tries=REPORT_TRIES,
             forever=not kept,  # nothing else keeps the status: never give up on it
@@ -356,10 +365,9 @@ class Supervisor:
         logger.info("attempt %s ended: %s (exit %s)", self.attempt, outcome, exit_code)
         return 0
 
-    def db(self, func, *, default=None, tries: int = 1, forever: bool = False, keep=False):
+    def db(self, func, *, default=None, tries: int = 1, forever: bool = False):
         """Call a database service, surviving a database that is down for a while, and hold no
-        connection afterwards (a running task's supervisor costs the server nothing), unless
-        ``keep`` (the next report follows at once) and the call succeeded."""
+        connection afterwards (a running task's supervisor costs the server nothing)."""
         from django.db import DatabaseError, connections
 
         attempt = 0
@@ -374,8 +382,7 @@ class Supervisor:
                     return default
                 time.sleep(1)
                 continue
-            if not keep:
-                connections.close_all()
+            connections.close_all()
             return result
 
 
@@ -420,7 +427,7 @@ def main(argv: list[str]) -> int:
     django.setup()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     task_id, attempt_no = int(argv[1]), int(argv[2])
-    return Supervisor(task_id, attempt_no).run()
+    return Supervisor.of(task_id, attempt_no).run()
 
 
 if __name__ == "__main__":

@@ -9,5 +9,10 @@ def launch(task_id: int, attempt_no: int) -> str:
     return lifecycle.launch(task_id, attempt_no)
 
 
+def launch_many(pairs: list[tuple[int, int]]) -> str:
+    results = lifecycle.launch_many([(task_id, attempt_no) for task_id, attempt_no in pairs])
+    return f"{results.count('launched')} of {len(results)} launched"
+
+
 def control(task_id: int, attempt_no: int, action: str) -> str:
     return lifecycle.control(task_id, attempt_no, action)

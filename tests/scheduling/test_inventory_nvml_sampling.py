@@ -100,6 +100,28 @@ def test_it_reads_every_metric_in_one_batch_and_leaves_unsupported_ones_none():
     assert second.gpu_uuid == "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"
 
 
+class MemoryV2Nvml(SamplingNvml):
+    """Bindings and a driver with version 2 of the memory call: its ``used`` leaves out the
+    driver's reserve, as nvidia-smi does."""
+
+    nvmlMemory_v2 = 0x02000028  # noqa: N815 - pynvml's name
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        gpu = self._alive(handle)
+        reserve = 0 if version == self.nvmlMemory_v2 else 480 * MIB
+        return SimpleNamespace(total=gpu.total_bytes, free=0, used=1139 * MIB + reserve)
+
+
+def test_memory_used_leaves_the_drivers_reserve_out_where_the_driver_can():
+    backend = NvmlBackend(MemoryV2Nvml(gpus=[rtx_4090(0)]))
+    backend.discover()
+    assert backend.sample()[0].memory_used_mb == 1139
+
+    backend = NvmlBackend(SamplingNvml(gpus=[rtx_4090(0)]))  # version 1 only
+    backend.discover()
+    assert backend.sample()[0].memory_used_mb == 20000
+
+
 def test_a_gpu_fallen_off_the_bus_is_sampled_as_lost():
     nvml = SamplingNvml(gpus=[rtx_4090(0), rtx_4090(1)])
     backend = NvmlBackend(nvml)
