@@ -83,7 +83,7 @@ from bench.common import (
 from gpuplatform.dburl import current_database_url
 from scheduling.launcher.lifecycle import task_cancel
 from scheduling.models import GPU, Allocation, Node, Task, TaskAttempt
-from scheduling.states import TERMINAL, TaskState
+from scheduling.states import TERMINAL, IllegalTransition, TaskState
 from tenants import services as tenant_services
 from tenants.models import Membership, Role, Tenant
 
@@ -652,7 +652,10 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
     cancelled = 0
     with through_the_broker():
         for task in Task.objects.filter(tenant=tenant, state=TaskState.PENDING):
-            task_cancel(task=task)
+            try:
+                task_cancel(task=task)
+            except IllegalTransition:
+                continue  # it ended meanwhile
             cancelled += 1
     until = time.monotonic() + 60
     while (left := unfinished(tenant)) and time.monotonic() < until:

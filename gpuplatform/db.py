@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from django.db import connection
@@ -23,3 +24,28 @@ def server_bound_cursor(*, binary_results: bool = False) -> Iterator:
             raw.format = psycopg.pq.Format.BINARY
         wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
         yield wrap(raw)
+
+
+def update_each(model, pks: Sequence[int], **columns: tuple[str, Sequence[Any]]) -> int:
+    """Give each row of ``model`` its own values, in one statement: ``columns`` maps a field to
+    (its SQL type, one value per pk). Django's ``bulk_update`` builds a CASE of one WHEN per row
+    and field instead, and resolving those took about 20 ms of CPU for 30 rows of three fields.
+    Returns how many rows changed."""
+    if not pks:
+        return 0
+    fields = [model._meta.get_field(name) for name in columns]
+    names = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    arrays = ", ".join(f"%s::{sql_type}[]" for sql_type, _ in columns.values())
+    sets = ", ".join(
+        f"{connection.ops.quote_name(f.column)} = v.{connection.ops.quote_name(f.column)}"
+        for f in fields
+    )
+    table = connection.ops.quote_name(model._meta.db_table)
+    pk = connection.ops.quote_name(model._meta.pk.column)
+    sql = (
+        f"UPDATE {table} AS t SET {sets} FROM unnest(%s::bigint[], {arrays}) "  # noqa: S608
+        f"AS v(pk_, {names}) WHERE t.{pk} = v.pk_"
+    )
+    with server_bound_cursor() as cursor:
+        cursor.execute(sql, [list(pks), *(list(values) for _, values in columns.values())])
+        return cursor.rowcount

@@ -13,6 +13,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
+from gpuplatform.db import update_each
 from live import events as live
 from scheduling import passes, states
 from scheduling.inventory import GpuInfo
@@ -80,19 +81,23 @@ def task_transitions(
     and read their state under the lock, so no update here can race another process."""
     to_state = TaskState(to_state)
     now = timezone.now()
-    done, rows = [], []
+    done = []
     for task, reason in moves:
         from_state = TaskState(task.state)
         states.check(from_state, to_state)
-        updates = _transition_updates(from_state, to_state, reason, now, fields)
-        done.append((task, from_state, updates))
-        for name, value in updates.items():
-            setattr(task, name, value)
-        rows.append(task)
-    if not rows:
+        done.append(
+            (task, from_state, _transition_updates(from_state, to_state, reason, now, fields))
+        )
+    if not done:
         return
-    # Every row gets every field any of them changed: the others keep the values read under lock.
-    Task.objects.bulk_update(rows, list({name: None for _, _, u in done for name in u}))
+    # What every task of one former state gets alike in one UPDATE, then each its own reason.
+    for from_state in {from_state for _, from_state, _ in done}:
+        group = [(task, updates) for task, state, updates in done if state == from_state]
+        common = {name: value for name, value in group[0][1].items() if name != "reason"}
+        Task.objects.filter(pk__in=[task.pk for task, _ in group]).update(**common)
+    update_each(
+        Task, [task.pk for task, _, _ in done], reason=("text", [u["reason"] for _, _, u in done])
+    )
     _transitioned(done, to_state, now, None, True)
 
 

@@ -8,6 +8,7 @@ supervisor changes nothing the second time.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -154,6 +155,9 @@ def _fork_supervisor(attempt: TaskAttempt, sink) -> None:
         return
     code = 1
     try:
+        # What the parent made is the child's to read, not to collect: a collection walking it
+        # would write to (and so copy) every page of the parent's heap.
+        gc.freeze()
         _forget_inherited_connections()
         os.setsid()
         if os.fork() == 0:

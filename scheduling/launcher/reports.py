@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from gpuplatform.db import update_each
 from scheduling import services
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import GPU, GpuState, StopRequest, Task, TaskAttempt
@@ -53,11 +54,12 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
         )
         tasks = {task.pk: task for task in tasks.order_by("pk")}
         now = timezone.now()
-        moves = []
+        moves, reported = [], []
         for report in reports:
             attempt = attempts.get(report.attempt_id)
             if attempt is None or attempt.pid is not None:
                 continue  # unknown, or a repeated report: the first one counted
+            reported.append(attempt)
             attempt.supervisor_pid = report.supervisor.pid
             attempt.supervisor_started = report.supervisor.started
             attempt.pid, attempt.pid_started = report.pid.pid, report.pid.started
@@ -69,9 +71,14 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
                 continue
             started[attempt.pk] = True
             moves.append((task, f"started on {attempt.node.name} (pid {report.pid.pid})"))
-        TaskAttempt.objects.bulk_update(
-            list(attempts.values()),
-            ["supervisor_pid", "supervisor_started", "pid", "pid_started", "started_at"],
+        update_each(
+            TaskAttempt,
+            [a.pk for a in reported],
+            supervisor_pid=("integer", [a.supervisor_pid for a in reported]),
+            supervisor_started=("float8", [a.supervisor_started for a in reported]),
+            pid=("integer", [a.pid for a in reported]),
+            pid_started=("float8", [a.pid_started for a in reported]),
+            started_at=("timestamptz", [now] * len(reported)),
         )
         services.task_transitions(moves, to_state=TaskState.RUNNING)
     return started
@@ -136,7 +143,9 @@ def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:
                 succeeded.append(attempt)
                 moves.append((task, "; ".join(filter(None, ["exited with 0", report.note]))))
                 outcomes[key] = "succeeded"
-        TaskAttempt.objects.bulk_update(succeeded, ["exit_code", "outcome", "ended_at"])
+        TaskAttempt.objects.filter(pk__in=[a.pk for a in succeeded]).update(
+            exit_code=0, outcome="succeeded", ended_at=now
+        )
         services.task_transitions(moves, to_state=TaskState.SUCCEEDED, exit_code=0)
         for report in reports:
             key = (report.task_id, report.attempt_no)

@@ -367,6 +367,8 @@ def test_an_exit_status_survives_a_database_outage_and_an_unwritable_disk(
     small_log_disk, node, lab
 ):
     db = connections["default"].settings_dict
+    if str(db["HOST"]).startswith("/"):  # the embedded server (found on a machine without one)
+        pytest.skip("the database is reached through a Unix socket; the outage is a TCP link")
     link = DatabaseLink(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))
     real = (db["HOST"], db["PORT"])
     db["HOST"], db["PORT"] = "127.0.0.1", str(link.port)  # the supervisor forked next uses it
