@@ -427,7 +427,11 @@ def main(argv: list[str]) -> int:
     django.setup()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     task_id, attempt_no = int(argv[1]), int(argv[2])
-    return Supervisor.of(task_id, attempt_no).run()
+    supervisor = Supervisor.of(task_id, attempt_no)
+    from django.db import connections
+
+    connections.close_all()  # none held while the task runs
+    return supervisor.run()
 
 
 if __name__ == "__main__":
