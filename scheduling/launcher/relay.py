@@ -20,6 +20,7 @@ carries an HMAC of the report under the platform's secret key, which tasks never
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -33,8 +34,6 @@ import time
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
-
-from scheduling.launcher.procs import ProcessId
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +58,21 @@ def _signature(message: dict) -> str:
 # --- Supervisor side ---------------------------------------------------------------------------
 
 
-def send(node_name: str, message: dict, timeout: float = REPLY_TIMEOUT_S) -> dict | None:
-    """Send one report and wait for the agent's answer; None if there is none (report it
-    yourself then)."""
-    message = {**message, "sig": _signature(message)}
+def send(attempt, report, timeout: float = REPLY_TIMEOUT_S) -> dict | None:
+    """Send this supervisor's ``reports.StartReport`` or ``reports.ExitReport`` for ``attempt``
+    and wait for the agent's answer; None if there is none (report it yourself then)."""
+    from scheduling.launcher.reports import StartReport
+
+    message = {
+        "kind": "started" if isinstance(report, StartReport) else "finished",
+        "supervisor": os.getpid(),
+        "report": dataclasses.asdict(report),
+    }
+    message["sig"] = _signature(message)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
             sock.settimeout(timeout)
-            sock.connect(address(node_name))
+            sock.connect(address(attempt.node.name))
             sock.sendall(json.dumps(message).encode())
             data = sock.recv(MAX_MESSAGE)
     except OSError:
@@ -76,30 +82,6 @@ def send(node_name: str, message: dict, timeout: float = REPLY_TIMEOUT_S) -> dic
     except ValueError:
         return None
     return reply if isinstance(reply, dict) and reply.get("ok") else None
-
-
-def started_message(attempt, supervisor: ProcessId, pid: ProcessId) -> dict:
-    return {
-        "kind": "started",
-        "task": attempt.task_id,
-        "attempt": attempt.number,
-        "attempt_id": attempt.pk,
-        "supervisor": [supervisor.pid, supervisor.started],
-        "pid": [pid.pid, pid.started],
-    }
-
-
-def finished_message(attempt, supervisor_pid: int, report) -> dict:
-    return {
-        "kind": "finished",
-        "task": attempt.task_id,
-        "attempt": attempt.number,
-        "supervisor": [supervisor_pid, 0.0],
-        "exit_code": report.exit_code,
-        "timed_out": report.timed_out,
-        "problem": report.problem,
-        "note": report.note,
-    }
 
 
 # --- Agent side ----------------------------------------------------------------------------------
@@ -188,7 +170,7 @@ class Relay(threading.Thread):
                 conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )
             message = json.loads(data)
-            kind, task_id, claimed = message["kind"], message["task"], message["supervisor"][0]
+            kind, claimed = message["kind"], message["supervisor"]
             signature = _signature(message)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             logger.warning("node %s: unreadable report refused: %r", self.node_name, exc)
@@ -200,12 +182,11 @@ class Relay(threading.Thread):
             or not hmac.compare_digest(str(message.get("sig", "")), signature)
         ):
             logger.warning(
-                "node %s: report refused from pid %s uid %s (claims supervisor %s of task %s)",
+                "node %s: report refused from pid %s uid %s (claims to be supervisor %s)",
                 self.node_name,
                 pid,
                 uid,
                 claimed,
-                task_id,
             )
             return None
         return message
@@ -233,28 +214,16 @@ def write_reports(messages: list[dict]) -> list[dict]:
     """One transaction for the starts, one for the ends; an answer per message, in order."""
     from scheduling.launcher import reports
 
-    starts = [
-        reports.StartReport(m["attempt_id"], ProcessId(*m["supervisor"]), ProcessId(*m["pid"]))
-        for m in messages
-        if m["kind"] == "started"
-    ]
-    exits = [
-        reports.ExitReport(
-            m["task"],
-            m["attempt"],
-            m["exit_code"],
-            timed_out=bool(m["timed_out"]),
-            problem=m["problem"] or "",
-            note=m["note"] or "",
-        )
-        for m in messages
-        if m["kind"] == "finished"
-    ]
+    starts = [reports.StartReport.of(m["report"]) for m in messages if m["kind"] == "started"]
+    exits = [reports.ExitReport(**m["report"]) for m in messages if m["kind"] == "finished"]
     started = reports.attempts_started(starts) if starts else {}
     outcomes = reports.attempts_finished(exits) if exits else {}
     return [
-        {"ok": True, "started": started.get(m["attempt_id"], False)}
+        {"ok": True, "started": started.get(m["report"]["attempt_id"], False)}
         if m["kind"] == "started"
-        else {"ok": True, "outcome": outcomes.get((m["task"], m["attempt"]), "unknown")}
+        else {
+            "ok": True,
+            "outcome": outcomes.get((m["report"]["task_id"], m["report"]["attempt_no"]), "unknown"),
+        }
         for m in messages
     ]

@@ -35,6 +35,13 @@ class StartReport:
     supervisor: ProcessId
     pid: ProcessId
 
+    @classmethod
+    def of(cls, fields: dict) -> StartReport:
+        """From ``dataclasses.asdict`` of one (as ``relay`` carries it)."""
+        return cls(
+            fields["attempt_id"], ProcessId(**fields["supervisor"]), ProcessId(**fields["pid"])
+        )
+
 
 def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
     """Commands that run: record each one's supervisor and process and move its task to
@@ -137,13 +144,12 @@ def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:
                 plain
                 and report.exit_code == 0
                 and task.attempt == attempt.number
-                and (task.state == TaskState.RUNNING)
+                and task.state == TaskState.RUNNING
             ):
-                attempt.exit_code, attempt.outcome, attempt.ended_at = 0, "succeeded", now
-                succeeded.append(attempt)
+                succeeded.append(attempt.pk)
                 moves.append((task, "; ".join(filter(None, ["exited with 0", report.note]))))
                 outcomes[key] = "succeeded"
-        TaskAttempt.objects.filter(pk__in=[a.pk for a in succeeded]).update(
+        TaskAttempt.objects.filter(pk__in=succeeded).update(
             exit_code=0, outcome="succeeded", ended_at=now
         )
         services.task_transitions(moves, to_state=TaskState.SUCCEEDED, exit_code=0)

@@ -235,13 +235,13 @@ class Supervisor:
         """Through the node agent (with other supervisors' reports); if it cannot take it, to
         the database ourselves. Until this is written, reconciliation treats the attempt as
         still launching (LAUNCH_PATIENCE), then kills what it left, by its cgroup."""
-        from scheduling.launcher import procs, relay, reports
+        from scheduling.launcher import procs, reports
+        from scheduling.launcher.relay import send as through_the_agent
 
-        me = procs.ProcessId.of(os.getpid())
-        reply = relay.send(self.attempt.node.name, relay.started_message(self.attempt, me, pid))
+        report = reports.StartReport(self.attempt.pk, procs.ProcessId.of(os.getpid()), pid)
+        reply = through_the_agent(self.attempt, report)
         if reply is not None:
             return bool(reply["started"])
-        report = reports.StartReport(self.attempt.pk, me, pid)
         return self.db(lambda: reports.attempts_started([report])[report.attempt_id], forever=True)
 
     def watch(self, child: subprocess.Popen) -> int:
@@ -320,7 +320,8 @@ class Supervisor:
     # -- the end --
 
     def finish(self, returncode: int | None, *, timed_out: bool = False, problem: str = "") -> int:
-        from scheduling.launcher import paths, relay, reports
+        from scheduling.launcher import paths, reports
+        from scheduling.launcher.relay import send as through_the_agent
 
         exit_code = (
             None if returncode is None else (returncode if returncode >= 0 else 128 - returncode)
@@ -349,9 +350,7 @@ class Supervisor:
         report = reports.ExitReport(
             self.task.pk, self.attempt.number, exit_code, timed_out, problem, note
         )
-        reply = relay.send(
-            self.attempt.node.name, relay.finished_message(self.attempt, os.getpid(), report)
-        )
+        reply = through_the_agent(self.attempt, report)
         outcome = reply["outcome"] if reply is not None else None
         outcome = outcome or self.db(
             lambda: reports.attempts_finished([report])[(report.task_id, report.attempt_no)],

@@ -5,10 +5,6 @@ from __future__ import annotations
 from scheduling.launcher import lifecycle
 
 
-def launch(task_id: int, attempt_no: int) -> str:
-    return lifecycle.launch(task_id, attempt_no)
-
-
 def launch_many(pairs: list[tuple[int, int]]) -> str:
     results = lifecycle.launch_many([(task_id, attempt_no) for task_id, attempt_no in pairs])
     return f"{results.count('launched')} of {len(results)} launched"

@@ -76,23 +76,19 @@ def test_a_report_from_anyone_but_the_supervisor_it_names_is_refused(listening, 
     attempt = TaskAttempt.objects.get(task=task)
     finished = {
         "kind": "finished",
-        "task": task.pk,
-        "attempt": 1,
-        "supervisor": [attempt.supervisor_pid, 0.0],
-        "exit_code": 0,
-        "timed_out": False,
-        "problem": "",
-        "note": "",
-    }
+        "supervisor": attempt.supervisor_pid,
+        "report": {"task_id": task.pk, "attempt_no": 1, "exit_code": 0, "timed_out": False,
+                   "problem": "", "note": ""},
+    }  # fmt: skip
     # Signed, but sent by this process, not by the supervisor it names.
     assert ask(node.name, {**finished, "sig": relay._signature(finished)}) == b""
     # Naming this process, but unsigned.
-    assert ask(node.name, {**finished, "supervisor": [os.getpid(), 0.0], "sig": "0"}) == b""
+    assert ask(node.name, {**finished, "supervisor": os.getpid(), "sig": "0"}) == b""
     wait_for(lambda: listening.reports == 1, timeout=5)  # the start
     task.refresh_from_db()
     assert task.state == "running"
     # And the real thing, sent as the supervisor would (its pid is this process here).
-    mine = {**finished, "supervisor": [os.getpid(), 0.0]}
+    mine = {**finished, "supervisor": os.getpid()}
     assert json.loads(ask(node.name, {**mine, "sig": relay._signature(mine)})) == {
         "ok": True,
         "outcome": "succeeded",
