@@ -89,11 +89,8 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
         attempt = TaskAttempt.objects.filter(task=task, number=number).only(
             "log_path", "outcome"
         ).first()  # fmt: skip
-        with translation.override(self.language):
-            html = render_to_string("portal/_state.html", {"state": task.state}).strip()
         return {
             "state": task.state,
-            "html": html,
             "reason": task.reason_text,
             "number": number,
             "path": attempt.log_path if attempt else "",
@@ -113,9 +110,11 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
                     seen = await look()
                     if (seen["state"], seen["reason"]) != shown_state:
                         shown_state = (seen["state"], seen["reason"])
+                        with translation.override(self.language):
+                            html = render_to_string("portal/_state.html", {"state": seen["state"]})
                         await self._send(
                             "state",
-                            html=seen["html"],
+                            html=html.strip(),
                             reason=seen["reason"],
                             state=seen["state"],
                             controls=seen["controls"],
@@ -137,6 +136,8 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
                     if attempt_ended and not ended_sent:
                         ended_sent = True
                         await self._send("ended", attempt=number)
+                if seen["task_ended"] and (ended_sent or not path):
+                    return  # all said: nothing more will come (a retry reloads the page)
                 await asyncio.sleep(POLL_S)
         except asyncio.CancelledError:
             raise

@@ -10,6 +10,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.utils.translation import gettext_lazy as _
 
 from gpuplatform import throttle
+from scheduling.forms import SpecRefusals
 from scheduling.spec import PRIORITIES, SpecError, parse_specs, parse_yaml
 from tenants.models import Role
 
@@ -32,24 +33,10 @@ SPEC_FIELDS = {
 }
 
 
-class SpecRefusals:
-    """Puts the parser's or the submit service's ``{field path: [reasons]}`` on a form."""
-
-    def add_refusal(self, exc: SpecError) -> None:
-        for path, reasons in exc.errors.items():
-            field = SPEC_FIELDS.get(path) or SPEC_FIELDS.get(path.split(".", 1)[0])
-            if path.startswith("env."):
-                field = "env"
-            target = field if field in self.fields else getattr(self, "catch_all", None)
-            for reason in reasons:
-                text = reason if field in self.fields else f"{path}: {reason}"
-                if path.startswith("env.") and field in self.fields:
-                    text = f"{path.removeprefix('env.')}: {reason}"
-                self.add_error(target, text)
-
-
 class TaskForm(SpecRefusals, forms.Form):
     """The common fields of one task."""
+
+    spec_fields = SPEC_FIELDS
 
     name = forms.CharField(label=_("Name"), max_length=200)
     command = forms.CharField(

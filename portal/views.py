@@ -16,7 +16,6 @@ from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
@@ -51,15 +50,12 @@ CONTROLS = {
 
 
 def landing(request: HttpRequest) -> HttpResponse:
-    """Operators to the dashboard (the admin until it exists), members to the portal, anyone
-    else to the sign-in page."""
+    """Operators to the live dashboard, members to the portal, anyone else to the sign-in
+    page."""
     if not request.user.is_authenticated:
         return redirect("login")
     if request.user.is_staff:
-        try:
-            return redirect(reverse("dashboard"))
-        except NoReverseMatch:
-            return redirect("admin:index")
+        return redirect("live:dashboard")
     return redirect("portal:overview")
 
 
@@ -212,17 +208,18 @@ def _bulk_cancel(request: HttpRequest) -> HttpResponse:
     who = request.caller
     tenancy.require(who, Action.CONTROL_TASK)
     ids = [int(i) for i in request.POST.getlist("task") if i.isascii() and i.isdigit()]
-    done, refused = 0, []
-    for pk in ids[:PAGE_SIZE]:
-        task = selectors.task_get(tenant=who.tenant, pk=pk)
+    ids = ids[:PAGE_SIZE]
+    tasks = selectors.task_list(tenant=who.tenant).filter(pk__in=ids).order_by("pk")
+    done, refused = 0, sorted(set(ids) - {task.pk for task in tasks})  # gone, or not ours
+    for task in tasks:
         if not who.may(Action.CONTROL_TASK, task):
-            refused.append(pk)
+            refused.append(task.pk)
             continue
         try:
             lifecycle.task_cancel(task=task, by=request.user)
             done += 1
         except (IllegalTransition, services.StaleTask):
-            refused.append(pk)
+            refused.append(task.pk)
     if done:
         messages.success(request, _("Cancelled %(n)d task(s).") % {"n": done})
     if refused:
@@ -261,7 +258,7 @@ def _hint(task) -> str:
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     who = request.caller
     task = selectors.task_detail(tenant=who.tenant, pk=pk)
-    events = list(selectors.task_events(tenant=who.tenant, pk=pk))
+    events = list(task.events.select_related("actor").order_by("at", "id"))
     attempts = list(task.attempts.all())
     held = [a for a in task.allocations.all() if a.released_at is None]
     may_control = who.may(Action.CONTROL_TASK, task)

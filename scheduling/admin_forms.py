@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib.auth import get_user_model
 
+from scheduling.forms import SpecRefusals
 from scheduling.spec import PRIORITIES, SpecError, parse_priority, parse_yaml
 from tenants import roles
 from tenants.models import Membership, Tenant
@@ -23,9 +24,12 @@ class OwnerChoiceField(forms.ModelChoiceField):
         return f"{obj.get_username()} ({', '.join(tenants)})"
 
 
-class SubmitForTenantForm(forms.Form):
+class SubmitForTenantForm(SpecRefusals, forms.Form):
     """Submit on behalf of a tenant: the same spec, checks and quotas as ``POST /api/v1/tasks/``
     and ``gpuctl submit``; the task belongs to ``owner``."""
+
+    spec_fields = {"tenant": "tenant", "owner": "owner"}
+    catch_all = "spec"
 
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.order_by("name"))
     owner = OwnerChoiceField(
@@ -61,16 +65,6 @@ class SubmitForTenantForm(forms.Form):
             except SpecError as exc:
                 self.add_refusal(exc)
         return data
-
-    def add_refusal(self, exc: SpecError) -> None:
-        """The parser's or the submit service's ``{field path: [reasons]}``, on the form."""
-        for path, reasons in exc.errors.items():
-            if path in self.fields and path != "spec":
-                for reason in reasons:
-                    self.add_error(path, reason)
-            else:
-                for reason in reasons:
-                    self.add_error("spec", f"{path}: {reason}")
 
 
 class PriorityForm(forms.Form):

@@ -50,7 +50,6 @@
     socket.onmessage = function (event) {
       const message = JSON.parse(event.data);
       if (message.type === "chunk") {
-        if (message.reset) text.textContent = "";
         append(message.text);
         if (!paused) say("live");
       } else if (message.type === "attempt") {

@@ -72,6 +72,31 @@ async def test_lines_written_to_the_log_are_pushed_to_the_page(owner, tmp_path):
     await communicator.disconnect()
 
 
+async def test_an_ended_tasks_socket_says_it_all_then_stops_looking(owner, tmp_path):
+    """Nothing more can come from a task that ended: its page's socket stops polling the
+    database and the log (it used to every half second for as long as the page stayed open)."""
+    log = tmp_path / "attempt-1.log"
+    log.write_bytes(b"done\n")
+    task = await sync_to_async(_running_task)(owner, log)
+    await sync_to_async(
+        lambda: (
+            type(task).objects.filter(pk=task.pk).update(state="succeeded"),
+            TaskAttempt.objects.filter(task=task).update(outcome="succeeded"),
+        )
+    )()
+    cookie = await sync_to_async(_cookie)(owner.user)
+    communicator = await _socket(f"/ws/portal/tasks/{task.pk}/log/", cookie)
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await _next(communicator, "state"))["state"] == "succeeded"
+    assert (await _next(communicator, "chunk"))["text"] == "done\n"
+    assert (await _next(communicator, "ended"))["attempt"] == 1
+    with log.open("ab") as handle:
+        handle.write(b"written after the end\n")  # a socket still polling would send it
+    assert await communicator.receive_nothing(timeout=1.5)
+    await communicator.disconnect()
+
+
 async def test_another_tenants_task_closes_like_a_404(owner, outsider, tmp_path):
     task = await sync_to_async(_running_task)(owner, tmp_path / "x.log")
     cookie = await sync_to_async(_cookie)(outsider.user)
