@@ -43,6 +43,8 @@ from bench.common import (
     ClientJob,
     api_client,
     clear_tasks,
+    merge_clients,
+    ms,
     percentile,
     table,
     verdict,
@@ -72,9 +74,7 @@ SERVERS = (("daphne", 1), ("gunicorn", 2), ("gunicorn", 4), ("gthread", 2))
 TARGET_SUBMITS_PER_S = 300  # issue 9: 8 clients, one task each, 0 errors
 TARGET_BATCH_TASKS_PER_S = 2_000  # issue 9: a 1,000-task batch
 TARGET_P99_S = 0.050  # listings only
-STARTUP_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
-ROOT = Path(__file__).resolve().parent.parent
 CPUS = os.cpu_count() or 1
 
 
@@ -173,12 +173,9 @@ def run_phase(pool, port: int, secrets: list[str], method: str, path: str, total
     parts = result.get()
     (server_after, db_after), (busy_after, all_after) = cpu_by_pid(proc), machine_busy()
 
-    latencies = sorted(lat for part in parts for lat in part["latencies"])
-    statuses: Counter[int] = Counter()
-    for part in parts:
-        statuses.update(part["statuses"])
-    wall = max(p["ended"] for p in parts) - min(p["began"] for p in parts)
-    errors = sum(n for status, n in statuses.items() if not 200 <= status < 300)
+    merged = merge_clients(parts)
+    latencies, statuses, wall, errors = (merged.latencies, merged.statuses, merged.wall_s,
+                                         merged.errors)  # fmt: skip
     return {
         "tasks_per_s": (len(latencies) - errors) * max(1, batch) / wall,
         "requests": len(latencies),
@@ -191,7 +188,7 @@ def run_phase(pool, port: int, secrets: list[str], method: str, path: str, total
         "max_s": latencies[-1],
         "errors": errors,
         "statuses": dict(statuses),
-        "error_sample": next((p["sample"] for p in parts if p["sample"]), ""),
+        "error_sample": merged.error_sample,
         "connects": sum(p["connects"] for p in parts),
         "server_cpu_ms_per_request": _spent(server_before, server_after) * 1000 / len(latencies),
         "db_cpu_ms_per_request": _spent(db_before, db_after) * 1000 / len(latencies),
@@ -357,8 +354,8 @@ def main() -> dict:
             phase["target_met"] = met
             done = f"{phase['requests']:,}" + ("*" if phase["requests"] < phase["planned"] else "")
             rows.append([label_of(run), name, done, f"{phase['per_s']:,.0f}",
-                         _ms(phase["p50_s"]), _ms(phase["p90_s"]), _ms(phase["p99_s"]),
-                         _ms(phase["max_s"]), f"{phase['errors']:,}", f"{phase['connects']:,}",
+                         ms(phase["p50_s"]), ms(phase["p90_s"]), ms(phase["p99_s"]),
+                         ms(phase["max_s"]), f"{phase['errors']:,}", f"{phase['connects']:,}",
                          f"{target}: {verdict(met)}"])  # fmt: skip
     print(table(header, rows, left=2))
     if any(run[n]["requests"] < run[n]["planned"] for run in runs for n in ("post", "get")):
@@ -438,7 +435,3 @@ def main() -> dict:
         "met_by": winners,
         "runs": runs,
     }
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.1f} ms"

@@ -21,8 +21,8 @@ from django.contrib.auth.models import User
 from django.db import connections
 from django.test import Client
 
-from bench.bench_api import server_env, web_server
-from bench.common import clear_tasks, median, percentile, table, verdict
+from bench.bench_api import server_env
+from bench.common import clear_tasks, median, percentile, table, verdict, web_server
 from scheduling.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool
 

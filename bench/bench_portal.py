@@ -22,8 +22,8 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from bench.bench_api import server_env, web_server
-from bench.common import clear_tasks, ms, percentile, table, verdict
+from bench.bench_api import server_env
+from bench.common import clear_tasks, ms, percentile, table, verdict, web_server
 
 NEEDS_DATABASE = True
 TASKS = 100_000

@@ -73,6 +73,7 @@ from bench.common import (
     clear_tasks,
     close_other_sessions,
     free_port,
+    merge_clients,
     percentile,
     stop_all,
     table,
@@ -639,12 +640,9 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
                       f"api-{i}", command="true", pool=POOL)
             for i, token in enumerate(tokens)]  # fmt: skip
     parts = pool.map(api_client, jobs)
-    latencies = sorted(lat for part in parts for lat in part["latencies"])
-    statuses: Counter[int] = Counter()
-    for part in parts:
-        statuses.update(part["statuses"])
-    wall = max(p["ended"] for p in parts) - min(p["began"] for p in parts)
-    errors = sum(n for code, n in statuses.items() if not 200 <= code < 300)
+    merged = merge_clients(parts)
+    latencies, statuses, wall, errors = (merged.latencies, merged.statuses, merged.wall_s,
+                                         merged.errors)  # fmt: skip
     # Let what was accepted run; cancel what still waits, so the next phase starts idle.
     until = time.monotonic() + DRAIN_LIMIT_S
     while unfinished(tenant) and time.monotonic() < until:
@@ -669,7 +667,7 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
         "errors": errors,
         "http_500": sum(n for code, n in statuses.items() if code >= 500),
         "statuses": dict(statuses),
-        "error_sample": next((p["sample"] for p in parts if p["sample"]), ""),
+        "error_sample": merged.error_sample,
         "cancelled_after": cancelled,
         "left_running": left,
     }

@@ -17,6 +17,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -316,3 +317,27 @@ def api_client(job: ClientJob) -> dict:
     conn.close()
     return {"latencies": latencies, "statuses": dict(statuses), "began": began, "ended": ended,
             "sample": sample, "connects": connects, "cpu_s": cpu}  # fmt: skip
+
+
+@dataclass
+class ClientsResult:
+    """What ``api_client`` processes measured, together."""
+
+    latencies: list[float]  # sorted
+    statuses: Counter
+    wall_s: float
+    errors: int  # answers other than 2xx
+    error_sample: str
+
+
+def merge_clients(parts: list[dict]) -> ClientsResult:
+    statuses: Counter[int] = Counter()
+    for part in parts:
+        statuses.update(part["statuses"])
+    return ClientsResult(
+        latencies=sorted(lat for part in parts for lat in part["latencies"]),
+        statuses=statuses,
+        wall_s=max(p["ended"] for p in parts) - min(p["began"] for p in parts),
+        errors=sum(n for status, n in statuses.items() if not 200 <= status < 300),
+        error_sample=next((p["sample"] for p in parts if p["sample"]), ""),
+    )

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from django.db import connections
 
-from gpuplatform.dburl import current_database_url
+from gpuplatform.dburl import current_database_url, database_host
 from monitoring.models import Alert, AlertKind
 from scheduling import scheduler
 from scheduling.launcher import identity, lifecycle, tracking
@@ -367,7 +367,7 @@ def test_an_exit_status_survives_a_database_outage_and_an_unwritable_disk(
     small_log_disk, node, lab
 ):
     db = connections["default"].settings_dict
-    if str(db["HOST"]).startswith("/"):  # the embedded server (found on a machine without one)
+    if database_host(db).startswith("/"):  # the embedded server (on a machine without one)
         pytest.skip("the database is reached through a Unix socket; the outage is a TCP link")
     link = DatabaseLink(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))
     real = (db["HOST"], db["PORT"])

@@ -32,7 +32,8 @@ def submit(lab, command: str, name: str = "t") -> Task:
     return task_submit(tenant=lab, spec=TaskSpec(name=name, command=command))
 
 
-def test_supervisors_report_start_and_end_through_the_relay(listening, node, lab):
+def test_supervisors_report_start_and_end_through_the_relay(listening, node, lab, monkeypatch):
+    monkeypatch.setattr(relay, "GATHER_S", 0.3)  # wide enough to batch these few for sure
     tasks = [submit(lab, "true", name=f"t{i}") for i in range(3)] + [submit(lab, "exit 3")]
     scheduler.schedule_pass()
 
@@ -41,7 +42,7 @@ def test_supervisors_report_start_and_end_through_the_relay(listening, node, lab
     wait_for(state_of(tasks[3], "failed"))
     # A start and an end each, none written by a supervisor itself (counted once answered).
     wait_for(lambda: listening.reports == 8, timeout=5)
-    assert listening.batches <= 8
+    assert listening.batches < listening.reports  # some were written together
     for task in tasks:
         attempt = TaskAttempt.objects.get(task=task)
         assert attempt.supervisor_pid and attempt.pid and attempt.started_at

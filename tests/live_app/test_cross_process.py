@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 from websockets.sync.client import connect
 
-from tests.live import manage, web_server
+from tests.live import shell, web_server
 from tests.live_app.conftest import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -17,9 +17,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RECEIVE_TIMEOUT = 20  # generous: two cores shared; a wait, never a timed assertion
 
 
-def publish_from_another_process(code: str) -> None:
-    result = manage("shell", "-c", code, CHANNEL_LAYER="postgres")
-    assert result.returncode == 0, result.stderr
+def publish_from_another_process(code: str) -> str:
+    return shell(code, CHANNEL_LAYER="postgres")
 
 
 @contextmanager
@@ -118,12 +117,9 @@ def test_an_anonymous_socket_is_refused_by_daphne(daphne, db):
 
 def test_the_publisher_survives_a_layer_without_listeners(estate):
     # Nobody connected: the INSERT matches no group row and the change goes through.
-    result = manage(
-        "shell",
-        "-c",
+    out = publish_from_another_process(
         "from scheduling import services\nfrom scheduling.models import Task\n"
         f"print(services.task_transition(task=Task.objects.get(pk={estate['ours'].pk}),"
-        " to_state='cancelled').state)",
-        CHANNEL_LAYER="postgres",
+        " to_state='cancelled').state)"
     )
-    assert (result.returncode, result.stdout.splitlines()[-1]) == (0, "cancelled"), result.stderr
+    assert out.splitlines()[-1] == "cancelled"

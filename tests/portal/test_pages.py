@@ -167,7 +167,7 @@ def test_the_form_submits_a_task_as_the_api_would(teammate, workstation):
     ("fields", "field", "words"),
     [
         ({"gpus": "lots"}, "gpus", "whole number of GPUs"),
-        ({"timeout": "soon"}, "timeout", ""),
+        ({"timeout": "soon"}, "timeout", "expected a duration"),
         ({"pool": "nowhere"}, "pool", "unknown pool"),
         ({"env": "LD_PRELOAD=/x.so"}, "env", "LD_PRELOAD"),
         ({"gpus": "9"}, "gpus", "largest matching node has 4"),

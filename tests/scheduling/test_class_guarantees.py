@@ -8,23 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import transaction
 
-from scheduling import estate, scheduler
+from scheduling import estate
 from scheduling.models import SchedulerState, Task
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
-
-SERVICE = TaskSpec(name="svc", command="sleep 1000", task_class="online", preemptible=False,
-                   priority=90)  # fmt: skip
-
-
-@pytest.fixture
-def run_pass(django_capture_on_commit_callbacks):
-    def run() -> scheduler.PassResult:
-        with django_capture_on_commit_callbacks(execute=True):
-            return scheduler.schedule_pass()
-
-    return run
+from tests.scheduling.conftest import SERVICE
 
 
 def submit(tenant, spec: TaskSpec) -> Task:

@@ -611,14 +611,21 @@ def test_a_reclaim_evicts_whole_gpus_that_lose_least_rather_than_an_old_shared_s
 
 
 def test_priority_does_not_evict_batch_that_started_by_its_guarantee():
-    cluster = gpus(per_node=4)
-    services = services_on(cluster[:1])
-    # Batch holds its 3 GPUs, one of which it took back after waiting past reclaim_after.
-    reclaimed = running("other", [cluster[1]], priority=10, submitted_at=NOW - 100 - RECLAIM)
-    batch = [running("other", [g], priority=10, submitted_at=NOW - 150) for g in cluster[2:]]
-    urgent = task("svc", priority=90, task_class=ONLINE)
-    decision = schedule(snap(cluster, [urgent], [*services, reclaimed, *batch]))
+    # reclaim_after under starvation_after, and online under its share: only the guarantee
+    # rule can spare the batch task that reclaimed its GPU (with the defaults, starvation and
+    # online's borrowing spared it whatever the rule did).
+    settings = PolicySettings(reclaim_after_s=600)
+    cluster = gpus(nodes=2, per_node=2)  # online guaranteed 1 GPU, batch 3
+    reclaimed = running("other", [cluster[0]], priority=10, started_at=NOW - 60,
+                        submitted_at=NOW - 660)  # fmt: skip
+    plain = running("other", [cluster[1]], priority=10, started_at=NOW - 600,
+                    submitted_at=NOW - 700)  # fmt: skip
+    far = running("other", [cluster[2]], priority=10, started_at=NOW - 600,
+                  submitted_at=NOW - 700)  # fmt: skip
+    urgent = task("svc", priority=90, task_class=ONLINE, node="node-0")
+    decision = schedule(snap(cluster, [urgent], [reclaimed, plain, far]), settings)
     assert reclaimed.id not in {p.task_id for p in decision.preemptions}
+    assert [p.task_id for p in decision.preemptions] == [plain.id]
 
 
 def test_priority_takes_no_more_than_the_other_class_borrowed_for_a_borrower():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from datetime import UTC, timedelta
 
 import pytest
@@ -15,12 +14,14 @@ from django_q.models import OrmQ, Schedule
 from django_q.signing import SignedPackage
 
 from gpuplatform.broker import NotifyingOrm
-from scheduling import passes, scheduler
+from scheduling import passes
 from scheduling.models import SchedulerState, Task
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
+from tests.launcher.conftest import state_of, wait_for
 from tests.live import PYTHON, ROOT, process_env
+from tests.scheduling.conftest import SERVICE
 
 
 def backing_off(tenant, seconds: float) -> Task:
@@ -42,17 +43,6 @@ def wake_ups() -> list[tuple[str, object]]:
         for row in rows
         if SignedPackage.loads(row.payload)["name"] == "scheduling-wake-up"
     ]
-
-
-@pytest.fixture
-def run_pass(django_capture_on_commit_callbacks):
-    """A pass, with what it does on commit (booking its wake-up) done."""
-
-    def run() -> scheduler.PassResult:
-        with django_capture_on_commit_callbacks(execute=True):
-            return scheduler.schedule_pass()
-
-    return run
 
 
 @pytest.mark.django_db
@@ -159,13 +149,8 @@ def scheduler_cluster(settings):
         proc.wait()
 
 
-def wait_until_placed(task: Task, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        task.refresh_from_db()
-        if task.state != TaskState.PENDING:
-            return
-        time.sleep(0.05)
+def wait_until_placed(task: Task) -> None:
+    wait_for(state_of(task, "scheduled", "running"))
 
 
 @pytest.mark.slow
@@ -193,10 +178,8 @@ def test_a_batch_task_reclaims_its_share_within_1_5_s_of_reclaim_after_without_a
     lab, workstation, estate_config, scheduler_cluster
 ):
     Schedule.objects.all().delete()  # no backstop pass can be what starts it
-    service = TaskSpec(name="svc", command="sleep 1000", task_class="online",
-                       preemptible=False, priority=90)  # fmt: skip
     with transaction.atomic():
-        services = [task_submit(tenant=lab, spec=service) for _ in range(4)]
+        services = [task_submit(tenant=lab, spec=SERVICE) for _ in range(4)]
     for task in services:
         wait_until_placed(task)
         assert task.state == TaskState.SCHEDULED
