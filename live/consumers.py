@@ -21,8 +21,9 @@ from django.conf import settings
 from live import selectors
 from live.events import SAMPLE_FIELDS
 
-# Events held for a browser that is not reading; beyond this it is told to catch up instead.
-MAX_PENDING_EVENTS = 1000
+# More events than this in one message (a pass that placed thousands of tasks): the page is told
+# to catch up from the database instead of applying them one by one.
+MAX_EVENTS = 1000
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -35,8 +36,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         self.samples: dict[int, list] = {}
-        self.events: list[dict] = []
-        self.overflowed = False
         self.seq = 0
         self.acked = 0
         await self.accept()
@@ -72,8 +71,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             answer = await database_sync_to_async(selectors.catch_up)(
                 viewer=self.viewer, since=float(since)
             )
-            # What it already holds is in the answer: pending duplicates are dropped.
-            self.events, self.overflowed = [], False
             await self.send_json({"type": "catch_up", **answer})
         else:
             await self._error("type", "expected 'ack' or 'catch_up'")
@@ -85,23 +82,22 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self._error("message", "expected a JSON object")
 
     async def live_batch(self, message: dict) -> None:
+        """Events go out at once; samples wait while the page has too many frames unread (the
+        newest per GPU replaces the older), so a slow page gets fewer, not later, samples."""
+        events = []
         for event in message["events"]:
             if event["kind"] == "samples":
                 for row in event["rows"]:
-                    self.samples[row[0]] = row  # the newest per GPU replaces the older
-            elif len(self.events) < MAX_PENDING_EVENTS:
-                self.events.append(event)
+                    self.samples[row[0]] = row
             else:
-                self.overflowed = True
+                events.append(event)
+        if len(events) > MAX_EVENTS:
+            await self.send_json({"type": "resync"})
+        elif events:
+            await self.send_json({"type": "events", "events": events})
         await self._flush()
 
     async def _flush(self) -> None:
-        if self.overflowed:
-            self.events, self.overflowed = [], False
-            await self.send_json({"type": "resync"})
-        if self.events:
-            events, self.events = self.events, []
-            await self.send_json({"type": "events", "events": events})
         if self.samples and self.seq - self.acked < settings.LIVE_UNACKED_FRAMES:
             rows, self.samples = list(self.samples.values()), {}
             self.seq += 1

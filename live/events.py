@@ -45,7 +45,7 @@ def _ts(moment: datetime | None) -> float | None:
 # --- Building events -----------------------------------------------------------------------------
 
 
-def task_event(task: Any, *, gpu_ids: Iterable[int] = ()) -> dict:
+def task_event(task: Any) -> dict:
     """A task's state as the dashboard and portal show it (no command, no environment)."""
     return {
         "kind": "task",
@@ -55,7 +55,6 @@ def task_event(task: Any, *, gpu_ids: Iterable[int] = ()) -> dict:
         "state": str(task.state),
         "reason": task.reason,
         "node_id": task.node_id,
-        "gpu_ids": list(gpu_ids),
         "at": time.time(),
     }
 
@@ -95,6 +94,7 @@ def alert_event(alert: Any) -> dict:
         "gpu_id": alert.gpu_id,
         "node_id": alert.node_id,
         "task_id": alert.task_id,
+        "opened_at": _ts(alert.opened_at),
         "at": time.time(),
     }
 
@@ -126,9 +126,9 @@ def publish_nodes(nodes: Iterable[Any]) -> None:
     publish((None, node_event(node)) for node in nodes)
 
 
-def publish_alert(alert: Any) -> None:
+def publish_alerts(alerts: Iterable[Any]) -> None:
     # Alerts name GPUs, nodes and tasks of any tenant: operators only.
-    publish([(None, alert_event(alert))])
+    publish((None, alert_event(alert)) for alert in alerts)
 
 
 def publish_placements(rows: Iterable[tuple[int, int, int, list[int]]]) -> None:
@@ -189,21 +189,17 @@ def publish_samples(
     rows (gpu_id, ``at`` a datetime), its readings (gpu_uuid, ``at`` in epoch seconds) or
     mappings with those keys; the metrics are util_gpu, memory_used_mb, memory_total_mb,
     temperature_c and power_w. Sent at once: a sample is not part of a transaction."""
-    from scheduling.models import GPU, Allocation
-
-    ids: dict[str, int] = {}
     samples = list(samples)
-    if any(_field(sample, "gpu_id") is None for sample in samples):
-        ids = dict(GPU.objects.filter(node_id=node_id).values_list("uuid", "pk"))
-    holders: dict[int, set[int]] = defaultdict(set)
-    if tenants_by_gpu is not None:  # the caller read them already (the sampler, each tick)
-        for gpu_id, tenant_ids in tenants_by_gpu.items():
-            holders[gpu_id].update(tenant_ids)
-    else:
-        for gpu_id, tenant_id in Allocation.objects.filter(
-            gpu__node_id=node_id, released_at__isnull=True
-        ).values_list("gpu_id", "task__tenant_id"):
-            holders[gpu_id].add(tenant_id)
+    ids: dict[str, int] = {}
+    if tenants_by_gpu is None or any(_field(sample, "gpu_id") is None for sample in samples):
+        # Whoever holds the node's GPUs, read as the sampler reads it each tick.
+        from scheduling.models import Node
+        from telemetry.services import gpu_holders
+
+        holders = gpu_holders(node=Node(pk=node_id))
+        ids = {uuid: holder.gpu_id for uuid, holder in holders.items()}
+        if tenants_by_gpu is None:
+            tenants_by_gpu = {holder.gpu_id: holder.tenant_ids for holder in holders.values()}
     rows = []
     for sample in samples:
         gpu_id = _field(sample, "gpu_id") or ids.get(_field(sample, "gpu_uuid"))
@@ -224,8 +220,8 @@ def publish_samples(
     if not rows:
         return
     by_group: dict[str, list[dict]] = {OPS: [sample_event(node_id, rows)]}
-    for tenant_id in {t for tenants in holders.values() for t in tenants}:
-        mine = [row for row in rows if tenant_id in holders.get(row[0], ())]
+    for tenant_id in {t for tenants in tenants_by_gpu.values() for t in tenants}:
+        mine = [row for row in rows if tenant_id in tenants_by_gpu.get(row[0], ())]
         by_group[tenant_group(tenant_id)] = [sample_event(node_id, mine)]
     send(by_group)
 

@@ -72,6 +72,7 @@ def catch_up(*, viewer: Viewer, since: float) -> dict:
     """What changed since ``since`` (epoch seconds) that the viewer may see: the current state
     of tasks changed since, GPUs, nodes and alerts (operators), and the samples kept since."""
     now = time.time()
+    too_old = since < now - CATCH_UP_MAX_S  # what changed before the window is not in it
     since = min(max(since, now - CATCH_UP_MAX_S), now)
     moment = datetime.fromtimestamp(since, UTC)
     tasks = Task.objects.filter(updated_at__gt=moment)
@@ -81,7 +82,7 @@ def catch_up(*, viewer: Viewer, since: float) -> dict:
     answer: dict = {
         "since": since,
         "server_time": now,
-        "reload": len(changed) > CATCH_UP_TASKS,
+        "reload": too_old or len(changed) > CATCH_UP_TASKS,
         "events": [events.task_event(task) for task in changed[:CATCH_UP_TASKS]],
     }
     if viewer.operator:

@@ -18,8 +18,8 @@ def render_tiles(
     )
 
 
-def _metric(value, unit: str, digits: int = 0) -> str:
-    return "–" if value is None else f"{round(value, digits or None)}{unit}"
+def _metric(value, unit: str) -> str:
+    return "–" if value is None else f"{round(value)}{unit}"
 
 
 def _tile(tile: dict, simulated: bool, tasks_url: str, dash_url: str, labels: dict) -> SafeString:

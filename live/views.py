@@ -45,7 +45,6 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     config = {
         "socket": "/ws/live/",
         "history": reverse("live:history"),
-        "unackedFrames": settings.LIVE_UNACKED_FRAMES,
         "renderedAt": data["now"].timestamp(),
         "nodes": [
             {

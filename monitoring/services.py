@@ -54,14 +54,16 @@ def alert_raise(
                 raise
         else:
             logger.warning("alert opened: %s", alert)
-            live.publish_alert(alert)
+            live.publish_alerts([alert])
             webhook.notify(alert_ids=[alert.pk], event="opened")
             return alert
+    changed = (alert.severity, alert.message) != (severity, message)
     alert.severity = severity
     alert.message = message
     alert.last_seen_at = now
     alert.save(update_fields=["severity", "message", "last_seen_at"])
-    live.publish_alert(alert)
+    if changed:  # a refresh that only says "still so" (every sampling tick) is news to no page
+        live.publish_alerts([alert])
     return alert
 
 
@@ -127,13 +129,15 @@ def _open(kind: str, subject: dict[str, int | None]) -> QuerySet[Alert]:
 def _resolve(alerts: QuerySet[Alert]) -> int:
     # One conditional UPDATE: an alert resolved concurrently is not resolved (or counted) twice.
     # The ids first: the webhook and the live dashboard are told which alerts closed.
-    ids = list(alerts.filter(resolved_at__isnull=True).order_by().values_list("pk", flat=True))
-    count = Alert.objects.filter(pk__in=ids, resolved_at__isnull=True).update(
-        resolved_at=timezone.now()
-    )
-    webhook.notify(alert_ids=ids, event="resolved")
+    rows = list(alerts.filter(resolved_at__isnull=True).order_by("pk"))
+    now = timezone.now()
+    count = Alert.objects.filter(
+        pk__in=[alert.pk for alert in rows], resolved_at__isnull=True
+    ).update(resolved_at=now)
+    webhook.notify(alert_ids=[alert.pk for alert in rows], event="resolved")
     if count:
         logger.info("%d alert(s) resolved", count)
-        for alert in Alert.objects.filter(pk__in=ids):
-            live.publish_alert(alert)
+        for alert in rows:
+            alert.resolved_at = now
+        live.publish_alerts(rows)  # one message
     return count

@@ -205,7 +205,7 @@
     row.className = `gp-sev-${event.severity}${event.open ? "" : " gp-resolved"}`;
     row.cells[0].textContent = event.severity;
     row.cells[1].textContent = event.message;
-    row.cells[2].textContent = clock(event.at);
+    row.cells[2].textContent = clock(event.opened_at);  // since when, as the page renders it
     document.getElementById("gp-alert-count").textContent = body.querySelectorAll("tr[data-alert-id]:not(.gp-resolved)").length;
   }
 

@@ -166,6 +166,10 @@ async def test_a_reconnecting_page_catches_up_on_what_it_missed(teammate, estate
     assert [(e["kind"], e["id"], e["state"]) for e in answer["events"]] == [
         ("task", estate["ours"].pk, "cancelled")
     ]
+    assert answer["reload"] is False
+    # Away longer than the catch-up window: what changed before it is not in the answer.
+    await socket.send_json_to({"type": "catch_up", "since": time.time() - 3 * 3600})
+    assert (await socket.receive_json_from(timeout=5))["reload"] is True
     await socket.disconnect()
 
 

@@ -29,6 +29,27 @@ def overuse(gpu, task, message: str = "using 9000 MiB of 4000 reserved") -> Aler
     )
 
 
+def test_only_a_change_of_an_open_alert_reaches_the_live_dashboard(gpus, monkeypatch) -> None:
+    """The sampler raises a hot GPU's alert every second: the dashboard hears of it when it
+    opens, changes and closes, not at every refresh."""
+    sent = []
+    monkeypatch.setattr("live.events.publish_alerts", lambda alerts: sent.extend(alerts))
+    task = TaskFactory()
+    overuse(gpus[0], task, "using 5000 MiB")
+    overuse(gpus[0], task, "using 5000 MiB")
+    overuse(gpus[0], task, "using 9000 MiB")
+    overuse(gpus[1], task, "using 5000 MiB")
+    services.alerts_resolve_except(kind=OVERUSE, keep=set())
+
+    assert [(a.gpu_id, a.message, a.is_open) for a in sent] == [
+        (gpus[0].pk, "using 5000 MiB", True),
+        (gpus[0].pk, "using 9000 MiB", True),
+        (gpus[1].pk, "using 5000 MiB", True),
+        (gpus[0].pk, "using 9000 MiB", False),
+        (gpus[1].pk, "using 5000 MiB", False),
+    ]
+
+
 def test_raising_opens_an_alert_filed_under_the_gpus_node(gpus) -> None:
     task = TaskFactory()
 
