@@ -276,8 +276,10 @@ class Task(models.Model):
     @property
     def reason_text(self) -> str:
         """The reason as people read it: while in line, with its place there."""
+        if not self.wait:  # not assessed by a pass (yet): no place to look up
+            return self.reason
         place = self.place
-        if place is None or not self.wait:
+        if place is None:
             return self.reason
         return Wait(self.wait.get("code", ""), self.reason).render(*place)
 

@@ -221,28 +221,47 @@ def _queue_errors(tenant: Tenant, quota: Quota | None, adding: int) -> dict[str,
     }
 
 
+def _known_tasks(specs: list[TaskSpec], tenant: Tenant) -> tuple[set[int], dict[str, int]]:
+    """The tenant's tasks that any ``after`` of the batch names: the ids that exist, and each
+    name's latest task. Two queries for the batch (a sweep repeats its template's ``after`` in
+    every task: once per task, that was a query per task and reference)."""
+    ids = {ref for spec in specs for ref in spec.after if isinstance(ref, int)}
+    names = {ref for spec in specs for ref in spec.after if isinstance(ref, str)}
+    mine = Task.objects.filter(tenant=tenant)
+    by_id = set(mine.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
+    by_name = (
+        dict(
+            mine.filter(name__in=names)
+            .order_by("name", "-id")
+            .distinct("name")
+            .values_list("name", "pk")
+        )
+        if names
+        else {}
+    )
+    return by_id, by_name
+
+
 def _resolve_after(
-    spec: TaskSpec, tenant: Tenant, batch: set[str]
-) -> tuple[list[Task | str], list[str]]:
+    spec: TaskSpec, batch: set[str], known: tuple[set[int], dict[str, int]]
+) -> tuple[list[int | str], list[str]]:
     """Tasks named in ``after``: by id, by the name of a task earlier in this batch (kept as
     the name: it exists once the batch is created), or by the tenant's latest task of that
-    name."""
-    found: list[Task | str] = []
+    name (``known``: ``_known_tasks``)."""
+    by_id, by_name = known
+    found: list[int | str] = []
     problems: list[str] = []
     for ref in spec.after:
         if isinstance(ref, str) and ref in batch:
             found.append(ref)
             continue
-        if isinstance(ref, int):
-            task = Task.objects.filter(tenant=tenant, pk=ref).first()
-        else:
-            task = Task.objects.filter(tenant=tenant, name=ref).order_by("-id").first()
-        if task is None:
+        pk = (ref if ref in by_id else None) if isinstance(ref, int) else by_name.get(ref)
+        if pk is None:
             # Same words whether the task does not exist or belongs to someone else.
             text = f"#{ref}" if isinstance(ref, int) else ref
             problems.append(_("no task %(ref)s in this tenant") % {"ref": text})
         else:
-            found.append(task)
+            found.append(pk)
     return found, problems
 
 
@@ -304,7 +323,7 @@ def tasks_submit(
 
     ``by`` is who submits when it is not the owner (an operator submitting for a tenant in the
     admin): the audit trail names both. A constant number of statements whatever the batch's
-    size (plus one per task named in ``after`` by id or by an earlier submission's name).
+    size.
     """
     if not tenant.is_active:
         raise SubmitError({"tenant": [_("tenant %(name)s is inactive") % {"name": tenant.name}]})
@@ -319,8 +338,9 @@ def tasks_submit(
     estate = _estate(tenant)
     errors: dict[str, list[str]] = {}
     many = len(specs) > 1
-    resolved: list[list[Task | str]] = []
+    resolved: list[list[int | str]] = []
     batch: set[str] = set()
+    known = _known_tasks(specs, tenant)
     # Resolving a workdir walks the file system (symlinks); a sweep's tasks mostly share one.
     workdirs: dict[str, str] = {}
     for i, spec in enumerate(specs):
@@ -337,7 +357,7 @@ def tasks_submit(
                 }
         if workdirs[spec.workdir]:
             errors[f"{prefix}workdir"] = [workdirs[spec.workdir]]
-        deps, problems = _resolve_after(spec, tenant, batch) if spec.after else ([], [])
+        deps, problems = _resolve_after(spec, batch, known) if spec.after else ([], [])
         if problems:
             errors[f"{prefix}policy.after"] = problems
         resolved.append(deps)
@@ -385,7 +405,7 @@ def tasks_submit(
     earlier: dict[str, Task] = {}
     links: set[tuple[int, int]] = set()
     for task, deps in zip(created, resolved, strict=True):
-        links.update((task.pk, (earlier[d] if isinstance(d, str) else d).pk) for d in deps)
+        links.update((task.pk, earlier[d].pk if isinstance(d, str) else d) for d in deps)
         earlier[task.name] = task
     if links:
         through = Task.depends_on.through

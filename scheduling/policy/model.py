@@ -231,16 +231,6 @@ class Decision:
             texts[task_id] = self.waits[task_id].render(position, total)
         return texts
 
-    def wait_data(self) -> dict[int, dict]:
-        """Each wait as data: ``{code, position, line, details}``; position and line are None
-        for a task not in line (it waits for a queue, a hold, dependencies or a backoff)."""
-        total = len(self.line)
-        place = {task_id: n for n, task_id in enumerate(self.line, start=1)}
-        return {
-            task_id: wait_record(why.code, why.details, place.get(task_id), total)
-            for task_id, why in self.waits.items()
-        }
-
 
 def wait_record(code: str, details: dict, position: int | None, line: int) -> dict:
     """Why a task waits as the API shows it (``Task.wait`` stores it without the place in

@@ -19,6 +19,7 @@ from scheduling.policy import (
     schedule,
     schedule_fifo,
 )
+from scheduling.policy.model import wait_record
 
 GIB = 1024
 NOW = 10_000.0
@@ -526,6 +527,15 @@ def test_gpus_freed_by_preemption_are_held_for_the_task_that_asked():
     assert not decision.placements
 
 
+def wait_data(decision) -> dict[int, dict]:
+    """Each wait as the API shows it (``wait_record``), placed in the decision's line."""
+    place = {task_id: n for n, task_id in enumerate(decision.line, start=1)}
+    return {
+        task_id: wait_record(why.code, why.details, place.get(task_id), len(decision.line))
+        for task_id, why in decision.waits.items()
+    }
+
+
 def test_every_reason_is_rendered_from_its_wait_data():
     big = task(gpus=8)
     blocked = task(gpus=8)
@@ -535,11 +545,17 @@ def test_every_reason_is_rendered_from_its_wait_data():
     capped = TenantView("capped", limits=Limits(gpus=0))
     pending = [big, blocked, deps, backoff, over]
     decision = schedule(snap(gpus(nodes=1, per_node=8), pending, tenants=[capped]))
-    data = decision.wait_data()
+    data = wait_data(decision)
     assert set(decision.waits) == set(decision.waiting) == set(data)
     for task_id, why in decision.waits.items():
         place = data[task_id]
         assert decision.waiting[task_id] == why.render(place["position"], place["line"])
+    # And the words themselves, not only their agreement with the data they are made from.
+    assert "GPUs on node-0 are held for it" in decision.waiting[blocked.id]
+    assert decision.waiting[blocked.id].endswith("of 2 in line")
+    assert decision.waiting[deps.id] == "waiting for prep-data (running)"
+    assert decision.waiting[backoff.id] == "retry backoff until 1970-01-01 02:47:10 UTC"
+    assert decision.waiting[over.id].startswith("tenant capped uses 0 of its 0 GPUs; ")
     assert [data[t.id]["code"] for t in (blocked, deps, backoff, over)] == [
         "reserved",
         "dependencies",
@@ -572,7 +588,7 @@ def test_four_services_on_four_gpus_make_batch_wait_only_until_reclaim_after():
     decision = schedule(snap(cluster, [fresh], services))
     assert not decision.preemptions  # it has not waited long enough: the next end may do
     at = fresh.submitted_at + RECLAIM
-    assert decision.wait_data()[fresh.id]["details"]["reclaim_at"] == at
+    assert wait_data(decision)[fresh.id]["details"]["reclaim_at"] == at
     assert (
         "batch holds 0 of its guaranteed 3 GPUs: takes borrowed GPUs back from"
         in (decision.waiting[fresh.id])

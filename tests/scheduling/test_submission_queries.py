@@ -1,0 +1,49 @@
+"""A submission costs a constant number of statements, whatever the batch's size: also when
+every task of a sweep names the same tasks in ``after``."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from scheduling.spec import TaskSpec
+from scheduling.submission import SubmitError, task_submit, tasks_submit
+
+pytestmark = pytest.mark.django_db
+
+
+def sweep(count: int, after: list) -> list[TaskSpec]:
+    return [TaskSpec(name=f"lr-{i}", command="true", after=after) for i in range(count)]
+
+
+def statements(lab, specs) -> tuple[int, list]:
+    with CaptureQueriesContext(connection) as queries:
+        created = tasks_submit(tenant=lab, specs=specs)
+    return len(queries), created
+
+
+def test_after_costs_the_same_for_3_tasks_as_for_30(lab, workstation):
+    prep = task_submit(tenant=lab, spec=TaskSpec(name="prep", command="true"))
+    data = task_submit(tenant=lab, spec=TaskSpec(name="data", command="true"))
+
+    few, small = statements(lab, sweep(3, ["prep", data.pk]))
+    many, large = statements(lab, sweep(30, ["prep", data.pk]))
+
+    assert few == many
+    for task in (*small, *large):
+        assert set(task.depends_on.values_list("pk", flat=True)) == {prep.pk, data.pk}
+
+
+def test_a_name_means_the_latest_task_of_that_name_and_unknown_ones_are_refused(lab, workstation):
+    task_submit(tenant=lab, spec=TaskSpec(name="prep", command="true"))
+    latest = task_submit(tenant=lab, spec=TaskSpec(name="prep", command="true"))
+    (task,) = tasks_submit(tenant=lab, specs=[TaskSpec(name="t", command="true", after=["prep"])])
+    assert list(task.depends_on.values_list("pk", flat=True)) == [latest.pk]
+
+    with pytest.raises(SubmitError) as refused:
+        tasks_submit(tenant=lab, specs=[TaskSpec(name="u", command="true", after=["nope", 99999])])
+    assert refused.value.errors["policy.after"] == [
+        "no task nope in this tenant",
+        "no task #99999 in this tenant",
+    ]
