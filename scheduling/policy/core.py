@@ -261,31 +261,36 @@ class Pass:
             else:
                 by_priority[task.priority][task.tenant].append(task)
         for priority in sorted(by_priority, reverse=True):
-            queues = {name: iter(items) for name, items in by_priority[priority].items()}
-            heads = {name: next(it) for name, it in queues.items()}
-            heap = [(self.fair_key(n), h.submitted_at, h.id, n) for n, h in heads.items()]
-            heapq.heapify(heap)
-            while heap:
-                key, _, _, name = heapq.heappop(heap)
-                current = self.fair_key(name)
-                if current > key + 1e-12:  # its share grew since it was queued: re-queue
-                    head = heads[name]
-                    heapq.heappush(heap, (current, head.submitted_at, head.id, name))
-                    continue
+            yield from self.turns(by_priority[priority])
+
+    def turns(self, by_tenant: dict[str, list[PendingView]]):
+        """One priority's tasks, the tenant furthest below its fair share first (re-evaluated
+        after each pick), each tenant's in submission order."""
+        queues = {name: iter(items) for name, items in by_tenant.items()}
+        heads = {name: next(it) for name, it in queues.items()}
+        heap = [(self.fair_key(n), h.submitted_at, h.id, n) for n, h in heads.items()]
+        heapq.heapify(heap)
+        while heap:
+            key, _, _, name = heapq.heappop(heap)
+            current = self.fair_key(name)
+            if current > key + 1e-12:  # its share grew since it was queued: re-queue
                 head = heads[name]
-                # The tenant keeps the turn while it stays ahead of every other head: the same
-                # order as pushing each next task and popping again, without the heap work
-                # per task (10,000 pending tasks of a few tenants are long runs of one).
-                while True:
-                    yield head
-                    head = next(queues[name], None)
-                    if head is None:
-                        break
-                    item = (self.fair_key(name), head.submitted_at, head.id, name)
-                    if heap and heap[0] < item:
-                        heads[name] = head
-                        heapq.heappush(heap, item)
-                        break
+                heapq.heappush(heap, (current, head.submitted_at, head.id, name))
+                continue
+            head = heads[name]
+            # The tenant keeps the turn while it stays ahead of every other head: the same
+            # order as pushing each next task and popping again, without the heap work per
+            # task (10,000 pending tasks of a few tenants are long runs of one).
+            while True:
+                yield head
+                head = next(queues[name], None)
+                if head is None:
+                    break
+                item = (self.fair_key(name), head.submitted_at, head.id, name)
+                if heap and heap[0] < item:
+                    heads[name] = head
+                    heapq.heappush(heap, item)
+                    break
 
     # -- one task --
 
