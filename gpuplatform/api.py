@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied, RequestDataTooBig
 from django.db import DataError
 from django.http import Http404
 from django.utils.translation import gettext as _
@@ -45,10 +45,11 @@ class Caller:
         return roles.may(role=self.role, action=action, user_id=self.user_id, obj=obj)
 
     def require(self, action: Action, obj: roles.Owned | None = None) -> None:
-        """403 with the reason unless the caller's role allows ``action`` (on ``obj``)."""
+        """403 with the reason unless the caller's role allows ``action`` (on ``obj``): Django's
+        PermissionDenied, which the API (DRF) and the portal's pages both answer as a 403."""
         problem = roles.denial(role=self.role, action=action, user_id=self.user_id, obj=obj)
         if problem:
-            raise exceptions.PermissionDenied(problem)
+            raise PermissionDenied(problem)
 
 
 def request_tenant(request: Request) -> Caller:

@@ -3,13 +3,11 @@ or the user's first. The same ``Caller`` the API builds, so the role checks are 
 
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from gpuplatform.api import Caller
-from tenants import roles, selectors
+from tenants import selectors
 from tenants.models import Membership
-from tenants.roles import Action
 
 SESSION_KEY = "portal_tenant"
 
@@ -40,10 +38,3 @@ def switch(request: HttpRequest, tenant_name: str) -> bool:
         return False
     request.session[SESSION_KEY] = chosen.tenant_id
     return True
-
-
-def require(who: Caller, action: Action, obj=None) -> None:
-    """403 with the role's reason, as the API answers."""
-    problem = roles.denial(role=who.role, action=action, user_id=who.user_id, obj=obj)
-    if problem:
-        raise PermissionDenied(problem)

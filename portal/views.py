@@ -206,7 +206,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
 
 def _bulk_cancel(request: HttpRequest) -> HttpResponse:
     who = request.caller
-    tenancy.require(who, Action.CONTROL_TASK)
+    who.require(Action.CONTROL_TASK)
     ids = [int(i) for i in request.POST.getlist("task") if i.isascii() and i.isdigit()]
     ids = ids[:PAGE_SIZE]
     tasks = selectors.task_list(tenant=who.tenant).filter(pk__in=ids).order_by("pk")
@@ -334,7 +334,7 @@ def task_control(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     if action not in CONTROLS:
         raise Http404
     task = selectors.task_get(tenant=who.tenant, pk=pk)
-    tenancy.require(who, Action.CONTROL_TASK, task)
+    who.require(Action.CONTROL_TASK, task)
     try:
         CONTROLS[action](task=task, by=request.user)
     except (IllegalTransition, services.StaleTask) as exc:
@@ -367,7 +367,7 @@ def task_log(request: HttpRequest, pk: int) -> HttpResponse:
 def submit(request: HttpRequest) -> HttpResponse:
     who = request.caller
     if request.method == "POST":
-        tenancy.require(who, Action.SUBMIT)
+        who.require(Action.SUBMIT)
     mode = request.POST.get("mode") or request.GET.get("mode") or "form"
     clone = None
     if request.GET.get("clone", "").isdigit():
@@ -427,7 +427,7 @@ def submit(request: HttpRequest) -> HttpResponse:
 def submit_preview(request: HttpRequest) -> JsonResponse:
     """How many tasks a YAML spec expands to (sweeps included), or its problems, before it is
     submitted. Checks the spec only: quotas and the cluster are checked on submit."""
-    tenancy.require(request.caller, Action.SUBMIT)
+    request.caller.require(Action.SUBMIT)
     try:
         specs = parse_yaml(request.POST.get("spec", ""))
     except SpecError as exc:
@@ -532,7 +532,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm()
     secret = None
     if request.method == "POST":
-        tenancy.require(who, Action.OWN_TOKENS)
+        who.require(Action.OWN_TOKENS)
         form = TokenForm(request.POST)
         if form.is_valid():
             days = form.cleaned_data["expires_in_days"]
@@ -574,7 +574,7 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 @portal_page
 def team(request: HttpRequest) -> HttpResponse:
     who = request.caller
-    tenancy.require(who, Action.MANAGE_MEMBERS)
+    who.require(Action.MANAGE_MEMBERS)
     form = MemberForm()
     if request.method == "POST":
         form = MemberForm(request.POST)
@@ -615,7 +615,7 @@ def team(request: HttpRequest) -> HttpResponse:
 @portal_page
 def member_remove(request: HttpRequest, username: str) -> HttpResponse:
     who = request.caller
-    tenancy.require(who, Action.MANAGE_MEMBERS)
+    who.require(Action.MANAGE_MEMBERS)
     membership = tenant_selectors.member_get(tenant=who.tenant, username=username)
     try:
         tenant_services.membership_remove(membership=membership)
