@@ -379,6 +379,9 @@ if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,15}", TENANT_USER_PREFIX):
 # One cgroup per attempt, under <CGROUP_NAME>/<node> in each cgroup hierarchy (root only).
 USE_CGROUPS = env.boolean("USE_CGROUPS", True)
 CGROUP_NAME = env.string("CGROUP_NAME", "gpuplatform")
+# The node agent turns on the cgroup v2 mount's favordynmods (cgroups.favor_dynmods): a task's
+# first process otherwise waits 4-32 ms to join its new cgroup after a quiet spell.
+CGROUP_FAVOR_DYNMODS = env.boolean("CGROUP_FAVOR_DYNMODS", True)
 if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", CGROUP_NAME) or CGROUP_NAME in (".", ".."):
     raise ImproperlyConfigured(f"CGROUP_NAME: a plain directory name, got {CGROUP_NAME!r}")
 # User failures are retried after RETRY_BACKOFF * 2^(n-1) seconds (at most an hour).

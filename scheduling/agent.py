@@ -12,13 +12,14 @@ import socket
 import threading
 import time
 
+from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend
-from scheduling.launcher import environ, gpuwatch, identity, lifecycle, tracking
-from scheduling.launcher.cluster import NodeCluster
+from scheduling.launcher import cgroups, environ, gpuwatch, identity, lifecycle, tracking
+from scheduling.launcher.cluster import launch_cluster, spawner
 from scheduling.launcher.relay import Relay
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ class NodeAgent:
         self._install_signal_handlers()
         identity.secure_platform_dirs()
         environ.forget_secret_files_of_dead_processes()
+        if settings.CGROUP_FAVOR_DYNMODS and tracking.hierarchy() is not None:
+            logger.info("node %s: cgroup favordynmods: %s", self.name, cgroups.favor_dynmods())
         if not identity.privileged():
             logger.warning(
                 "node %s: %s (the agent is not root: every task runs as this user)",
@@ -127,9 +130,10 @@ class NodeAgent:
                 identity.SINGLE_USER_NOTE,
             )
         relay = self._relay() if launcher else None
-        cluster = NodeCluster(self.name) if launcher else None
-        if cluster is not None:
-            cluster.start()
+        # The spawner first: launches find it from the cluster's first job on.
+        children = [spawner(self.name), launch_cluster(self.name)] if launcher else []
+        for child in children:
+            child.start()
         sampler = self._sampler()
         interval = self.config.heartbeat.interval_s
         logger.info(
@@ -149,8 +153,8 @@ class NodeAgent:
                     next_tick = time.monotonic() + interval
                     self.tick()  # the first tick registers
                 lifecycle.watch_supervisors(self.name)
-                if cluster is not None:
-                    cluster.keep_alive()
+                for child in children:
+                    child.keep_alive()
             except DatabaseError as exc:
                 # The database may be restarting: keep the agent alive and try again next tick.
                 logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
@@ -158,8 +162,8 @@ class NodeAgent:
             self.stopping.wait(min(WATCH_EVERY_S, interval))
         if sampler is not None:
             sampler.stop()
-        if cluster is not None:
-            cluster.stop()
+        for child in reversed(children):
+            child.stop()
         if relay is not None:
             relay.stop()
         self.backend.close()

@@ -24,24 +24,25 @@ SECRET_NAMES = ("DATABASE_URL", "SECRET_KEY")
 TASK_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def task_environment(task, attempt, identity: Identity | None) -> dict[str, str]:
-    """Nothing of the platform's own environment reaches a task."""
-    gpus = ",".join(attempt.gpu_uuids)
+def task_environment(assignment, identity: Identity | None) -> dict[str, str]:
+    """Nothing of the platform's own environment reaches a task (``assignment``: a
+    ``messages.Assignment``)."""
+    gpus = ",".join(assignment.gpu_uuids)
     env = {"PATH": TASK_PATH, "LANG": "C.UTF-8"}
     if identity is None:  # single-user mode: the platform's user, with its own home
         env["HOME"] = os.environ.get("HOME", "/")
     else:
         env.update(HOME=str(identity.home), USER=identity.user, LOGNAME=identity.user)
-    env.update(task.env)  # names that could subvert the platform were refused at submission
+    env.update(assignment.env)  # names that could subvert the platform were refused at submission
     env.update(
         CUDA_VISIBLE_DEVICES=gpus,
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
         NVIDIA_VISIBLE_DEVICES=gpus or "void",
-        GPUPLATFORM_TASK_ID=str(task.pk),
-        GPUPLATFORM_TASK_NAME=task.name,
-        GPUPLATFORM_ATTEMPT=str(attempt.number),
+        GPUPLATFORM_TASK_ID=str(assignment.task_id),
+        GPUPLATFORM_TASK_NAME=assignment.task_name,
+        GPUPLATFORM_ATTEMPT=str(assignment.attempt_no),
         GPUPLATFORM_GPUS=gpus,
-        GPUPLATFORM_TENANT=task.tenant.name,
+        GPUPLATFORM_TENANT=assignment.tenant,
         # The examples shipped with the platform, so examples/train-sweep.yaml runs as written.
         GPUPLATFORM_EXAMPLES=str(Path(settings.BASE_DIR) / "examples"),
     )

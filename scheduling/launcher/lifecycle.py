@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import traceback
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
@@ -27,11 +26,11 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from scheduling import passes, services
-from scheduling.launcher import cgroups, paths, procs, tracking
+from scheduling.launcher import cgroups, paths, procs, spawner, supervisor, tracking
 from scheduling.launcher.environ import platform_environment
+from scheduling.launcher.messages import Assignment
 from scheduling.launcher.procs import ProcessId
 from scheduling.launcher.reports import STOPPING, attempt_finished, requeue_lost
-from scheduling.launcher.supervisor import Supervisor
 from scheduling.models import Allocation, StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TERMINAL, IllegalTransition, TaskState
 
@@ -115,13 +114,18 @@ def _launch(task: Task | None, attempt_no: int, uuids: list[str]) -> str:
 def spawn_supervisor(attempt: TaskAttempt) -> None:
     """Start the supervisor fully detached: its own session, not our child once we return.
 
-    By default this process forks it (Django is loaded already: ~40 ms instead of the seconds a
-    fresh interpreter spends importing); ``SUPERVISOR_START=exec`` starts a new interpreter.
+    By default the node's spawner forks it (``spawner``: a small process, so a fork costs a few
+    milliseconds), or this process when no spawner listens (Django is loaded already: ~10 ms
+    more, instead of the second a fresh interpreter spends importing);
+    ``SUPERVISOR_START=exec`` starts a new interpreter.
     """
     out = paths.attempt_dir(attempt.task.tenant.name, attempt.task_id)
     sink = out / f"supervisor-{attempt.number}.log"
     if settings.SUPERVISOR_START == "fork":
-        _fork_supervisor(attempt, sink)
+        try:
+            spawner.request(Assignment.of(attempt), str(sink))
+        except spawner.NotSent:
+            _fork_supervisor(attempt, sink)  # no spawner here (yet): this worker forks it
         return
     argv = [
         sys.executable,
@@ -161,7 +165,7 @@ def _fork_supervisor(attempt: TaskAttempt, sink) -> None:
         _forget_inherited_connections()
         os.setsid()
         if os.fork() == 0:
-            _be_supervisor(attempt, sink)  # never returns
+            supervisor.become(Assignment.of(attempt), sink)  # never returns
         code = 0
     finally:
         os._exit(code)
@@ -188,28 +192,6 @@ def _forget_inherited_connections() -> None:
         if conn.connection is not None:
             _INHERITED.append(conn.connection)
             conn.connection = None
-
-
-def _be_supervisor(attempt: TaskAttempt, sink) -> None:
-    code = 1
-    try:
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        output = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-        os.dup2(devnull, 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)  # whatever our parent process had set
-        logging.basicConfig(
-            level=logging.INFO, force=True, format="%(asctime)s %(levelname)s %(message)s"
-        )
-        code = Supervisor(attempt).run()
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
 
 
 # --- Controls (cancel, pause, resume, preempt) -------------------------------------------------

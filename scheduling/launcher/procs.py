@@ -26,7 +26,7 @@ SUPERVISOR_NAME = "gpup-supervisor"
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL:
+def libc() -> ctypes.CDLL:
     # find_library runs ``ldconfig -p`` (a fork and exec) each time: once per process, and
     # before a fork (``warm``), not in every supervisor (three of them cost ~15 ms each).
     return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -34,12 +34,12 @@ def _libc() -> ctypes.CDLL:
 
 def warm() -> None:
     """Load what the helpers below need in this process, so its forked children do not."""
-    _libc()
+    libc()
 
 
 def prctl(option: int, value: int | bytes) -> bool:
     try:
-        return _libc().prctl(option, value, 0, 0, 0) == 0
+        return libc().prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 

@@ -5,7 +5,8 @@ then how it ended) and run a dozen ORM statements each time: at 2,000 short task
 half the CPU the platform spent per task, and a PostgreSQL backend started per report. Now it
 sends each report over a local socket to the node agent's ``Relay`` thread, which gathers what
 arrives within a few milliseconds and writes it with ``reports.attempts_started`` and
-``reports.attempts_finished``, then answers each supervisor.
+``reports.attempts_finished``, then answers each supervisor. A running supervisor also asks it,
+every few seconds, whether its attempt is still wanted (fencing), the same way.
 
 Nothing is lost when the agent is down, slow or failing: ``send`` returns None whenever no
 answer came (no listener, a timeout, a database error in the agent), and the supervisor then
@@ -35,6 +36,8 @@ import time
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
+from scheduling.launcher.messages import ExitReport, StartReport
+
 logger = logging.getLogger(__name__)
 
 REPLY_TIMEOUT_S = 5.0  # then the supervisor reports itself
@@ -44,12 +47,13 @@ MAX_MESSAGE = 64 * 1024
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
-def address(node_name: str) -> str:
+def address(node_name: str, service: str = "relay") -> str:
+    """The abstract socket of one of a node's services (``relay``, ``spawner``)."""
     digest = hashlib.sha256(f"{settings.VAR_DIR}\0{node_name}".encode()).hexdigest()[:24]
-    return f"\0gpuplatform-relay-{digest}"
+    return f"\0gpuplatform-{service}-{digest}"
 
 
-def _signature(message: dict) -> str:
+def signature(message: dict) -> str:
     """An HMAC of the whole report but its signature."""
     subject = json.dumps({k: v for k, v in message.items() if k != "sig"}, sort_keys=True)
     return hmac.new(settings.SECRET_KEY.encode(), subject.encode(), hashlib.sha256).hexdigest()
@@ -58,21 +62,23 @@ def _signature(message: dict) -> str:
 # --- Supervisor side ---------------------------------------------------------------------------
 
 
-def send(attempt, report, timeout: float = REPLY_TIMEOUT_S) -> dict | None:
-    """Send this supervisor's ``reports.StartReport`` or ``reports.ExitReport`` for ``attempt``
-    and wait for the agent's answer; None if there is none (report it yourself then)."""
-    from scheduling.launcher.reports import StartReport
+KINDS = {"StartReport": "started", "ExitReport": "finished", "FenceQuery": "fence"}
 
+
+def send(node_name: str, report, timeout: float = REPLY_TIMEOUT_S) -> dict | None:
+    """Send this supervisor's ``messages.StartReport``, ``ExitReport`` or ``FenceQuery`` to the
+    agent of ``node_name`` and wait for its answer; None if there is none (then write or ask
+    the database yourself)."""
     message = {
-        "kind": "started" if isinstance(report, StartReport) else "finished",
+        "kind": KINDS[type(report).__name__],
         "supervisor": os.getpid(),
         "report": dataclasses.asdict(report),
     }
-    message["sig"] = _signature(message)
+    message["sig"] = signature(message)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
             sock.settimeout(timeout)
-            sock.connect(address(attempt.node.name))
+            sock.connect(address(node_name))
             sock.sendall(json.dumps(message).encode())
             data = sock.recv(MAX_MESSAGE)
     except OSError:
@@ -171,15 +177,15 @@ class Relay(threading.Thread):
             )
             message = json.loads(data)
             kind, claimed = message["kind"], message["supervisor"]
-            signature = _signature(message)
+            expected = signature(message)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             logger.warning("node %s: unreadable report refused: %r", self.node_name, exc)
             return None
         if (
-            kind not in ("started", "finished")
+            kind not in KINDS.values()
             or uid != os.geteuid()
             or pid != claimed
-            or not hmac.compare_digest(str(message.get("sig", "")), signature)
+            or not hmac.compare_digest(str(message.get("sig", "")), expected)
         ):
             logger.warning(
                 "node %s: report refused from pid %s uid %s (claims to be supervisor %s)",
@@ -211,19 +217,26 @@ class Relay(threading.Thread):
 
 
 def write_reports(messages: list[dict]) -> list[dict]:
-    """One transaction for the starts, one for the ends; an answer per message, in order."""
+    """One transaction for the starts, one for the ends, one query for the fences; an answer
+    per message, in order."""
     from scheduling.launcher import reports
 
-    starts = [reports.StartReport.of(m["report"]) for m in messages if m["kind"] == "started"]
-    exits = [reports.ExitReport(**m["report"]) for m in messages if m["kind"] == "finished"]
+    def of(kind: str) -> list[dict]:
+        return [m["report"] for m in messages if m["kind"] == kind]
+
+    starts = [StartReport.of(fields) for fields in of("started")]
+    exits = [ExitReport(**fields) for fields in of("finished")]
+    fences = [fields["attempt_id"] for fields in of("fence")]
     started = reports.attempts_started(starts) if starts else {}
     outcomes = reports.attempts_finished(exits) if exits else {}
-    return [
-        {"ok": True, "started": started.get(m["report"]["attempt_id"], False)}
-        if m["kind"] == "started"
-        else {
-            "ok": True,
-            "outcome": outcomes.get((m["report"]["task_id"], m["report"]["attempt_no"]), "unknown"),
-        }
-        for m in messages
-    ]
+    wanted = reports.still_wanted(fences) if fences else {}
+
+    def answer(kind: str, fields: dict) -> dict:
+        if kind == "started":
+            return {"ok": True, "started": started.get(fields["attempt_id"], False)}
+        if kind == "fence":
+            return {"ok": True, "wanted": wanted.get(fields["attempt_id"], False)}
+        key = (fields["task_id"], fields["attempt_no"])
+        return {"ok": True, "outcome": outcomes.get(key, "unknown")}
+
+    return [answer(m["kind"], m["report"]) for m in messages]

@@ -7,7 +7,6 @@ module only, ``lifecycle`` (which starts supervisors) imports both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -16,7 +15,7 @@ from django.utils import timezone
 
 from gpuplatform.db import update_each
 from scheduling import services
-from scheduling.launcher.procs import ProcessId
+from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.models import GPU, GpuState, StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TaskState
 
@@ -27,20 +26,6 @@ USER_FAILURES = ("failed", "timed_out")
 
 
 # --- Reports from the supervisor -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartReport:
-    attempt_id: int
-    supervisor: ProcessId
-    pid: ProcessId
-
-    @classmethod
-    def of(cls, fields: dict) -> StartReport:
-        """From ``dataclasses.asdict`` of one (as ``relay`` carries it)."""
-        return cls(
-            fields["attempt_id"], ProcessId(**fields["supervisor"]), ProcessId(**fields["pid"])
-        )
 
 
 def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
@@ -91,29 +76,19 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
     return started
 
 
-def still_wanted(attempt_id: int) -> bool:
+def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
     """Fencing: an attempt whose task moved on (lost, requeued, cancelled) must stop."""
-    row = (
-        TaskAttempt.objects.filter(pk=attempt_id)
-        .values("number", "outcome", "task__attempt", "task__state")
-        .first()
+    rows = TaskAttempt.objects.filter(pk__in=attempt_ids).values(
+        "pk", "number", "outcome", "task__attempt", "task__state"
     )
-    return bool(
-        row
-        and not row["outcome"]
-        and row["task__attempt"] == row["number"]
-        and row["task__state"] in HOLDS_GPUS
-    )
-
-
-@dataclass(frozen=True)
-class ExitReport:
-    task_id: int
-    attempt_no: int
-    exit_code: int | None
-    timed_out: bool = False
-    problem: str = ""
-    note: str = ""
+    wanted = dict.fromkeys(attempt_ids, False)
+    for row in rows:
+        wanted[row["pk"]] = (
+            not row["outcome"]
+            and row["task__attempt"] == row["number"]
+            and row["task__state"] in HOLDS_GPUS
+        )
+    return wanted
 
 
 def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:

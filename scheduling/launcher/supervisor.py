@@ -28,10 +28,17 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import django
+from django.apps import apps
 from django.conf import settings  # lazy: read after django.setup()
+
+from gpuplatform.units import parse_memory_mb
+from scheduling.launcher.cgroups import Limits
+from scheduling.launcher.messages import Assignment, ExitReport, FenceQuery, StartReport
 
 logger = logging.getLogger("scheduling.supervisor")
 
@@ -144,10 +151,8 @@ class LogRelay:
 
 
 class Supervisor:
-    def __init__(self, attempt) -> None:
-        """``attempt`` with its task, tenant and node, as the launcher has them in memory."""
-        self.attempt = attempt
-        self.task = self.attempt.task
+    def __init__(self, assignment: Assignment) -> None:
+        self.assignment = assignment
         self.stop_asked = False
         self.pause_asked: bool | None = None
         self.paused_since: float | None = None
@@ -160,8 +165,10 @@ class Supervisor:
         from scheduling.models import TaskAttempt
 
         return cls(
-            TaskAttempt.objects.select_related("task__tenant", "node").get(
-                task_id=task_id, number=attempt_no
+            Assignment.of(
+                TaskAttempt.objects.select_related("task__tenant", "node").get(
+                    task_id=task_id, number=attempt_no
+                )
             )
         )
 
@@ -189,33 +196,31 @@ class Supervisor:
 
         procs.become_subreaper()
         procs.hide_from_same_user()
-        procs.set_title(
-            f"{procs.SUPERVISOR_NAME} task={self.task.pk} attempt={self.attempt.number}"
-        )
+        it = self.assignment
+        procs.set_title(f"{procs.SUPERVISOR_NAME} task={it.task_id} attempt={it.attempt_no}")
         environ.drop_secrets_from_environ()
         self.install_signals()
-        tenant = self.task.tenant
-        exit_file = paths.exit_path(tenant.name, self.task.pk, self.attempt.number)
+        exit_file = paths.exit_path(it.tenant, it.task_id, it.attempt_no)
         paths.reserve_exit_record(exit_file)  # False: the database is the only record left
         try:
-            who = identity.tenant_identity(tenant.name, tenant.unix_user)
+            who = identity.tenant_identity(it.tenant, it.unix_user)
             if who is None:
-                paths.tenant_root(tenant.name).mkdir(mode=0o700, parents=True, exist_ok=True)
-            cwd = paths.workdir(tenant.name, self.task.workdir)
+                paths.tenant_root(it.tenant).mkdir(mode=0o700, parents=True, exist_ok=True)
+            cwd = paths.workdir(it.tenant, it.workdir)
         except (identity.IdentityError, paths.PathEscape, OSError) as exc:
             return self.finish(None, problem=f"cannot run as the tenant: {exc}")
         try:
             self.tracker = tracking.for_attempt(
-                self.attempt.node.name, self.task.pk, self.attempt.number, task_limits(self.task)
+                it.node, it.task_id, it.attempt_no, task_limits(it.resources)
             )
         except Exception as exc:  # noqa: BLE001 - any cgroup failure fails the attempt clearly
             return self.finish(None, problem=f"cannot set up the attempt's cgroup: {exc}")
-        self.relay = LogRelay(Path(self.attempt.log_path))
+        self.relay = LogRelay(Path(it.log_path))
         self.relay.on_first_error = self.log_trouble
         try:
             child = subprocess.Popen(  # noqa: S603 - the tenant's command is the point
-                ["/bin/sh", "-c", self.task.command],
-                env=environ.task_environment(self.task, self.attempt, who),
+                ["/bin/sh", "-c", it.command],
+                env=environ.task_environment(it, who),
                 stdin=subprocess.DEVNULL,
                 stdout=self.relay.write_fd,
                 stderr=self.relay.write_fd,
@@ -235,21 +240,44 @@ class Supervisor:
         """Through the node agent (with other supervisors' reports); if it cannot take it, to
         the database ourselves. Until this is written, reconciliation treats the attempt as
         still launching (LAUNCH_PATIENCE), then kills what it left, by its cgroup."""
-        from scheduling.launcher import procs, reports
+        from scheduling.launcher import procs
         from scheduling.launcher.relay import send as through_the_agent
 
-        report = reports.StartReport(self.attempt.pk, procs.ProcessId.of(os.getpid()), pid)
-        reply = through_the_agent(self.attempt, report)
+        report = StartReport(self.assignment.attempt_id, procs.ProcessId.of(os.getpid()), pid)
+        reply = through_the_agent(self.assignment.node, report)
         if reply is not None:
             return bool(reply["started"])
-        return self.db(lambda: reports.attempts_started([report])[report.attempt_id], forever=True)
+
+        def write():
+            from scheduling.launcher import reports
+
+            return reports.attempts_started([report])[report.attempt_id]
+
+        return self.db(write, forever=True)
+
+    def still_wanted(self) -> bool:
+        """Fencing, asked of the node agent, or of the database when the agent does not answer;
+        True when neither does (a database outage must not stop running tasks)."""
+        from scheduling.launcher.relay import send as through_the_agent
+
+        query = FenceQuery(self.assignment.attempt_id)
+        reply = through_the_agent(self.assignment.node, query)
+        if reply is not None:
+            return bool(reply["wanted"])
+
+        def ask():
+            from scheduling.launcher import reports
+
+            return reports.still_wanted([query.attempt_id])[query.attempt_id]
+
+        return self.db(ask, default=True)
 
     def watch(self, child: subprocess.Popen) -> int:
-        from scheduling.launcher import procs, reports
+        from scheduling.launcher import procs
 
         started = time.monotonic()
         next_fence = started + FENCE_EVERY_S
-        timeout = self.task.timeout_s
+        timeout = self.assignment.timeout_s
         timed_out = False
         open_pipe = True
         while True:
@@ -265,7 +293,7 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_fence:
                 next_fence = now + FENCE_EVERY_S
-                if not self.db(lambda: reports.still_wanted(self.attempt.pk), default=True):
+                if not self.still_wanted():
                     self.stop_asked = True  # superseded (lost and requeued): never run twice
             running_for = now - started - self.paused_total
             if timeout and running_for > timeout and self.paused_since is None:
@@ -297,32 +325,35 @@ class Supervisor:
 
     def log_trouble(self, relay: LogRelay) -> None:
         """The first failed write to the log: an alert naming the node and the path."""
-        from monitoring import services as alerts
-        from monitoring.models import AlertKind, Severity
-
-        node = self.attempt.node
+        it = self.assignment
         message = (
-            f"node {node.name}: cannot write {relay.path}: {relay.error}; "
-            f"output of task {self.task.pk} is being dropped (the task goes on)"
+            f"node {it.node}: cannot write {relay.path}: {relay.error}; "
+            f"output of task {it.task_id} is being dropped (the task goes on)"
         )
         logger.error(message)
-        self.db(
-            lambda: alerts.alert_raise(
+
+        def alert():
+            from monitoring import services as alerts
+            from monitoring.models import AlertKind, Severity
+            from scheduling.models import Node, Task
+
+            alerts.alert_raise(
                 kind=AlertKind.TASK_LOG_IO,
                 severity=Severity.WARNING,
                 message=message,
-                task=self.task,
-                node=node,
-            ),
-            default=None,
-        )
+                task=Task.objects.get(pk=it.task_id),
+                node=Node.objects.get(name=it.node),
+            )
+
+        self.db(alert, default=None)
 
     # -- the end --
 
     def finish(self, returncode: int | None, *, timed_out: bool = False, problem: str = "") -> int:
-        from scheduling.launcher import paths, reports
+        from scheduling.launcher import paths
         from scheduling.launcher.relay import send as through_the_agent
 
+        it = self.assignment
         exit_code = (
             None if returncode is None else (returncode if returncode >= 0 else 128 - returncode)
         )
@@ -341,32 +372,40 @@ class Supervisor:
             "note": note,
             "ended_at": time.time(),
         }
-        exit_file = paths.exit_path(self.task.tenant.name, self.task.pk, self.attempt.number)
+        exit_file = paths.exit_path(it.tenant, it.task_id, it.attempt_no)
         kept = paths.write_exit_record(exit_file, record)
         if not kept:
             logger.error(
                 "cannot write the exit file %s; the database is the only record", exit_file
             )
-        report = reports.ExitReport(
-            self.task.pk, self.attempt.number, exit_code, timed_out, problem, note
-        )
-        reply = through_the_agent(self.attempt, report)
+        report = ExitReport(it.task_id, it.attempt_no, exit_code, timed_out, problem, note)
+        reply = through_the_agent(it.node, report)
+
+        def write():
+            from scheduling.launcher import reports
+
+            return reports.attempts_finished([report])[(report.task_id, report.attempt_no)]
+
         outcome = reply["outcome"] if reply is not None else None
         outcome = outcome or self.db(
-            lambda: reports.attempts_finished([report])[(report.task_id, report.attempt_no)],
+            write,
             default=None,
             tries=REPORT_TRIES,
             forever=not kept,  # nothing else keeps the status: never give up on it
         )
         if outcome is None:
-            logger.error("could not report %s; the exit file %s keeps it", self.attempt, exit_file)
+            logger.error("could not report %s; the exit file %s keeps it", it, exit_file)
             return 1
-        logger.info("attempt %s ended: %s (exit %s)", self.attempt, outcome, exit_code)
+        logger.info("%s ended: %s (exit %s)", it, outcome, exit_code)
         return 0
 
     def db(self, func, *, default=None, tries: int = 1, forever: bool = False):
         """Call a database service, surviving a database that is down for a while, and hold no
-        connection afterwards (a running task's supervisor costs the server nothing)."""
+        connection afterwards (a running task's supervisor costs the server nothing). A
+        supervisor forked by the spawner loads Django's apps here, the first time it needs the
+        database (the node agent answers for it otherwise)."""
+        if not apps.ready:
+            django.setup(set_prefix=False)
         from django.db import DatabaseError, connections
 
         attempt = 0
@@ -385,17 +424,13 @@ class Supervisor:
             return result
 
 
-def task_limits(task):
+def task_limits(resources: dict) -> Limits:
     """The cgroup limits in the task's spec (``resources.memory``, ``cpus``, ``pids``)."""
-    from gpuplatform.units import parse_memory_mb
-    from scheduling.launcher.cgroups import Limits
-
-    wanted = (task.spec or {}).get("resources") or {}
-    memory = wanted.get("memory")
+    memory = resources.get("memory")
     return Limits(
         memory_bytes=None if memory is None else parse_memory_mb(memory) * 1024 * 1024,
-        cpus=wanted.get("cpus"),
-        pids=wanted.get("pids"),
+        cpus=resources.get("cpus"),
+        pids=resources.get("pids"),
     )
 
 
@@ -419,6 +454,30 @@ def enter_attempt(tracker, who, cwd: str):
             os._exit(126)
 
     return prepare
+
+
+def become(assignment: Assignment, sink) -> NoReturn:
+    """In a freshly forked child (of the spawner or of a launch worker): be the supervisor of
+    ``assignment``, its output to ``sink``, and exit with its status. Never returns."""
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        output = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        os.dup2(devnull, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)  # whatever our parent process had set
+        logging.basicConfig(
+            level=logging.INFO, force=True, format="%(asctime)s %(levelname)s %(message)s"
+        )
+        code = Supervisor(assignment).run()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from django.db import connection
 
-from scheduling.launcher import cgroups, procs
+from scheduling.launcher import cgroups, procs, relay
 from scheduling.models import Task, TaskAttempt
 from tests.factories import NodeFactory, TenantFactory, make_gpus
 
@@ -104,6 +104,15 @@ def node(transactional_db):
     node = NodeFactory(name="workstation-1")
     make_gpus(node, count=4)
     return node
+
+
+@pytest.fixture
+def listening(launcher, node):
+    """The node agent's relay, on a thread of this process, as the agent runs it."""
+    thread = relay.Relay(node.name)
+    thread.start()
+    yield thread
+    thread.stop()
 
 
 @pytest.fixture

@@ -258,6 +258,34 @@ def test_it_reads_a_pure_v2_and_a_hybrid_mountinfo():
     assert own == {"memory": "/process_api/abc", "cpu": "/", "cpuacct": "/", "": "/user.slice"}
 
 
+def test_favordynmods_is_added_to_the_v2_mount_and_its_other_options_kept():
+    mounts = (
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 "
+        "- cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+    )
+    source, target, fstype, flags, data = cgroups.favor_dynmods_mount(mounts)
+    assert (source, target, fstype) == ("cgroup2", "/sys/fs/cgroup/unified", "cgroup2")
+    # MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RELATIME: a remount without them
+    # would clear them.
+    assert flags == 32 | 2 | 4 | 8 | 1 << 21
+    assert data == "memory_recursiveprot,nsdelegate,favordynmods"
+    on = mounts.replace("rw,nsdelegate,", "rw,nsdelegate,favordynmods,")
+    assert cgroups.favor_dynmods_mount(on) is None
+    assert cgroups.favor_dynmods_mount(mounts.splitlines()[0]) is None  # no v2 mount
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="remounting needs root")
+def test_favor_dynmods_leaves_the_option_on_this_hosts_v2_mount():
+    text = Path("/proc/self/mountinfo").read_text()
+    if not [m for m in cgroups.parse_mountinfo(text) if m.version == 2]:
+        pytest.skip("no cgroup v2 mount on this host")
+    result = cgroups.favor_dynmods()
+    (v2, *_) = [m for m in cgroups.parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+                if m.version == 2]  # fmt: skip
+    assert "favordynmods" in v2.options, result
+
+
 def test_detect_returns_none_when_not_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     cgroups.detect.cache_clear()

@@ -4,6 +4,9 @@ the supervisor reports through ``reports`` without ever importing ``lifecycle``.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import scheduling.launcher
@@ -34,9 +37,27 @@ def test_the_reports_never_import_lifecycle_or_the_supervisor():
 
 
 def test_lifecycle_imports_the_supervisor_at_the_top():
-    top = {
-        node.module
-        for node in ast.parse((LAUNCHER / "lifecycle.py").read_text()).body
-        if isinstance(node, ast.ImportFrom)
-    }
+    top = set()
+    for node in ast.parse((LAUNCHER / "lifecycle.py").read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            top.add(node.module)
+            top.update(f"{node.module}.{alias.name}" for alias in node.names)
     assert {"scheduling.launcher.supervisor", "scheduling.launcher.reports"} <= top
+
+
+def test_the_spawner_and_its_supervisors_load_no_models():
+    """What makes the spawner small: it reads the settings, never Django's apps or models."""
+    probe = (
+        "import sys; from scheduling.launcher import spawner; spawner.warm(); "
+        "from django.apps import apps; "
+        "print(apps.ready, sorted(m for m in sys.modules if m.endswith('.models')))"
+    )
+    done = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", probe],
+        cwd=LAUNCHER.parent.parent,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "gpuplatform.settings"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split("\n")[0] == "False []", done.stdout + done.stderr

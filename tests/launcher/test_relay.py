@@ -7,25 +7,15 @@ import json
 import os
 import socket
 
-import pytest
-
 from scheduling import scheduler
 from scheduling.launcher import lifecycle, relay, reports
+from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
 from tests.launcher.conftest import state_of, wait_for
-
-
-@pytest.fixture
-def listening(launcher, node):
-    """The node agent's relay, on a thread of this process, as the agent runs it."""
-    thread = relay.Relay(node.name)
-    thread.start()
-    yield thread
-    thread.stop()
 
 
 def submit(lab, command: str, name: str = "t") -> Task:
@@ -82,7 +72,7 @@ def test_a_report_from_anyone_but_the_supervisor_it_names_is_refused(listening, 
                    "problem": "", "note": ""},
     }  # fmt: skip
     # Signed, but sent by this process, not by the supervisor it names.
-    assert ask(node.name, {**finished, "sig": relay._signature(finished)}) == b""
+    assert ask(node.name, {**finished, "sig": relay.signature(finished)}) == b""
     # Naming this process, but unsigned.
     assert ask(node.name, {**finished, "supervisor": os.getpid(), "sig": "0"}) == b""
     wait_for(lambda: listening.reports == 1, timeout=5)  # the start
@@ -90,7 +80,7 @@ def test_a_report_from_anyone_but_the_supervisor_it_names_is_refused(listening, 
     assert task.state == "running"
     # And the real thing, sent as the supervisor would (its pid is this process here).
     mine = {**finished, "supervisor": os.getpid()}
-    assert json.loads(ask(node.name, {**mine, "sig": relay._signature(mine)})) == {
+    assert json.loads(ask(node.name, {**mine, "sig": relay.signature(mine)})) == {
         "ok": True,
         "outcome": "succeeded",
     }
@@ -111,15 +101,15 @@ def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
     TaskAttempt.objects.filter(pk=attempts[3].pk).update(stop_requested="cancel")
     gone = ProcessId(4_194_303, 0.0)  # no such process: the fixture's clean-up kills nothing
 
-    started = reports.attempts_started([reports.StartReport(a.pk, gone, gone) for a in attempts])
+    started = reports.attempts_started([StartReport(a.pk, gone, gone) for a in attempts])
 
     assert started == {a.pk: True for a in attempts[:3]} | {attempts[3].pk: False}
     assert [state_of(t, "running", "scheduled")() for t in tasks] == ["running"] * 3 + ["scheduled"]
     ends = [
-        reports.ExitReport(tasks[0].pk, 1, 0),
-        reports.ExitReport(tasks[1].pk, 1, 0, note="12 bytes of output were dropped"),
-        reports.ExitReport(tasks[2].pk, 1, 3),
-        reports.ExitReport(tasks[3].pk, 1, None, problem="cannot start the command"),
+        ExitReport(tasks[0].pk, 1, 0),
+        ExitReport(tasks[1].pk, 1, 0, note="12 bytes of output were dropped"),
+        ExitReport(tasks[2].pk, 1, 3),
+        ExitReport(tasks[3].pk, 1, None, problem="cannot start the command"),
     ]
 
     outcomes = reports.attempts_finished(ends)

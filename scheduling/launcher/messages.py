@@ -1,0 +1,94 @@
+"""What a supervisor is given and what it reports: plain data that crosses processes.
+
+A supervisor forked by the node's spawner (``spawner``) never loads Django's models: it gets
+its attempt as an :class:`Assignment` over the spawner's socket, and sends :class:`StartReport`
+and :class:`ExitReport` over the node agent's (``relay``). Nothing here imports Django.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from scheduling.launcher.procs import ProcessId
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One attempt of one task, as its supervisor needs it: no database read to start it."""
+
+    attempt_id: int
+    task_id: int
+    attempt_no: int
+    node: str
+    tenant: str
+    unix_user: str
+    task_name: str
+    command: str
+    workdir: str
+    log_path: str
+    timeout_s: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    resources: dict = field(default_factory=dict)  # the spec's resources (cgroup limits)
+    gpu_uuids: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, attempt) -> Assignment:
+        """From a ``TaskAttempt`` with its task, the task's tenant and its node."""
+        task = attempt.task
+        return cls(
+            attempt_id=attempt.pk,
+            task_id=task.pk,
+            attempt_no=attempt.number,
+            node=attempt.node.name,
+            tenant=task.tenant.name,
+            unix_user=task.tenant.unix_user,
+            task_name=task.name,
+            command=task.command,
+            workdir=task.workdir,
+            log_path=attempt.log_path,
+            timeout_s=task.timeout_s,
+            env=dict(task.env or {}),
+            resources=dict((task.spec or {}).get("resources") or {}),
+            gpu_uuids=list(attempt.gpu_uuids),
+        )
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> Assignment:
+        return cls(**fields)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} attempt {self.attempt_no}"
+
+
+@dataclass(frozen=True)
+class StartReport:
+    attempt_id: int
+    supervisor: ProcessId
+    pid: ProcessId
+
+    @classmethod
+    def of(cls, fields: dict) -> StartReport:
+        """From ``dataclasses.asdict`` of one (as ``relay`` carries it)."""
+        return cls(
+            fields["attempt_id"], ProcessId(**fields["supervisor"]), ProcessId(**fields["pid"])
+        )
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    task_id: int
+    attempt_no: int
+    exit_code: int | None
+    timed_out: bool = False
+    problem: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class FenceQuery:
+    """Is this attempt still wanted? (asked every few seconds while it runs)"""
+
+    attempt_id: int

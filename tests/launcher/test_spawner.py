@@ -1,0 +1,136 @@
+"""Supervisors are forked by the node's spawner, a small process that never loads Django's
+models; they outlive it, and it forks nothing for a request it cannot vouch for."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+
+import psutil
+import pytest
+
+from scheduling import scheduler
+from scheduling.launcher import relay, spawner
+from scheduling.launcher.messages import Assignment
+from scheduling.models import Task, TaskAttempt
+from scheduling.spec import TaskSpec
+from scheduling.submission import task_submit
+from tests.launcher.conftest import state_of, wait_for
+from tests.live import PYTHON, ROOT, process_env
+
+
+def listens(node_name: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(relay.address(node_name, "spawner"))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def spawning(launcher, node):
+    """The node's spawner, as the agent starts it."""
+    proc = subprocess.Popen(  # noqa: S603 - fixed argv
+        [PYTHON, "-m", "scheduling.launcher.spawner", node.name], cwd=ROOT, env=process_env()
+    )
+    wait_for(lambda: listens(node.name))
+    yield proc
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def submit(lab, command: str) -> Task:
+    task = task_submit(tenant=lab, spec=TaskSpec(name="t", command=command))
+    scheduler.schedule_pass()
+    return task
+
+
+def supervisor_of(task: Task) -> psutil.Process:
+    pid = wait_for(
+        lambda: TaskAttempt.objects.filter(task=task).values_list("supervisor_pid", flat=True)[0]
+    )
+    return psutil.Process(pid)
+
+
+def test_supervisors_are_forked_by_the_spawner_and_outlive_it(spawning, listening, lab):
+    task = submit(lab, "sleep 2; echo done")
+    wait_for(state_of(task, "running"))
+    supervisor = supervisor_of(task)
+    assert supervisor.ppid() == spawning.pid
+    assert supervisor.pid == os.getsid(supervisor.pid)  # a session of its own
+    spawning.send_signal(signal.SIGKILL)
+    spawning.wait()
+    wait_for(state_of(task, "succeeded"))
+    attempt = TaskAttempt.objects.get(task=task)
+    with open(attempt.log_path) as log:
+        assert log.read() == "done\n"
+    wait_for(lambda: listening.reports == 2, timeout=5)  # start and end, through the agent
+
+
+def test_a_supervisor_of_the_spawner_writes_to_the_database_when_no_agent_answers(spawning, lab):
+    """The one path on which it loads Django's apps: nobody else can record its exit."""
+    task = submit(lab, "sleep 1; exit 3")
+    wait_for(state_of(task, "running"))
+    assert supervisor_of(task).ppid() == spawning.pid
+    wait_for(state_of(task, "failed"))
+    assert (task.exit_code, task.reason) == (3, "exited with 3")
+
+
+def raw_request(node_name: str, message: dict) -> bytes:
+    """Send ``message`` as the launch worker would, and what came back (b"": nothing)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(relay.address(node_name, "spawner"))
+        data = json.dumps(message).encode()
+        sock.sendall(len(data).to_bytes(4, "big") + data)
+        return sock.recv(65536)
+
+
+def assignment(lab, node) -> Assignment:
+    return Assignment(
+        attempt_id=1, task_id=1, attempt_no=1, node=node.name, tenant=lab.name,
+        unix_user=lab.unix_user, task_name="t", command="touch /tmp/owned", workdir="",
+        log_path="/dev/null",
+    )  # fmt: skip
+
+
+def test_a_request_without_the_platforms_signature_forks_nothing(spawning, lab, node):
+    message = {"assignment": assignment(lab, node).as_dict(), "sink": "/dev/null"}
+    before = len(psutil.Process(spawning.pid).children())
+    assert raw_request(node.name, {**message, "sig": "0" * 64}) == b""
+    assert raw_request(node.name, message) == b""
+    assert len(psutil.Process(spawning.pid).children()) == before
+    assert spawning.poll() is None  # and it goes on serving
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+def test_a_request_from_another_user_forks_nothing(spawning, lab, node):
+    message = {"assignment": assignment(lab, node).as_dict(), "sink": "/dev/null"}
+    message["sig"] = relay.signature(message)  # even signed: a task never has the key
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        answer = b"?"
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            answer = raw_request(node.name, message) or b"-"
+        except ConnectionResetError:
+            answer = b"-"  # dropped unread
+        finally:
+            os.write(write, answer)
+            os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    assert os.read(read, 65536) == b"-"
+    assert not psutil.Process(spawning.pid).children()
+
+
+def test_without_a_spawner_a_request_is_not_sent(launcher, lab, node):
+    with pytest.raises(spawner.NotSent):
+        spawner.request(assignment(lab, node), "/dev/null")
