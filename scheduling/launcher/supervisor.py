@@ -1,6 +1,8 @@
 """The supervisor of one task attempt: ``python -m scheduling.launcher.supervisor TASK ATTEMPT``.
 
-Started detached by the node's launch task (forked from it, or as a fresh interpreter). It runs
+Started detached for the node's launch task: forked by the node's spawner (``spawner``), which
+hands it a ``messages.Assignment`` and never loads Django's models, or by the launch worker
+itself, or as a fresh interpreter (``SUPERVISOR_START=exec``). It runs
 the command with ``/bin/sh -c`` in the tenant's work directory, as the tenant's Unix user when
 it is root, inside the attempt's own cgroup (see ``tracking``); it copies the task's output
 into the attempt's log, and reports that the command started and how it ended through the node

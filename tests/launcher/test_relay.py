@@ -101,6 +101,8 @@ def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
     TaskAttempt.objects.filter(pk=attempts[3].pk).update(stop_requested="cancel")
     gone = ProcessId(4_194_303, 0.0)  # no such process: the fixture's clean-up kills nothing
 
+    fences = [{"kind": "fence", "report": {"attempt_id": a.pk}} for a in attempts]
+    assert [r["wanted"] for r in relay.write_reports(fences)] == [True] * 4  # scheduled
     started = reports.attempts_started([StartReport(a.pk, gone, gone) for a in attempts])
 
     assert started == {a.pk: True for a in attempts[:3]} | {attempts[3].pk: False}
@@ -129,6 +131,7 @@ def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
         TaskState.FAILED,
         TaskState.CANCELLED,
     ]
+    assert [r["wanted"] for r in relay.write_reports(fences)] == [False] * 4  # ended
     assert tasks[1].reason == "exited with 0; 12 bytes of output were dropped"
     assert not tasks[0].allocations.filter(released_at__isnull=True).exists()
     assert TaskEvent.objects.filter(task__in=tasks, to_state="succeeded").count() == 2
