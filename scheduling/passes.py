@@ -53,11 +53,18 @@ def request_pass() -> None:
 
 
 def _enqueue() -> None:
+    # Under a burst of submissions or of ends a pass is nearly always queued already: then one
+    # read answers (it was an UPDATE that changed nothing and a SELECT, two statements of the
+    # eight a submission costs). A pass clears the flag before it reads, so a flag seen set
+    # after our commit belongs to a pass that will see our writes.
+    queued = SchedulerState.objects.filter(pk=1).values_list("pass_queued", flat=True).first()
+    if queued:
+        return
+    if queued is None:
+        SchedulerState.objects.get_or_create(pk=1)
     claimed = SchedulerState.objects.filter(pk=1, pass_queued=False).update(pass_queued=True)
     if not claimed:
-        _, created = SchedulerState.objects.get_or_create(pk=1, defaults={"pass_queued": True})
-        if not created:
-            return  # a pass is queued and has not started: it will see this change
+        return  # another process claimed it between our read and our update
     # Named, never implied: a supervisor forked from a node's launch worker inherits
     # Q_CLUSTER_NAME=<node>, and a pass queued there would block that node's launches.
     async_task(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from scheduling import passes
 from scheduling.models import SchedulerState
@@ -32,6 +34,15 @@ def test_requests_before_the_pass_starts_queue_one_pass(queued):
     passes.request_pass()
     assert len(queued) == 2
     assert SchedulerState.objects.get(pk=1).pass_queued
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_while_a_pass_is_queued_costs_one_read(queued):
+    passes.request_pass()
+    with CaptureQueriesContext(connection) as seen:
+        passes.request_pass()
+    assert len(queued) == 1
+    assert [q["sql"].split()[0] for q in seen.captured_queries] == ["SELECT"]
 
 
 @pytest.mark.django_db
