@@ -20,16 +20,26 @@ re-delivery after ``retry`` and acknowledgement are django-q2's own. It adds two
 
 An idle cluster so costs two small queries every ``IDLE_S``, and a queued task starts within
 about a millisecond of its commit.
+
+Each operation is one statement on the process's own connection: an enqueue inserts the row
+and notifies in one statement, a dequeue claims the ready rows with one ``UPDATE ... FOR UPDATE
+SKIP LOCKED`` (oldest first, where django-q2 reads them in no order and claims each with a
+statement of its own), an acknowledgement is one ``DELETE``. django-q2's ORM broker calls
+``close_old_connections()`` before every query it makes, which with ``CONN_HEALTH_CHECKS`` adds
+a ``SELECT 1`` to each: a launch paid eight round trips to the broker on its way from the
+scheduler to the node (an enqueue, a claim of two statements and an acknowledgement, each with
+its health check), now four. A statement outside a transaction that fails on a dropped session
+is tried once more on a new one (what the health check was for).
 """
 
 from __future__ import annotations
 
 import logging
 import zlib
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
@@ -41,6 +51,19 @@ logger = logging.getLogger(__name__)
 IDLE_S = 1.0
 # Never wait less than this for a row that is about to fall due (a busy loop otherwise).
 MIN_WAIT_S = 0.002
+
+
+# The queue's table is django-q2's own (django_q.models.OrmQ); ids are handed out oldest first.
+_INSERT = """
+    WITH row AS (INSERT INTO django_q_ormq (key, payload, lock) VALUES (%s, %s, %s) RETURNING id)
+    SELECT id, pg_notify(%s, '') FROM row
+"""
+_CLAIM = """
+    UPDATE django_q_ormq SET lock = %s
+     WHERE id IN (SELECT id FROM django_q_ormq WHERE key = %s AND lock < %s
+                   ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+    RETURNING id, payload
+"""
 
 
 def channel_for(list_key: str) -> str:
@@ -57,39 +80,49 @@ class NotifyingOrm(ORM):
         self._listener: psycopg.Connection | None = None
 
     def enqueue(self, task: str) -> int:
-        pk = super().enqueue(task)
-        self.notify()
-        return pk
+        return self.insert(task, timezone.now())
 
-    def notify(self) -> None:
-        with connections[Conf.ORM].cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [channel_for(self.list_key)])
+    def insert(self, task: str, lock: datetime) -> int:
+        """Queue ``task`` to be handed out from ``lock`` on, and notify the queue's listeners
+        (at commit: the statement runs in the caller's transaction, if any)."""
+        return self._one(_INSERT, [self.list_key, task, lock, channel_for(self.list_key)])[0]
 
     def dequeue(self):
-        ready = self.get_connection().filter(key=self.list_key, lock__lt=timezone.now())
-        tasks = list(ready[: Conf.BULK])
-        claimed = [
-            (task.pk, task.payload)
-            for task in tasks
-            if self.get_connection()
-            .filter(id=task.id, lock=task.lock)
-            .update(lock=self.timeout(task))
-        ]
+        now = timezone.now()
+        claimed = self._execute(
+            _CLAIM, [now + timedelta(seconds=Conf.RETRY), self.list_key, now, Conf.BULK]
+        )
         if claimed:
-            return claimed
-        if not tasks:  # else another cluster was faster: look again at once
-            self.wait(self.next_due())
+            return sorted(claimed)  # RETURNING keeps no order
+        self.wait(self.next_due())
         return None
 
     def next_due(self) -> datetime | None:
         """When the earliest row of this queue can be handed out (None: the queue is empty)."""
-        return (
-            self.get_connection()
-            .filter(key=self.list_key)
-            .order_by("lock")
-            .values_list("lock", flat=True)
-            .first()
-        )
+        return self._one("SELECT min(lock) FROM django_q_ormq WHERE key = %s", [self.list_key])[0]
+
+    def delete(self, task_id) -> None:
+        self._execute("DELETE FROM django_q_ormq WHERE id = %s", [task_id])
+
+    def acknowledge(self, task_id) -> None:
+        self.delete(task_id)
+
+    def _one(self, statement: str, params: list) -> tuple:
+        return self._execute(statement, params)[0]
+
+    def _execute(self, statement: str, params: list) -> list:
+        connection = connections[Conf.ORM]
+        for attempt in (1, 2):
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(statement, params)
+                    return cursor.fetchall() if cursor.description else []
+            except DatabaseError:
+                if connection.in_atomic_block or attempt == 2:
+                    raise  # the caller's transaction is the caller's to handle
+                # A session the server dropped (a restart): once more, on a new one.
+                connection.close()
+        raise AssertionError("unreachable")
 
     def wait(self, due: datetime | None) -> None:
         timeout = IDLE_S

@@ -83,12 +83,17 @@ _REBUILD = f"""
 """  # noqa: S608 - built from constants; values are bound parameters
 
 
-def usage(now: datetime, half_life_s: float) -> dict[int, float]:
+def usage(now: datetime, half_life_s: float, *, kept: bool = False) -> dict[int, float]:
     """Each tenant's decayed use in GPUs: counters plus running allocations. Falls back to the
-    full scan while the counters are kept for another half-life (until the next pass)."""
-    kept_for = SchedulerState.objects.filter(pk=1).values_list("fair_share_half_life_s", flat=True)
-    if list(kept_for) != [float(half_life_s)]:
-        return usage_by_scan(now, half_life_s)
+    full scan while the counters are kept for another half-life (until the next pass).
+    ``kept``: the caller knows they are kept for ``half_life_s`` (a pass, after
+    ``keep_counters_for``), so they are not asked."""
+    if not kept:
+        kept_for = SchedulerState.objects.filter(pk=1).values_list(
+            "fair_share_half_life_s", flat=True
+        )
+        if list(kept_for) != [float(half_life_s)]:
+            return usage_by_scan(now, half_life_s)
     params = {"now": now, "h": float(half_life_s)}
     found: dict[int, float] = {}
     with connection.cursor() as cursor:
@@ -106,11 +111,14 @@ def usage_by_scan(now: datetime, half_life_s: float) -> dict[int, float]:
         return {tenant_id: float(value or 0.0) for tenant_id, value in cursor.fetchall()}
 
 
-def keep_counters_for(now: datetime, half_life_s: float) -> bool:
+def keep_counters_for(now: datetime, half_life_s: float, kept_for: float | None = None) -> bool:
     """In a pass (under its lock): make sure the counters are kept for this half-life,
-    rebuilding them from the history if not. True when it rebuilt them."""
-    state, _ = SchedulerState.objects.get_or_create(pk=1)
-    if state.fair_share_half_life_s == float(half_life_s):
+    rebuilding them from the history if not. True when it rebuilt them. ``kept_for``: the
+    half-life they are kept for, when the caller has read it (passes.mark_started)."""
+    if kept_for is None:
+        state, _ = SchedulerState.objects.get_or_create(pk=1)
+        kept_for = state.fair_share_half_life_s
+    if kept_for == float(half_life_s):
         return False
     # The row lock waits for releases in flight (their trigger holds a KEY SHARE lock on it)
     # and holds new ones back until the rebuilt counters and the new half-life commit together.

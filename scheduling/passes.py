@@ -28,7 +28,7 @@ import logging
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django_q.models import Schedule
@@ -53,23 +53,32 @@ def request_pass() -> None:
 
 
 def _enqueue() -> None:
-    # Under a burst of submissions or of ends a pass is nearly always queued already: then one
-    # read answers (it was an UPDATE that changed nothing and a SELECT, two statements of the
-    # eight a submission costs). A pass clears the flag before it reads, so a flag seen set
-    # after our commit belongs to a pass that will see our writes.
-    queued = SchedulerState.objects.filter(pk=1).values_list("pass_queued", flat=True).first()
-    if queued:
-        return
-    if queued is None:
+    # One statement claims the flag and says whether the row exists (it always does but in a
+    # new database): under a burst of submissions or of ends a pass is nearly always queued
+    # already, and at idle the claim and the queue's insert are the only two round trips. A
+    # pass clears the flag before it reads, so a flag seen set after our commit belongs to a
+    # pass that will see our writes.
+    with connection.cursor() as cursor:
+        cursor.execute(_REQUEST_SQL)
+        claimed, exists = cursor.fetchone()
+    if not exists:
         SchedulerState.objects.get_or_create(pk=1)
-    claimed = SchedulerState.objects.filter(pk=1, pass_queued=False).update(pass_queued=True)
+        claimed = SchedulerState.objects.filter(pk=1, pass_queued=False).update(pass_queued=True)
     if not claimed:
-        return  # another process claimed it between our read and our update
+        return  # queued already, or another process claimed it between our read and update
     # Named, never implied: a supervisor forked from a node's launch worker inherits
     # Q_CLUSTER_NAME=<node>, and a pass queued there would block that node's launches.
     async_task(
         "scheduling.tasks.run_pass", task_name="scheduling-pass", cluster=scheduler_cluster()
     )
+
+
+_REQUEST_SQL = """
+    WITH claimed AS (UPDATE scheduling_schedulerstate SET pass_queued = true
+                      WHERE id = 1 AND NOT pass_queued RETURNING id)
+    SELECT (SELECT count(*) FROM claimed),
+           EXISTS (SELECT 1 FROM scheduling_schedulerstate WHERE id = 1)
+"""
 
 
 def scheduler_cluster() -> str:
@@ -112,14 +121,20 @@ class DelayedOrm(NotifyingOrm):
         self.due = due
 
     def enqueue(self, task: str) -> int:
-        pk = self.get_connection().create(key=self.list_key, payload=task, lock=self.due).pk
-        self.notify()
-        return pk
+        return self.insert(task, self.due)
 
 
-def mark_started() -> None:
-    """Called by a pass as it starts: requests from now on need a pass of their own."""
-    SchedulerState.objects.filter(pk=1).update(pass_queued=False)
+def mark_started() -> float | None:
+    """Called by a pass as it starts: requests from now on need a pass of their own. Returns
+    the half-life the fair-share counters are kept for, read in the same statement (None when
+    the scheduler's row does not exist yet)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE scheduling_schedulerstate SET pass_queued = false WHERE id = 1"
+            " RETURNING fair_share_half_life_s"
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 def backstops_ensure(*, schedule_model: type[Schedule] = Schedule, using: str = "default") -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import connection, transaction
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from gpuplatform.db import server_bound_cursor
@@ -33,7 +33,6 @@ from scheduling.models import (
     Node,
     NodeState,
     Pool,
-    SchedulerState,
     Task,
     TaskEvent,
 )
@@ -91,19 +90,18 @@ def _schedule_pass() -> PassResult:
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
-        passes.mark_started()
+        kept_for = passes.mark_started()
         now = timezone.now()
-        fairshare.keep_counters_for(now, estate.config().scheduling.fair_share_half_life_s)
+        fairshare.keep_counters_for(
+            now, estate.config().scheduling.fair_share_half_life_s, kept_for
+        )
         result.failed = fail_broken_dependencies()
         digests: dict[int, int] = {}
-        snapshot = build_snapshot(now, digests)
+        snapshot = build_snapshot(now, digests, counters_kept=True)
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
         # Stamped after the snapshot: an allocation released while it was taken must not
         # appear to overlap the one that replaces it.
         result.placed = apply_placements(decision, timezone.now())
-        if result.placed:
-            placed = list(result.placed)
-            transaction.on_commit(lambda: lifecycle.dispatch_launches(placed))
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision, digests)
         # The policy says when a wait ends by time alone (backoff, starvation, reclaim); at
@@ -114,16 +112,7 @@ def _schedule_pass() -> PassResult:
             result.wake_at = datetime.fromtimestamp(wake_at, UTC)
             passes.book_wake_up(result.wake_at)
         result.ms = (time.perf_counter() - began) * 1000
-        SchedulerState.objects.get_or_create(pk=1)
-        SchedulerState.objects.filter(pk=1).update(
-            passes=F("passes") + 1,
-            last_pass_at=now,
-            last_pass_ms=round(result.ms, 1),
-            last_placed=len(result.placed),
-            last_preempted=len(result.preempted),
-            last_waiting=result.waiting,
-        )
-        store_line(decision.line)
+        record_pass(result, now, decision.line)
         live.publish_scheduler(
             {
                 "last_pass_at": now.timestamp(),
@@ -191,10 +180,14 @@ def _ts(moment: datetime | None) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
-def build_snapshot(now: datetime, digests: dict[int, int] | None = None) -> Snapshot:
+def build_snapshot(
+    now: datetime, digests: dict[int, int] | None = None, *, counters_kept: bool = False
+) -> Snapshot:
     """Everything the policy needs, in a handful of queries whatever the cluster's size.
 
-    ``digests``, when given, receives each pending task's ``wait_digest`` (update_reasons)."""
+    ``digests``, when given, receives each pending task's ``wait_digest`` (update_reasons);
+    ``counters_kept``: the fair-share counters are known to be kept for the configured
+    half-life (a pass made sure of it)."""
     active = Allocation.objects.filter(released_at__isnull=True)
     held = {
         row["gpu_id"]: row
@@ -292,7 +285,7 @@ def build_snapshot(now: datetime, digests: dict[int, int] | None = None) -> Snap
         gpus=tuple(gpu_views),
         running=tuple(running),
         pending=tuple(pending),
-        tenants=_tenant_views(tenants, pool_names, now),
+        tenants=_tenant_views(tenants, pool_names, now, counters_kept=counters_kept),
     )
 
 
@@ -315,10 +308,10 @@ def _pending_rows() -> list[tuple]:
 
 
 def _tenant_views(
-    tenants: dict[int, str], pool_names: dict[int, str], now: datetime
+    tenants: dict[int, str], pool_names: dict[int, str], now: datetime, *, counters_kept: bool
 ) -> dict[str, TenantView]:
     half_life = estate.config().scheduling.fair_share_half_life_s
-    recent = recent_gpus(now, half_life)
+    recent = fairshare.usage(now, half_life, kept=counters_kept)
     limits: dict[int, Limits] = {}
     pool_limits: dict[int, dict[str, Limits]] = defaultdict(dict)
     weights: dict[int, float] = {}
@@ -365,6 +358,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
 
     The UPDATE only touches tasks still pending, so a task cancelled since the snapshot is
     simply skipped (the snapshot was taken under the pass lock, but cancels do not take it).
+    The launches are queued for the nodes once the pass commits, from what it wrote.
     """
     if not decision.placements:
         return []
@@ -429,6 +423,10 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
         )
     Allocation.objects.bulk_create(allocations)
     TaskEvent.objects.bulk_create(events)
+    # Registered before the live events, so the launches are queued first after the commit.
+    launches = [(p.task_id, attempts[p.task_id], p.node) for p in decision.placements
+                if p.task_id in attempts]  # fmt: skip
+    transaction.on_commit(lambda: lifecycle.dispatch_launches(launches))
     live.publish_placements(placed)
     return list(attempts)
 
@@ -450,7 +448,7 @@ def apply_preemptions(decision: Decision) -> list[int]:
 
 def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
     """Store why each task waits, as text and as data (``Task.wait``), without its place in
-    line (``store_line``): both stay the same from pass to pass until something about the
+    line (``record_pass``): both stay the same from pass to pass until something about the
     task's wait changes, and only the tasks whose wait changed are written, in one statement.
 
     ``digests`` holds what each task's row says now (its ``wait_digest``). A pass gives one
@@ -499,10 +497,11 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
     return count
 
 
-def store_line(line: list[int]) -> None:
-    """The tasks waiting for GPUs or quota in the order they would start: one array, so a
-    placement ahead of 10,000 waiting tasks moves their places without rewriting them; not
-    written again while it stays the same."""
+def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
+    """The pass's figures, and the tasks waiting for GPUs or quota in the order they would
+    start (``line``), in one statement on the scheduler's row (which ``keep_counters_for`` made
+    sure exists). The line is one array, so a placement ahead of 10,000 waiting tasks moves
+    their places without rewriting them, and it is not written again while it stays the same."""
     digest = hash(tuple(line))
     # As the array's text: psycopg dumps a Python list element by element in Python (about
     # 15 ms for 10,000 ids); joining the digits is a fraction of that.
@@ -510,10 +509,23 @@ def store_line(line: list[int]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            UPDATE scheduling_schedulerstate SET line = %s::bigint[], line_digest = %s
-             WHERE id = 1 AND line_digest <> %s
+            UPDATE scheduling_schedulerstate
+               SET passes = passes + 1, last_pass_at = %s, last_pass_ms = %s,
+                   last_placed = %s, last_preempted = %s, last_waiting = %s,
+                   line = CASE WHEN line_digest <> %s THEN %s::bigint[] ELSE line END,
+                   line_digest = %s
+             WHERE id = 1
             """,
-            [text, digest, digest],
+            [
+                now,
+                round(result.ms, 1),
+                len(result.placed),
+                len(result.preempted),
+                result.waiting,
+                digest,
+                text,
+                digest,
+            ],  # fmt: skip
         )
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import IntegrityError, connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -31,7 +32,7 @@ from scheduling.launcher.environ import platform_environment
 from scheduling.launcher.messages import Assignment
 from scheduling.launcher.procs import ProcessId
 from scheduling.launcher.reports import STOPPING, attempt_finished, requeue_lost
-from scheduling.models import Allocation, StopRequest, Task, TaskAttempt
+from scheduling.models import StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TERMINAL, IllegalTransition, TaskState
 
 logger = logging.getLogger(__name__)
@@ -50,13 +51,14 @@ def dispatch(func: str, task: Task, *args: object) -> None:
     async_task(f"scheduling.launcher.tasks.{func}", task.pk, *args, cluster=task.node.name)
 
 
-def dispatch_launches(task_ids: list[int]) -> None:
-    """One launch job per node for what a pass placed there, not one per task."""
+def dispatch_launches(placed: list[tuple[int, int, str]]) -> None:
+    """One launch job per node for what a pass placed there, not one per task: ``placed``
+    holds (task id, attempt number, node name) as the pass committed them. A task cancelled
+    since is skipped by the launch itself (``_launch``), so nothing is read here."""
     if not settings.LAUNCH_TASKS:
         return
     by_node: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    placed = Task.objects.filter(pk__in=task_ids, state=TaskState.SCHEDULED, node__isnull=False)
-    for task_id, attempt_no, node_name in placed.values_list("pk", "attempt", "node__name"):
+    for task_id, attempt_no, node_name in placed:
         by_node[node_name].append((task_id, attempt_no))
     for node_name, pairs in by_node.items():
         async_task("scheduling.launcher.tasks.launch_many", pairs, cluster=node_name)
@@ -71,22 +73,22 @@ def launch(task_id: int, attempt_no: int) -> str:
 
 
 def launch_many(pairs: list[tuple[int, int]]) -> list[str]:
-    """``launch`` for each (task id, attempt number), reading them all in two queries."""
-    ids = [task_id for task_id, _ in pairs]
-    tasks = Task.objects.select_related("tenant", "node").in_bulk(ids)
-    uuids: dict[tuple[int, int], list[str]] = defaultdict(list)
-    held = Allocation.objects.filter(task_id__in=ids, released_at__isnull=True).order_by(
-        "gpu__index"
+    """``launch`` for each (task id, attempt number), reading them all in one query: each task
+    with its tenant, its node and the UUIDs of the GPUs its current attempt holds."""
+    held = Q(allocations__released_at__isnull=True, allocations__attempt=F("attempt"))
+    tasks = (
+        Task.objects.select_related("tenant", "node")
+        .annotate(
+            gpu_uuids=ArrayAgg(
+                "allocations__gpu__uuid", filter=held, order_by="allocations__gpu__index"
+            )
+        )
+        .in_bulk([task_id for task_id, _ in pairs])
     )
-    for task_id, attempt_no, uuid in held.values_list("task_id", "attempt", "gpu__uuid"):
-        uuids[(task_id, attempt_no)].append(uuid)
-    return [
-        _launch(tasks.get(task_id), attempt_no, uuids[(task_id, attempt_no)])
-        for task_id, attempt_no in pairs
-    ]
+    return [_launch(tasks.get(task_id), attempt_no) for task_id, attempt_no in pairs]
 
 
-def _launch(task: Task | None, attempt_no: int, uuids: list[str]) -> str:
+def _launch(task: Task | None, attempt_no: int) -> str:
     if task is None or task.state != TaskState.SCHEDULED or task.attempt != attempt_no:
         return "stale: the task moved on"
     log = paths.log_path(task.tenant.name, task.pk, attempt_no)
@@ -98,7 +100,7 @@ def _launch(task: Task | None, attempt_no: int, uuids: list[str]) -> str:
             task=task,
             number=attempt_no,
             node=task.node,
-            gpu_uuids=uuids,
+            gpu_uuids=task.gpu_uuids or [],
             log_path=str(log),
             launched_by=cluster,
         )

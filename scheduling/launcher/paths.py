@@ -54,23 +54,31 @@ EXIT_RECORD_SIZE = 4096
 def reserve_exit_record(path: Path) -> bool:
     """Claim the exit file's blocks before the task starts: a record written later overwrites
     them in place and needs no new space, so a full disk cannot stop it. False when even this
-    fails (the status then reaches the database only, which the supervisor waits for)."""
-    return _write_from_start(path, b" " * EXIT_RECORD_SIZE, os.O_TRUNC)
+    fails (the status then reaches the database only, which the supervisor waits for).
+
+    ``posix_fallocate`` allocates the blocks at once (a write alone leaves them to delayed
+    allocation); no fsync: the reservation matters only while this host runs, and the record
+    written over it is synced."""
+    return _write_from_start(path, b" " * EXIT_RECORD_SIZE, os.O_TRUNC, _allocate)
 
 
 def write_exit_record(path: Path, record: dict) -> bool:
     """Write the exit record over its reserved blocks (or as a new file if none were
     reserved). False when it could not be written; never raises."""
     data = json.dumps(record).encode()
-    return _write_from_start(path, data.ljust(EXIT_RECORD_SIZE), 0)
+    return _write_from_start(path, data.ljust(EXIT_RECORD_SIZE), 0, os.fsync)
 
 
-def _write_from_start(path: Path, data: bytes, flags: int) -> bool:
+def _allocate(fd: int) -> None:
+    os.posix_fallocate(fd, 0, EXIT_RECORD_SIZE)
+
+
+def _write_from_start(path: Path, data: bytes, flags: int, finish) -> bool:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
         try:
             os.pwrite(fd, data, 0)
-            os.fsync(fd)
+            finish(fd)
         finally:
             os.close(fd)
     except OSError:

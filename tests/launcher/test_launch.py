@@ -138,7 +138,7 @@ def test_a_long_task_is_started_exactly_once_however_often_the_launch_arrives(
     launcher, node, lab, monkeypatch
 ):
     # Hold the first delivery back so several arrive together, like django-q2 re-deliveries.
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda ids: None)
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
     marker = launcher / "tasks" / "vision-lab" / "starts"
     task = start(lab, f"echo started >> {marker}; sleep 2")
     results = []
@@ -211,7 +211,7 @@ def test_pause_stops_output_and_resume_continues_it(launcher, node, lab):
 
 
 def test_cancelling_a_task_not_yet_launched_needs_no_process(launcher, node, lab, monkeypatch):
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda ids: None)
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
     task = start(lab, "sleep 60")
     lifecycle.task_cancel(task=task)
     task.refresh_from_db()

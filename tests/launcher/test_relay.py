@@ -89,7 +89,7 @@ def test_a_report_from_anyone_but_the_supervisor_it_names_is_refused(listening, 
 def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
     launcher, node, lab, monkeypatch
 ):
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda ids: None)  # reports by hand
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)  # reports by hand
     tasks = [submit(lab, "true", name=f"b{i}") for i in range(4)]
     scheduler.schedule_pass()
     attempts = []

@@ -274,10 +274,10 @@ def test_an_allocation_never_starts_before_the_one_it_replaced_was_released(monk
 
     build_snapshot = scheduler.build_snapshot
 
-    def released_meanwhile(now, *args):
+    def released_meanwhile(now, *args, **kwargs):
         # Another process finishes the first task after this pass began, before its snapshot.
         services.task_transition(task=first, to_state=TaskState.CANCELLED, reason="cancelled")
-        return build_snapshot(now, *args)
+        return build_snapshot(now, *args, **kwargs)
 
     monkeypatch.setattr(scheduler, "build_snapshot", released_meanwhile)
     assert scheduler.schedule_pass().placed == [second.pk]

@@ -37,12 +37,19 @@ def test_requests_before_the_pass_starts_queue_one_pass(queued):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_request_while_a_pass_is_queued_costs_one_read(queued):
-    passes.request_pass()
-    with CaptureQueriesContext(connection) as seen:
+def test_a_request_costs_one_statement_queued_or_not(queued):
+    with CaptureQueriesContext(connection) as first:
+        passes.request_pass()  # the row is made here, the first time
+    with CaptureQueriesContext(connection) as idle:
+        passes.mark_started()
         passes.request_pass()
-    assert len(queued) == 1
-    assert [q["sql"].split()[0] for q in seen.captured_queries] == ["SELECT"]
+    with CaptureQueriesContext(connection) as busy:
+        passes.request_pass()
+    assert len(queued) == 2
+    assert len(first.captured_queries) > 1
+    assert len(idle.captured_queries) == 2  # mark_started's, then the request's
+    assert len(busy.captured_queries) == 1
+    assert SchedulerState.objects.get(pk=1).pass_queued
 
 
 @pytest.mark.django_db
