@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import OrmQ
 
@@ -93,3 +94,30 @@ def test_channel_names_are_identifiers_whatever_the_queue_is_called():
     for key in ("gpuplatform", "node with spaces", "ü" * 80, 'a"; DROP TABLE x; --'):
         name = channel_for(key)
         assert name.startswith("djq_") and len(name) == 12 and name.isascii()
+
+
+def test_ready_rows_are_claimed_oldest_first_in_one_statement_and_acknowledged_in_one():
+    broker = NotifyingOrm(list_key="node-a")
+    for n in range(5):
+        broker.enqueue(f"job-{n}")
+    got = []
+    for _ in range(5):  # Q_CLUSTER's bulk is 1: a job per claim
+        with CaptureQueriesContext(connections["default"]) as claim:
+            got += broker.dequeue()
+        assert len(claim.captured_queries) == 1
+    assert [payload for _, payload in got] == [f"job-{n}" for n in range(5)]
+    # Claimed rows are locked until retry: none of them is ready any more.
+    assert OrmQ.objects.filter(key="node-a", lock__lt=timezone.now()).count() == 0
+    with CaptureQueriesContext(connections["default"]) as ack:
+        broker.acknowledge(got[0][0])
+    assert len(ack.captured_queries) == 1
+    assert OrmQ.objects.filter(key="node-a").count() == 4
+
+
+def test_a_dequeue_outside_a_transaction_survives_a_dropped_session():
+    broker = NotifyingOrm(list_key="node-a")
+    broker.enqueue("after the drop")
+    # What a restarted server leaves a persistent connection with: a closed socket.
+    connections["default"].connection.close()
+    got = broker.dequeue()
+    assert [payload for _, payload in got] == ["after the drop"]
