@@ -92,14 +92,16 @@ def task_transitions(
         )
     if not done:
         return
-    # What every task of one former state gets alike in one UPDATE, then each its own reason.
+    # One UPDATE per former state: what its tasks get alike, and each its own reason.
     for from_state in {from_state for _, from_state, _ in done}:
         group = [(task, updates) for task, state, updates in done if state == from_state]
         common = {name: value for name, value in group[0][1].items() if name != "reason"}
-        Task.objects.filter(pk__in=[task.pk for task, _ in group]).update(**common)
-    update_each(
-        Task, [task.pk for task, _, _ in done], reason=("text", [u["reason"] for _, _, u in done])
-    )
+        update_each(
+            Task,
+            [task.pk for task, _ in group],
+            reason=("text", [updates["reason"] for _, updates in group]),
+            same=common,
+        )
     _transitioned(done, to_state, now, None, True)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from monitoring import services as alert_services
@@ -55,8 +55,16 @@ def check_samples(*, node: Node, rows: list[GpuSample]) -> None:
                 f"ECC error(s) since the driver loaded{note}",
                 gpu=gpu,
             )
-    alert_services.alerts_resolve_except(kind=AlertKind.GPU_OVER_TEMPERATURE, keep=hot, node=node)
-    alert_services.alerts_resolve_except(kind=AlertKind.GPU_ECC, keep=ecc, node=node)
+    # Usually none of the two kinds is open on this node: one query says so for both.
+    kept = {AlertKind.GPU_OVER_TEMPERATURE: hot, AlertKind.GPU_ECC: ecc}
+    open_kinds = set(
+        Alert.objects.filter(kind__in=kept, resolved_at__isnull=True)
+        .filter(Q(node=node) | Q(gpu__node=node))
+        .values_list("kind", flat=True)
+        .distinct()
+    )
+    for kind in open_kinds:
+        alert_services.alerts_resolve_except(kind=kind, keep=kept[kind], node=node)
 
 
 def check_idle(*, now=None) -> dict[str, int]:

@@ -30,21 +30,8 @@ def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
     node = Node.objects.get(name=node_name)
     gpus = {gpu.uuid: gpu for gpu in GPU.objects.filter(node=node).exclude(state="offline")}
     readable = set(gpus) - set(getattr(backend, "unlisted_gpus", ()))
-    attempts = TaskAttempt.objects.filter(
-        node=node, outcome="", task__state__in=HOLDS_GPUS
-    ).values_list("task_id", "number", "supervisor_pid", "supervisor_started", "task__attempt")
-    supervisors = [
-        (task_id, ProcessId(pid, started) if pid and started else None)
-        for task_id, number, pid, started, current in attempts
-        if number == current
-    ]
-    reserved = {
-        (task_id, uuid): mb
-        for task_id, uuid, mb in Allocation.objects.filter(
-            released_at__isnull=True, gpu__node=node
-        ).values_list("task_id", "gpu__uuid", "memory_mb")
-    }
-    report = gpu_memory_report(processes, owners_from_tree(supervisors), reserved, gpus=readable)
+    owners, reserved = _owners_and_reservations(node) if processes else ({}, {})
+    report = gpu_memory_report(processes, owners, reserved, gpus=readable)
 
     changed = 0
     for uuid, foreign in report.foreign_mb.items():
@@ -79,3 +66,25 @@ def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
             logger.warning("stopping %s: %s", task, message)
     alerts.alerts_resolve_except(kind=AlertKind.GPU_MEMORY_OVERUSE, keep=keep, node=node)
     return {"foreign_changed": changed, "overuses": len(report.overuses)}
+
+
+def _owners_and_reservations(node: Node) -> tuple[dict[int, int], dict[tuple[int, str], int]]:
+    """Which task each pid on this node belongs to (its supervisor's process tree), and what
+    each task reserved on each GPU. Only needed when some process holds GPU memory: with none
+    (simulated GPUs, an idle host) every GPU's foreign memory is 0 and nobody overuses, and a
+    heartbeat spares the two queries and the walk of every supervisor's tree."""
+    attempts = TaskAttempt.objects.filter(
+        node=node, outcome="", task__state__in=HOLDS_GPUS
+    ).values_list("task_id", "number", "supervisor_pid", "supervisor_started", "task__attempt")
+    supervisors = [
+        (task_id, ProcessId(pid, started) if pid and started else None)
+        for task_id, number, pid, started, current in attempts
+        if number == current
+    ]
+    reserved = {
+        (task_id, uuid): mb
+        for task_id, uuid, mb in Allocation.objects.filter(
+            released_at__isnull=True, gpu__node=node
+        ).values_list("task_id", "gpu__uuid", "memory_mb")
+    }
+    return owners_from_tree(supervisors), reserved
