@@ -238,10 +238,10 @@ def estate_yaml() -> str:
         f"    simulate: {{model: NVIDIA GeForce RTX 4090, memory: 24Gi, count: {GPUS_PER_NODE}}}\n"
         for n in range(1, NODES + 1)
     )
-    return (
-        "heartbeat: {interval: 1s, offline_after: 30s}\n"
-        f"pools:\n  - name: default\n  - name: {POOL}\nnodes:\n{nodes}"
-    )
+    # The heartbeat is the default (configs/scheduler.yaml, 5 s), as `make run` has it: every
+    # heartbeat reconciles now and then and checks GPU memory, and four agents beating every
+    # second, as this benchmark had them, cost about a tenth of this 2-core machine.
+    return f"pools:\n  - name: default\n  - name: {POOL}\nnodes:\n{nodes}"
 
 
 # --- Clean-up that happens whatever happens ------------------------------------------------------
@@ -564,6 +564,88 @@ class ConnectionSampler(threading.Thread):
         return out
 
 
+# Where the CPU of the 2,000-task phase goes, by role. Two snapshots (start and end of the
+# phase) suffice: a process that ends is counted in its parent's children_user/children_system
+# once reaped, and each role's processes are one parent's tree. Supervisors are not: the
+# spawner leaves them to the kernel (SIGCHLD ignored), which then adds their time to nobody's, so
+# they, the tasks themselves, this benchmark and the kernel's own threads are what the machine
+# spent beyond the roles.
+CPU_ROLES = ("web (daphne)", "scheduler (qcluster)", "node agents", "node launch clusters",
+             "spawners", "PostgreSQL")  # fmt: skip
+CPU_REST = "supervisors, tasks and the rest"
+
+
+def _own_cpu(proc: psutil.Process) -> float:
+    """CPU seconds of ``proc`` and of the children it reaped."""
+    times = proc.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _tree_cpu(proc: psutil.Process) -> float:
+    total = 0.0
+    for member in (proc, *proc.children(recursive=True)):
+        try:
+            total += _own_cpu(member)
+        except psutil.Error:
+            continue  # ended meanwhile: its parent has it (or will, once it reaps it)
+    return total
+
+
+def _machine_busy_s() -> float:
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | None) -> dict:
+    """CPU seconds spent so far by each role's processes, and by the whole machine."""
+    spent = dict.fromkeys((*CPU_ROLES, "machine"), 0.0)
+    spent["machine"] = _machine_busy_s()
+    roots = [("web (daphne)", web_pid)] + [
+        ("scheduler (qcluster)" if p.name == "scheduler" else "node agents", p.proc.pid)
+        for p in procs
+    ]
+    for role, pid in roots:
+        try:
+            root = psutil.Process(pid)
+            if role != "node agents":
+                spent[role] += _tree_cpu(root)
+                continue
+            spent[role] += _own_cpu(root)  # its threads: relay, sampler, heartbeat
+            for child in root.children():
+                title = " ".join(child.cmdline())
+                kind = "spawners" if "spawner" in title else "node launch clusters"
+                spent[kind] += _tree_cpu(child)
+        except psutil.Error:
+            continue
+    if postmaster is not None:
+        try:
+            spent["PostgreSQL"] = _tree_cpu(postmaster)
+        except psutil.Error:
+            pass
+    return spent
+
+
+def postmaster_of_this_connection() -> psutil.Process | None:
+    """The PostgreSQL server process, when it runs on this machine."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    try:
+        return psutil.Process(backend).parent()
+    except psutil.Error:
+        return None  # a server elsewhere (or in another pid namespace)
+
+
+def cpu_per_task(before: dict, after: dict, finished: int) -> dict[str, float]:
+    """Milliseconds of CPU per finished task, per role, the rest, and in all."""
+    spent = {role: after[role] - before[role] for role in CPU_ROLES}
+    machine = after["machine"] - before["machine"]
+    spent[CPU_REST] = max(0.0, machine - sum(spent.values()))
+    per = {role: 1000 * seconds / max(finished, 1) for role, seconds in spent.items()}
+    per["all"] = 1000 * machine / max(finished, 1)
+    return per
+
+
 class Api:
     """The bench's own HTTP client (one keep-alive connection, in this process)."""
 
@@ -673,7 +755,9 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
     }
 
 
-def measure_throughput(api: Api, procs: list[Proc]) -> dict:
+def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
+    postmaster = postmaster_of_this_connection()
+    cpu_before = cpu_by_role(web_pid, procs, postmaster)
     first = time.time()
     batches = []
     ids: list[int] = []
@@ -690,6 +774,7 @@ def measure_throughput(api: Api, procs: list[Proc]) -> dict:
             p.check()
         time.sleep(THROUGHPUT_POLL_S)
     stopped = time.time()
+    cpu_after = cpu_by_role(web_pid, procs, postmaster)
     finishes = [t.timestamp() for t in rows.filter(state__in=TERMINAL)
                 .values_list("finished_at", flat=True) if t is not None]  # fmt: skip
     states = Counter(rows.values_list("state", flat=True))
@@ -702,8 +787,10 @@ def measure_throughput(api: Api, procs: list[Proc]) -> dict:
             "started_at", "released_at"
         )
     ]
+    done = completion(first, finishes, TASKS, stopped)
     return {
-        "completion": completion(first, finishes, TASKS, stopped),
+        "completion": done,
+        "cpu_ms_per_task": cpu_per_task(cpu_before, cpu_after, done.finished),
         "left": left,
         "states": dict(states),
         "batches_per_s": batches,
@@ -739,8 +826,8 @@ def measure_platform(pool, tmp: Path) -> dict:
             argv = [sys.executable, "manage.py", "node_agent", "--backend", "simulated",
                     "--config", str(config), "--node", f"bench-tput-{n}"]  # fmt: skip
             procs.append(Proc(f"agent-{n}", argv, environ, tmp))
-        port, _ = stack.enter_context(web_server("daphne", 1, tmp, environ, label="web",
-                                                 startup_timeout_s=STARTUP_LIMIT_S))  # fmt: skip
+        port, web = stack.enter_context(web_server("daphne", 1, tmp, environ, label="web",
+                                                   startup_timeout_s=STARTUP_LIMIT_S))  # fmt: skip
         nodes = Node.objects.filter(pool__name=POOL, gpus__isnull=False).distinct()
         wait_for(f"{NODES} nodes to register", lambda: nodes.count() == NODES, STARTUP_LIMIT_S,
                  procs)  # fmt: skip
@@ -758,7 +845,7 @@ def measure_platform(pool, tmp: Path) -> dict:
         sampler.phase = "API, 8 clients"
         figures["api"] = measure_api(pool, port, api_tokens, api_tenant, procs)
         sampler.phase = "2,000 tasks"
-        figures["throughput"] = measure_throughput(api, procs)
+        figures["throughput"] = measure_throughput(api, procs, web.pid)
         sampler.phase = "stopping"
     figures["connections"] = sampler.peaks()
     figures["max_connections"] = server_connection_cap()
@@ -838,6 +925,12 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
           f"{dict(sorted(t['states'].items()))}")  # fmt: skip
     print(f"busy GPUs measured over {t['busy_window_s']:.1f} s (first batch committed -> last "
           "task placed, or the time limit)")  # fmt: skip
+    cpu = t["cpu_ms_per_task"]
+    parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
+    budget = 1000 * (os.cpu_count() or 1) / TARGET_PER_S
+    print(f"CPU per finished task in the {TASKS:,}-task phase: {cpu['all']:.1f} ms of the "
+          f"machine's {os.cpu_count()} CPUs ({parts}); {TARGET_PER_S:,.0f} tasks/s on them "
+          f"leave {budget:.0f} ms")  # fmt: skip
     if lat.lost:
         print(f"latency: {lat.lost} probe(s) left out (supervisor killed from outside)")
     print(f"API phase: statuses {api['statuses']}; {api['cancelled_after']} of its tasks, still "

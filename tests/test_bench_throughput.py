@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 
+import psutil
 import pytest
 
 from bench import bench_throughput as bench
@@ -131,6 +134,11 @@ def _figures() -> dict:
             "batches_per_s": [400.0, 90.0],
             "busy": 16.0,
             "busy_window_s": 48.0,
+            "cpu_ms_per_task": {
+                **dict.fromkeys(bench.CPU_ROLES, 5.0),
+                bench.CPU_REST: 20.0,
+                "all": 50.0,
+            },
         },
         "connections": {"warm-up": 24, "2,000 tasks": 54},
         "max_connections": 50,  # below the peak: that target is missed too
@@ -152,6 +160,26 @@ def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
     assert "20/s, p99 650.0 ms, 24 errors (24 HTTP 5xx) of 160" in out
     assert "400 tasks/s / 90 tasks/s" in out
     assert "16.0 of 32" in out
+    assert "CPU per finished task in the 2,000-task phase: 50.0 ms" in out
+    assert f"PostgreSQL 5.0, {bench.CPU_REST} 20.0" in out
     assert len(targets) == 7
     assert not any(targets.values())  # the figures above meet none of issue 9's targets
     assert "target: PostgreSQL connections under the cap" in out
+
+
+def test_cpu_per_task_splits_the_machine_among_the_roles_and_the_rest():
+    before = dict.fromkeys((*bench.CPU_ROLES, "machine"), 100.0)
+    after = {**before, "PostgreSQL": 101.0, "spawners": 100.5, "machine": 104.0}
+    per = bench.cpu_per_task(before, after, 100)
+    assert per["PostgreSQL"] == pytest.approx(10.0)
+    assert per["spawners"] == pytest.approx(5.0)
+    assert per["web (daphne)"] == 0.0
+    assert per[bench.CPU_REST] == pytest.approx(25.0)
+    assert per["all"] == pytest.approx(40.0)
+
+
+def test_a_process_tree_counts_the_cpu_of_the_children_it_reaped():
+    me = psutil.Process()
+    before = bench._tree_cpu(me)
+    subprocess.run([sys.executable, "-c", "sum(range(10_000_000))"], check=True)
+    assert bench._tree_cpu(me) - before >= 0.05  # the child's work, counted once it was reaped
