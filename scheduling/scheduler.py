@@ -92,12 +92,11 @@ def _schedule_pass() -> PassResult:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
         kept_for = passes.mark_started()
         now = timezone.now()
-        fairshare.keep_counters_for(
-            now, estate.config().scheduling.fair_share_half_life_s, kept_for
-        )
+        half_life = estate.config().scheduling.fair_share_half_life_s
+        fairshare.keep_counters_for(now, half_life, kept_for)
         result.failed = fail_broken_dependencies()
         digests: dict[int, int] = {}
-        snapshot = build_snapshot(now, digests, counters_kept=True)
+        snapshot = build_snapshot(now, digests, counters_kept_for=half_life)
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
         # Stamped after the snapshot: an allocation released while it was taken must not
         # appear to overlap the one that replaces it.
@@ -181,13 +180,16 @@ def _ts(moment: datetime | None) -> float | None:
 
 
 def build_snapshot(
-    now: datetime, digests: dict[int, int] | None = None, *, counters_kept: bool = False
+    now: datetime,
+    digests: dict[int, int] | None = None,
+    *,
+    counters_kept_for: float | None = None,
 ) -> Snapshot:
     """Everything the policy needs, in a handful of queries whatever the cluster's size.
 
     ``digests``, when given, receives each pending task's ``wait_digest`` (update_reasons);
-    ``counters_kept``: the fair-share counters are known to be kept for the configured
-    half-life (a pass made sure of it)."""
+    ``counters_kept_for``: the half-life the fair-share counters are known to be kept for (a
+    pass made sure of it), so they are not asked."""
     active = Allocation.objects.filter(released_at__isnull=True)
     held = {
         row["gpu_id"]: row
@@ -285,7 +287,7 @@ def build_snapshot(
         gpus=tuple(gpu_views),
         running=tuple(running),
         pending=tuple(pending),
-        tenants=_tenant_views(tenants, pool_names, now, counters_kept=counters_kept),
+        tenants=_tenant_views(tenants, pool_names, now, counters_kept_for=counters_kept_for),
     )
 
 
@@ -308,10 +310,15 @@ def _pending_rows() -> list[tuple]:
 
 
 def _tenant_views(
-    tenants: dict[int, str], pool_names: dict[int, str], now: datetime, *, counters_kept: bool
+    tenants: dict[int, str],
+    pool_names: dict[int, str],
+    now: datetime,
+    *,
+    counters_kept_for: float | None,
 ) -> dict[str, TenantView]:
     half_life = estate.config().scheduling.fair_share_half_life_s
-    recent = fairshare.usage(now, half_life, kept=counters_kept)
+    # The configuration may have changed since the pass made sure of the counters: then ask.
+    recent = fairshare.usage(now, half_life, kept=counters_kept_for == float(half_life))
     limits: dict[int, Limits] = {}
     pool_limits: dict[int, dict[str, Limits]] = defaultdict(dict)
     weights: dict[int, float] = {}

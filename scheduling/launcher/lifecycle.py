@@ -415,13 +415,17 @@ def watch_supervisors(node_name: str) -> int:
     """The node agent's quick look (every second): the running attempts of this node whose
     supervisor died are settled now, not at the next reconciliation. One query when all is well.
     Returns how many were settled."""
-    rows = TaskAttempt.objects.filter(
-        node__name=node_name,
-        outcome="",
-        number=F("task__attempt"),
-        task__state__in=HOLDS_GPUS,
-        supervisor_pid__isnull=False,
-    ).values_list("pk", "supervisor_pid", "supervisor_started")
+    rows = (
+        TaskAttempt.objects.filter(
+            node__name=node_name,
+            outcome="",
+            number=F("task__attempt"),
+            task__state__in=HOLDS_GPUS,
+            supervisor_pid__isnull=False,
+        )
+        .order_by()
+        .values_list("pk", "supervisor_pid", "supervisor_started")
+    )  # in any order
     dead = [pk for pk, pid, started in rows if not ProcessId(pid, started).alive()]
     for attempt in TaskAttempt.objects.filter(pk__in=dead).select_related("task__tenant", "node"):
         if not attempt.outcome and _supervisor(attempt) is None:
