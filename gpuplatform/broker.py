@@ -101,11 +101,8 @@ class NotifyingOrm(ORM):
         """When the earliest row of this queue can be handed out (None: the queue is empty)."""
         return self._one("SELECT min(lock) FROM django_q_ormq WHERE key = %s", [self.list_key])[0]
 
-    def delete(self, task_id) -> None:
+    def delete(self, task_id) -> None:  # django-q2's acknowledge and fail call this
         self._execute("DELETE FROM django_q_ormq WHERE id = %s", [task_id])
-
-    def acknowledge(self, task_id) -> None:
-        self.delete(task_id)
 
     def _one(self, statement: str, params: list) -> tuple:
         return self._execute(statement, params)[0]

@@ -532,7 +532,7 @@ def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
                 digest,
                 text,
                 digest,
-            ],  # fmt: skip
+            ],
         )
 
 

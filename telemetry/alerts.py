@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, Max, Min
 from django.utils import timezone
 
 from monitoring import services as alert_services
@@ -55,16 +55,9 @@ def check_samples(*, node: Node, rows: list[GpuSample]) -> None:
                 f"ECC error(s) since the driver loaded{note}",
                 gpu=gpu,
             )
-    # Usually none of the two kinds is open on this node: one query says so for both.
-    kept = {AlertKind.GPU_OVER_TEMPERATURE: hot, AlertKind.GPU_ECC: ecc}
-    open_kinds = set(
-        Alert.objects.filter(kind__in=kept, resolved_at__isnull=True)
-        .filter(Q(node=node) | Q(gpu__node=node))
-        .values_list("kind", flat=True)
-        .distinct()
+    alert_services.alerts_resolve_except_each(
+        keep={AlertKind.GPU_OVER_TEMPERATURE: hot, AlertKind.GPU_ECC: ecc}, node=node
     )
-    for kind in open_kinds:
-        alert_services.alerts_resolve_except(kind=kind, keep=kept[kind], node=node)
 
 
 def check_idle(*, now=None) -> dict[str, int]:

@@ -423,9 +423,9 @@ def watch_supervisors(node_name: str) -> int:
             task__state__in=HOLDS_GPUS,
             supervisor_pid__isnull=False,
         )
-        .order_by()
+        .order_by()  # in any order: the model's ordering would join and sort for nothing
         .values_list("pk", "supervisor_pid", "supervisor_started")
-    )  # in any order
+    )
     dead = [pk for pk, pid, started in rows if not ProcessId(pid, started).alive()]
     for attempt in TaskAttempt.objects.filter(pk__in=dead).select_related("task__tenant", "node"):
         if not attempt.outcome and _supervisor(attempt) is None:

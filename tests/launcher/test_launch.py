@@ -9,13 +9,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from django.db import connections
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 
 from scheduling import scheduler
 from scheduling.launcher import lifecycle
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
-from scheduling.submission import SubmitError, task_submit
+from scheduling.submission import SubmitError, task_submit, tasks_submit
 from tests.factories import UserFactory
 from tests.launcher.conftest import state_of, wait_for
 
@@ -311,3 +312,33 @@ def test_a_task_whose_gpu_fails_under_it_is_requeued_not_failed(launcher, node, 
     task.refresh_from_db()
     assert task.infra_requeues == 1
     assert task.retries == 0 and task.state in ("pending", "scheduled", "running")
+
+
+def test_a_pass_queues_its_launches_per_node_and_a_launch_reads_them_in_one_query(
+    node, lab, monkeypatch, settings, tmp_path
+):
+    """No process starts here: what the pass hands the node, and what the launch reads."""
+    settings.LAUNCH_TASKS = True
+    settings.TASK_LOG_DIR = str(tmp_path / "logs")
+    monkeypatch.delenv("Q_CLUSTER_NAME", raising=False)
+    queued = []
+    monkeypatch.setattr(lifecycle, "async_task", lambda *args, **kw: queued.append((args, kw)))
+    spawned = []
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
+    specs = [TaskSpec(name=f"t{i}", command="true", gpus_min=2, gpus_max=2) for i in range(2)]
+    tasks = tasks_submit(tenant=lab, specs=specs)  # one pass places both (sync in tests)
+
+    # One job for the node, from what the pass wrote (no query of its own after the commit).
+    assert queued == [
+        (("scheduling.launcher.tasks.launch_many", [(t.pk, 1) for t in tasks]),
+         {"cluster": node.name}),
+    ]  # fmt: skip
+    with CaptureQueriesContext(connection) as seen:
+        assert lifecycle.launch_many([(t.pk, 1) for t in tasks]) == ["launched"] * 2
+    reads = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("SELECT")]
+    assert len(reads) == 1, reads
+    for task in tasks:
+        held = task.allocations.filter(released_at=None).order_by("gpu__index")
+        assert attempt_of(task).gpu_uuids == [a.gpu.uuid for a in held]
+        assert len(attempt_of(task).gpu_uuids) == 2
+    assert len(spawned) == 2

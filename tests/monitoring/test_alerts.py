@@ -162,6 +162,28 @@ def test_resolve_except_closes_what_is_no_longer_observed(gpus) -> None:
     assert services.alerts_resolve_except(kind=OVERUSE, keep={(gpus[1].pk, t1.pk)}) == 0
 
 
+def test_resolving_several_kinds_at_once_keeps_what_each_kind_still_sees(gpus) -> None:
+    hot = [
+        services.alert_raise(
+            kind=AlertKind.GPU_OVER_TEMPERATURE, severity="warning", message="hot", gpu=gpu
+        )
+        for gpu in gpus[:2]
+    ]
+    ecc = services.alert_raise(
+        kind=AlertKind.GPU_ECC, severity="critical", message="e", gpu=gpus[0]
+    )
+    keep = {AlertKind.GPU_OVER_TEMPERATURE: {(gpus[1].pk, None)}, AlertKind.GPU_ECC: set()}
+
+    assert services.alerts_resolve_except_each(keep=keep, node=gpus[0].node) == 2
+
+    open_now = set(Alert.objects.filter(resolved_at=None).values_list("pk", flat=True))
+    assert open_now == {hot[1].pk}, (open_now, hot, ecc)
+    # Nothing stale: one query answers for both kinds.
+    with CaptureQueriesContext(connection) as queries:
+        assert services.alerts_resolve_except_each(keep=keep, node=gpus[0].node) == 0
+    assert len(queries) == 1
+
+
 def test_resolve_except_for_one_node_leaves_other_nodes_alone(gpus) -> None:
     elsewhere = make_gpus(NodeFactory(name="workstation-2"), count=1)[0]
     task = TaskFactory()
