@@ -31,7 +31,7 @@ import functools
 import os
 import signal as signals
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,10 +117,12 @@ class Hierarchy:
                 return base
         return None
 
-    def bases(self) -> list[Path]:
-        """Every base directory an attempt occupies, the tracker first, each once."""
+    def bases(self, controllers: Iterable[str] | None = None) -> list[Path]:
+        """The base directories an attempt occupies, the tracker first, each once: with
+        ``controllers``, the v1 bases of those only (an attempt without limits needs none)."""
         found: list[Path] = []
-        for base in [self.tracker(), *(base for _, base in self.v1)]:
+        wanted = [base for name, base in self.v1 if controllers is None or name in controllers]
+        for base in [self.tracker(), *wanted]:
             if base is not None and base not in found:
                 found.append(base)
         return found
@@ -455,11 +457,14 @@ class AttemptCgroup:
     supervisor left and kill or remove it.
     """
 
-    def __init__(self, hierarchy: Hierarchy, *parts: str) -> None:
+    def __init__(
+        self, hierarchy: Hierarchy, *parts: str, controllers: Iterable[str] | None = None
+    ) -> None:
+        """``controllers``: the limit controllers the attempt uses; None for all the host has."""
         _check_parts(parts)
         self.hierarchy = hierarchy
         self.parts = parts
-        self.directories = tuple(base.joinpath(*parts) for base in hierarchy.bases())
+        self.directories = tuple(base.joinpath(*parts) for base in hierarchy.bases(controllers))
         # Precomputed so the child between fork and exec only calls open/write/close.
         self._procs_files = tuple(os.fsencode(d / "cgroup.procs") for d in self.directories)
 
@@ -473,7 +478,8 @@ class AttemptCgroup:
 
     def _dir(self, controller: str) -> Path | None:
         base = self.hierarchy.location(controller)
-        return base.joinpath(*self.parts) if base is not None else None
+        directory = base.joinpath(*self.parts) if base is not None else None
+        return directory if directory in self.directories else None
 
     @property
     def _unified(self) -> Path | None:
@@ -492,8 +498,10 @@ class AttemptCgroup:
                 f"cannot enforce the {', '.join(missing)} limit: no such controller in "
                 f"{hierarchy.describe()}"
             )
-        group = cls(hierarchy, *parts)
-        for base in hierarchy.bases():
+        # Only the tracker and the controllers the limits need: a v1 hierarchy joined for
+        # nothing cost each attempt a mkdir, a join and an rmdir (three of four, here).
+        group = cls(hierarchy, *parts, controllers=limits.controllers())
+        for base in hierarchy.bases(limits.controllers()):
             if base == hierarchy.unified:
                 group._make_unified(base, limits)
             else:
@@ -545,8 +553,10 @@ class AttemptCgroup:
     @classmethod
     def find(cls, hierarchy: Hierarchy, *parts: str) -> AttemptCgroup | None:
         """The attempt's cgroup if any of its directories exists (a half-made one included, so
-        that it can be removed)."""
-        group = cls(hierarchy, *parts)
+        that it can be removed): the tracker and the v1 directories it has."""
+        _check_parts(parts)
+        used = [name for name, base in hierarchy.v1 if base.joinpath(*parts).is_dir()]
+        group = cls(hierarchy, *parts, controllers=used)
         return group if any(d.is_dir() for d in group.directories) else None
 
     def join_current_process(self) -> None:

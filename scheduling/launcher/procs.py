@@ -96,6 +96,15 @@ class ProcessId:
             return False
 
 
+def exit_fd(pid: int) -> int | None:
+    """A descriptor that becomes readable when our child ``pid`` exits (a pidfd), or None
+    where the kernel has none (before Linux 5.3): then the caller polls."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def descendants(pid: int | None = None) -> list[psutil.Process]:
     try:
         return psutil.Process(pid or os.getpid()).children(recursive=True)

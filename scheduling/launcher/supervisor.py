@@ -79,10 +79,11 @@ class LogRelay:
             self.log_fd = None
             self._failed(exc)
 
-    def pump(self, timeout: float) -> bool:
-        """Copy what the task wrote, waiting up to ``timeout``; False once every writer is gone."""
-        ready, _, _ = select.select([self.read_fd], [], [], timeout)
-        if not ready:
+    def pump(self, timeout: float, wake: int | None = None) -> bool:
+        """Copy what the task wrote, waiting up to ``timeout`` (or until ``wake``, a file
+        descriptor, is readable); False once every writer is gone."""
+        ready, _, _ = select.select([self.read_fd, *_fds(wake)], [], [], timeout)
+        if self.read_fd not in ready:
             return True
         for _ in range(16):  # at most 1 MiB per call, so signals and timeouts are not starved
             try:
@@ -282,29 +283,37 @@ class Supervisor:
         timeout = self.assignment.timeout_s
         timed_out = False
         open_pipe = True
-        while True:
-            if open_pipe:
-                open_pipe = self.relay.pump(POLL_S)
-            else:
-                time.sleep(POLL_S)
-            code = child.poll()
-            if code is not None:
-                break
-            procs.reap(keep=child.pid)
-            self.apply_pause()
-            now = time.monotonic()
-            if now >= next_fence:
-                next_fence = now + FENCE_EVERY_S
-                if not self.still_wanted():
-                    self.stop_asked = True  # superseded (lost and requeued): never run twice
-            running_for = now - started - self.paused_total
-            if timeout and running_for > timeout and self.paused_since is None:
-                timed_out = True
-                self.stop_asked = True
-            if self.stop_asked:
-                self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
-                code = child.wait()
-                break
+        # Readable once the command has exited, so its end is seen at once, not at the next
+        # poll: the output pipe closes a moment before the exit status can be collected, and a
+        # POLL_S sleep there held the GPUs of most short tasks for up to 100 ms more.
+        exited = procs.exit_fd(child.pid)
+        try:
+            while True:
+                if open_pipe:
+                    open_pipe = self.relay.pump(POLL_S, wake=exited)
+                else:
+                    select.select(_fds(exited), [], [], POLL_S)
+                code = child.poll()
+                if code is not None:
+                    break
+                procs.reap(keep=child.pid)
+                self.apply_pause()
+                now = time.monotonic()
+                if now >= next_fence:
+                    next_fence = now + FENCE_EVERY_S
+                    if not self.still_wanted():
+                        self.stop_asked = True  # superseded (lost and requeued): never run twice
+                running_for = now - started - self.paused_total
+                if timeout and running_for > timeout and self.paused_since is None:
+                    timed_out = True
+                    self.stop_asked = True
+                if self.stop_asked:
+                    self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
+                    code = child.wait()
+                    break
+        finally:
+            if exited is not None:
+                os.close(exited)
         # The main process is done; nothing it started may outlive it.
         self.tracker.stop(min(5, settings.TASK_STOP_GRACE), keep=child.pid)
         procs.reap()
@@ -424,6 +433,10 @@ class Supervisor:
                 continue
             connections.close_all()
             return result
+
+
+def _fds(fd: int | None) -> list[int]:
+    return [] if fd is None else [fd]
 
 
 def task_limits(resources: dict) -> Limits:

@@ -66,6 +66,8 @@ class CgroupTracker:
 
     def stop(self, grace_s: float, *, keep: int | None = None) -> bool:
         """SIGTERM everything, wait up to ``grace_s``, then kill the cgroup. True once empty."""
+        if self.group.is_empty():
+            return True  # the common end: the command exited and left nothing behind
         self.group.thaw()  # a frozen process cannot act on SIGTERM
         self.group.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s

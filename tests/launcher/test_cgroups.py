@@ -517,6 +517,28 @@ def test_list_children_shows_what_create_made_and_find_forgets_a_removed_one(hos
     assert cgroups.list_children(host.hierarchy, host.top, "node-1") == ["t11-a1"]
 
 
+def test_an_attempt_occupies_only_the_tracker_and_the_v1_hierarchies_its_limits_need(host):
+    tracker = host.hierarchy.tracker()
+    plain = host.create("t12-a1")
+    assert plain.directories == (tracker / host.top / "node-1" / "t12-a1",)
+    assert plain.oom_kills() == 0, "no memory cgroup: nothing to count"
+    v1 = dict(host.hierarchy.v1)
+    if "pids" not in v1:
+        pytest.skip("pids is a v2 controller here: no v1 directory to make or leave out")
+    limited = host.create("t13-a1", limits=Limits(pids=10))
+    expected = [base / host.top / "node-1" / "t13-a1" for base in (tracker, v1["pids"])]
+    assert list(limited.directories) == expected and all(d.is_dir() for d in expected)
+    others = [base for name, base in host.hierarchy.v1 if name != "pids"]
+    assert not any((base / host.top / "node-1" / "t13-a1").exists() for base in others)
+    proc = host.start(["sleep", "30"], limited)
+    assert cgroups._procs(expected[1]) == {proc.pid}, "it joined the pids cgroup too"
+
+    found = AttemptCgroup.find(host.hierarchy, host.top, "node-1", "t13-a1")
+    assert found is not None and found.directories == limited.directories
+    assert found.remove() is True and proc.wait(timeout=5) == -signal.SIGKILL
+    assert not any(d.exists() for d in expected)
+
+
 def test_it_refuses_names_that_are_not_one_directory(hierarchy):
     for parts in [(), ("a/b",), ("..",), ("",), ("ok", ".hidden")]:
         with pytest.raises(CgroupError):
