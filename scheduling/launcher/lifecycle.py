@@ -21,7 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.postgres.aggregates import ArrayAgg
-from django.db import IntegrityError, connections, transaction
+from django.db import connection, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
@@ -73,8 +73,9 @@ def launch(task_id: int, attempt_no: int) -> str:
 
 
 def launch_many(pairs: list[tuple[int, int]]) -> list[str]:
-    """``launch`` for each (task id, attempt number), reading them all in one query: each task
-    with its tenant, its node and the UUIDs of the GPUs its current attempt holds."""
+    """``launch`` for each (task id, attempt number): one query reads them all (each task with
+    its tenant, its node and the UUIDs of the GPUs its current attempt holds), one statement
+    records their attempts, then a supervisor is started for each attempt recorded here."""
     held = Q(allocations__released_at__isnull=True, allocations__attempt=F("attempt"))
     tasks = (
         Task.objects.select_related("tenant", "node")
@@ -85,32 +86,62 @@ def launch_many(pairs: list[tuple[int, int]]) -> list[str]:
         )
         .in_bulk([task_id for task_id, _ in pairs])
     )
-    return [_launch(tasks.get(task_id), attempt_no) for task_id, attempt_no in pairs]
-
-
-def _launch(task: Task | None, attempt_no: int) -> str:
-    if task is None or task.state != TaskState.SCHEDULED or task.attempt != attempt_no:
-        return "stale: the task moved on"
-    log = paths.log_path(task.tenant.name, task.pk, attempt_no)
     cluster = os.environ.get("Q_CLUSTER_NAME", "")
-    if cluster and cluster != task.node.name:
-        return f"refused: this is {cluster}, the task was placed on {task.node.name}"
-    try:
-        attempt = TaskAttempt.objects.create(
-            task=task,
-            number=attempt_no,
-            node=task.node,
-            gpu_uuids=task.gpu_uuids or [],
-            log_path=str(log),
-            launched_by=cluster,
-        )
-    except IntegrityError:
-        return "duplicate: already launched"
+    results: list[str] = []
+    wanted: list[TaskAttempt] = []
+    for task_id, attempt_no in pairs:
+        task = tasks.get(task_id)
+        if task is None or task.state != TaskState.SCHEDULED or task.attempt != attempt_no:
+            results.append("stale: the task moved on")
+        elif cluster and cluster != task.node.name:
+            results.append(f"refused: this is {cluster}, the task was placed on {task.node.name}")
+        else:
+            results.append("")
+            wanted.append(
+                TaskAttempt(
+                    task=task,
+                    number=attempt_no,
+                    node=task.node,
+                    gpu_uuids=task.gpu_uuids or [],
+                    log_path=str(paths.log_path(task.tenant.name, task.pk, attempt_no)),
+                    launched_by=cluster,
+                )
+            )
+    recorded = _record_attempts(wanted)
     Path(settings.TASK_LOG_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
-    log.parent.parent.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
-    log.parent.mkdir(mode=0o700, exist_ok=True)
-    spawn_supervisor(attempt)
-    return "launched"
+    for attempt in wanted:
+        if attempt.pk is None:
+            continue  # launched already: a repeated delivery
+        log = Path(attempt.log_path)
+        log.parent.parent.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
+        log.parent.mkdir(mode=0o700, exist_ok=True)
+        spawn_supervisor(attempt)
+    launched = iter(wanted)
+    return [
+        result or ("launched" if next(launched).pk in recorded else "duplicate: already launched")
+        for result in results
+    ]
+
+
+def _record_attempts(attempts: list[TaskAttempt]) -> set[int]:
+    """Insert the attempts that do not exist yet in one statement, setting their ids; returns
+    those ids. An attempt that exists (a repeated launch) keeps ``pk`` None."""
+    if not attempts:
+        return set()
+    fields = [f for f in TaskAttempt._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    rows = ", ".join(["(" + ", ".join(["%s"] * len(fields)) + ")"] * len(attempts))
+    params = [f.get_db_prep_save(f.pre_save(a, True), connection) for a in attempts for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO scheduling_taskattempt ({columns}) VALUES {rows} "  # noqa: S608
+            "ON CONFLICT (task_id, number) DO NOTHING RETURNING id, task_id",
+            params,
+        )
+        ids = {task_id: pk for pk, task_id in cursor.fetchall()}
+    for attempt in attempts:
+        attempt.pk = ids.pop(attempt.task_id, None)  # a pair asked twice is launched once
+    return {attempt.pk for attempt in attempts if attempt.pk is not None}
 
 
 def spawn_supervisor(attempt: TaskAttempt) -> None:

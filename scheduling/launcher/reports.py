@@ -8,13 +8,15 @@ module only, ``lifecycle`` (which starts supervisors) imports both.
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from gpuplatform.db import update_each
-from scheduling import services
+from gpuplatform.db import server_bound_cursor
+from live import events as live
+from scheduling import passes, services
 from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.models import GPU, GpuState, StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TaskState
@@ -30,50 +32,96 @@ USER_FAILURES = ("failed", "timed_out")
 
 def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
     """Commands that run: record each one's supervisor and process and move its task to
-    running, all in one transaction. Returns, per attempt id, whether it may go on: False when
-    its task was cancelled or moved on meanwhile (the supervisor then stops at once)."""
-    started: dict[int, bool] = {report.attempt_id: False for report in reports}
-    with transaction.atomic():
-        attempts = {
-            attempt.pk: attempt
-            for attempt in TaskAttempt.objects.select_for_update(of=("self",))
-            .select_related("node")
-            .filter(pk__in=started)
-            .order_by("pk")
-        }
-        tasks = Task.objects.select_for_update().filter(
-            pk__in={attempt.task_id for attempt in attempts.values()}
+    running, in one statement (``_STARTED``). Returns, per attempt id, whether it may go on:
+    False when its task was cancelled or moved on meanwhile (the supervisor then stops at
+    once), or when the attempt is unknown or was reported started already."""
+    now = timezone.now()
+    with server_bound_cursor() as cursor:
+        cursor.execute(
+            _STARTED,
+            {
+                "ids": [r.attempt_id for r in reports],
+                "spid": [r.supervisor.pid for r in reports],
+                "sst": [r.supervisor.started for r in reports],
+                "pid": [r.pid.pid for r in reports],
+                "pst": [r.pid.started for r in reports],
+                "now": now,
+            },
         )
-        tasks = {task.pk: task for task in tasks.order_by("pk")}
-        now = timezone.now()
-        moves, reported = [], []
-        for report in reports:
-            attempt = attempts.get(report.attempt_id)
-            if attempt is None or attempt.pid is not None:
-                continue  # unknown, or a repeated report: the first one counted
-            reported.append(attempt)
-            attempt.supervisor_pid = report.supervisor.pid
-            attempt.supervisor_started = report.supervisor.started
-            attempt.pid, attempt.pid_started = report.pid.pid, report.pid.started
-            attempt.started_at = now
-            task = tasks[attempt.task_id]
-            if attempt.stop_requested or task.attempt != attempt.number:
-                continue
-            if task.state != TaskState.SCHEDULED:
-                continue
-            started[attempt.pk] = True
-            moves.append((task, f"started on {attempt.node.name} (pid {report.pid.pid})"))
-        update_each(
-            TaskAttempt,
-            [a.pk for a in reported],
-            supervisor_pid=("integer", [a.supervisor_pid for a in reported]),
-            supervisor_started=("float8", [a.supervisor_started for a in reported]),
-            pid=("integer", [a.pid for a in reported]),
-            pid_started=("float8", [a.pid_started for a in reported]),
-            started_at=("timestamptz", [now] * len(reported)),
-        )
-        services.task_transitions(moves, to_state=TaskState.RUNNING)
+        moved = cursor.fetchall()
+    live.publish_tasks(_row_tasks(moved, TaskState.RUNNING))
+    started = dict.fromkeys((report.attempt_id for report in reports), False)
+    started.update((row[0], True) for row in moved)
     return started
+
+
+# The node agent writes these for every task, so each is one statement, not the dozen round
+# trips of Django's ORM (locks, reads, updates, an insert, BEGIN and COMMIT: about half of the
+# relay thread's CPU was Django compiling them). The tasks are locked first, in id order, as
+# task_cancel and requeue_lost lock them, so nothing changes a task between the check and the
+# update; every condition that picks a row is evaluated again on the row as locked.
+# Each returns the moved tasks as (attempt id, task id, tenant id, name, reason, node id).
+_STARTED = """
+    WITH r AS (SELECT * FROM unnest(%(ids)s::bigint[], %(spid)s::integer[], %(sst)s::float8[],
+                                    %(pid)s::integer[], %(pst)s::float8[])
+                          AS r(id, spid, sst, pid, pst)),
+    locked AS (SELECT k.id FROM scheduling_task k
+                 JOIN scheduling_taskattempt a ON a.task_id = k.id JOIN r ON r.id = a.id
+                ORDER BY k.id FOR UPDATE OF k),
+    a AS (UPDATE scheduling_taskattempt a
+             SET supervisor_pid = r.spid, supervisor_started = r.sst, pid = r.pid,
+                 pid_started = r.pst, started_at = %(now)s
+            FROM r, locked
+           WHERE a.id = r.id AND locked.id = a.task_id AND a.pid IS NULL
+       RETURNING a.id, a.task_id, a.number, a.node_id, a.stop_requested, a.pid),
+    k AS (UPDATE scheduling_task k
+             SET state = 'running', reason = 'started on ' || n.name || ' (pid ' || a.pid || ')',
+                 wait = '{}', wait_digest = 0, updated_at = %(now)s, started_at = %(now)s
+            FROM a JOIN scheduling_node n ON n.id = a.node_id
+           WHERE k.id = a.task_id AND k.attempt = a.number AND a.stop_requested = ''
+             AND k.state = 'scheduled'
+       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
+    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
+          SELECT id, %(now)s, 'scheduled', 'running', reason, attempt FROM k)
+    SELECT attempt_id, id, tenant_id, name, reason, node_id FROM k
+"""
+
+# Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
+# GPUs are released (the trigger of migration 0010 adds their use to the fair-share counters).
+_SUCCEEDED = """
+    WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
+                          AS r(task_id, number, note)),
+    locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
+                WHERE k.attempt = r.number AND k.state = 'running'
+                ORDER BY k.id FOR UPDATE OF k),
+    a AS (UPDATE scheduling_taskattempt a
+             SET exit_code = 0, outcome = 'succeeded', ended_at = %(now)s
+            FROM locked, r
+           WHERE a.task_id = locked.id AND a.number = locked.attempt AND r.task_id = locked.id
+             AND a.outcome = '' AND a.stop_requested = ''
+       RETURNING a.id, a.task_id, r.note),
+    k AS (UPDATE scheduling_task k
+             SET state = 'succeeded', reason = concat_ws('; ', 'exited with 0', NULLIF(a.note, '')),
+                 wait = '{}', wait_digest = 0, updated_at = %(now)s, exit_code = 0,
+                 finished_at = %(now)s
+            FROM a WHERE k.id = a.task_id
+       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
+    freed AS (UPDATE scheduling_allocation f SET released_at = %(now)s
+                FROM k WHERE f.task_id = k.id AND f.released_at IS NULL),
+    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
+          SELECT id, %(now)s, 'running', 'succeeded', reason, attempt FROM k)
+    SELECT attempt_id, id, tenant_id, name, reason, node_id FROM k
+"""
+
+
+def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
+    """What ``live.publish_tasks`` reads of a task, from rows the statements above return."""
+    return [
+        SimpleNamespace(
+            pk=pk, tenant_id=tenant, name=name, state=state, reason=reason, node_id=node
+        )  # fmt: skip
+        for _, pk, tenant, name, reason, node in rows
+    ]
 
 
 def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
@@ -92,53 +140,39 @@ def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
 
 
 def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:
-    """``attempt_finished`` for many attempts in one transaction; the common case, a running
-    task that exited with 0, in a few statements for all of them. Returns each outcome by
-    (task id, attempt number)."""
+    """``attempt_finished`` for many attempts: the common case, a running task that exited
+    with 0, in one statement for all of them (``_SUCCEEDED``); any other end one by one.
+    Returns each outcome by (task id, attempt number)."""
+    plain = [r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem)]
     outcomes: dict[tuple[int, int], str] = {}
-    with transaction.atomic():
-        keys = {(report.task_id, report.attempt_no) for report in reports}
-        attempts = {
-            (attempt.task_id, attempt.number): attempt
-            for attempt in TaskAttempt.objects.select_for_update()
-            .filter(task_id__in={task_id for task_id, _ in keys})
-            .order_by("pk")
-            if (attempt.task_id, attempt.number) in keys
-        }
-        tasks = Task.objects.select_for_update().filter(pk__in={t for t, _ in keys})
-        tasks = {task.pk: task for task in tasks.order_by("pk")}
-        now = timezone.now()
-        succeeded, moves = [], []
-        for report in reports:
-            key = (report.task_id, report.attempt_no)
-            attempt, task = attempts.get(key), tasks.get(report.task_id)
-            if key in outcomes or attempt is None or attempt.outcome:
-                continue  # the general path below answers these
-            plain = not (report.timed_out or report.problem or attempt.stop_requested)
-            if (
-                plain
-                and report.exit_code == 0
-                and task.attempt == attempt.number
-                and task.state == TaskState.RUNNING
-            ):
-                succeeded.append(attempt.pk)
-                moves.append((task, "; ".join(filter(None, ["exited with 0", report.note]))))
-                outcomes[key] = "succeeded"
-        TaskAttempt.objects.filter(pk__in=succeeded).update(
-            exit_code=0, outcome="succeeded", ended_at=now
-        )
-        services.task_transitions(moves, to_state=TaskState.SUCCEEDED, exit_code=0)
-        for report in reports:
-            key = (report.task_id, report.attempt_no)
-            if key not in outcomes:
-                outcomes[key] = attempt_finished(
-                    report.task_id,
-                    report.attempt_no,
-                    report.exit_code,
-                    timed_out=report.timed_out,
-                    problem=report.problem,
-                    note=report.note,
-                )
+    if plain:
+        with server_bound_cursor() as cursor:
+            cursor.execute(
+                _SUCCEEDED,
+                {
+                    "tasks": [r.task_id for r in plain],
+                    "numbers": [r.attempt_no for r in plain],
+                    "notes": [r.note for r in plain],
+                    "now": timezone.now(),
+                },
+            )
+            done = cursor.fetchall()
+        if done:
+            live.publish_tasks(_row_tasks(done, TaskState.SUCCEEDED))
+            passes.request_pass()  # their GPUs are free
+        numbers = {report.task_id: report.attempt_no for report in plain}
+        outcomes.update(((row[1], numbers[row[1]]), "succeeded") for row in done)
+    for report in reports:
+        key = (report.task_id, report.attempt_no)
+        if key not in outcomes:
+            outcomes[key] = attempt_finished(
+                report.task_id,
+                report.attempt_no,
+                report.exit_code,
+                timed_out=report.timed_out,
+                problem=report.problem,
+                note=report.note,
+            )
     return outcomes
 
 

@@ -337,8 +337,29 @@ def test_a_pass_queues_its_launches_per_node_and_a_launch_reads_them_in_one_quer
         assert lifecycle.launch_many([(t.pk, 1) for t in tasks]) == ["launched"] * 2
     reads = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("SELECT")]
     assert len(reads) == 1, reads
+    inserts = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 1 and len(seen.captured_queries) == 2, "one for every attempt"
     for task in tasks:
         held = task.allocations.filter(released_at=None).order_by("gpu__index")
         assert attempt_of(task).gpu_uuids == [a.gpu.uuid for a in held]
         assert len(attempt_of(task).gpu_uuids) == 2
     assert len(spawned) == 2
+    # A repeated delivery, with a pair asked twice, starts nothing more.
+    again = [(t.pk, 1) for t in tasks] + [(tasks[0].pk, 1)]
+    assert lifecycle.launch_many(again) == ["duplicate: already launched"] * 3
+    assert len(spawned) == 2 and TaskAttempt.objects.filter(task__in=tasks).count() == 2
+
+
+def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, monkeypatch):
+    spawned = []
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    task = tasks_submit(tenant=lab, specs=[TaskSpec(name="twice", command="true")])[0]
+    scheduler.schedule_pass()
+    assert lifecycle.launch_many([(task.pk, 1), (task.pk, 1), (task.pk, 2)]) == [
+        "launched",
+        "duplicate: already launched",
+        "stale: the task moved on",
+    ]
+    assert [a.task_id for a in spawned] == [task.pk]
+    assert spawned[0].pk == attempt_of(task).pk and spawned[0].log_path.endswith(".log")

@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 
+import psycopg
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from gpuplatform.dburl import current_database_url
 from scheduling import scheduler
 from scheduling.launcher import lifecycle, relay, reports
 from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.launcher.procs import ProcessId
-from scheduling.models import Task, TaskAttempt, TaskEvent
+from scheduling.models import Task, TaskAttempt, TaskEvent, TenantUsage
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
@@ -135,3 +141,110 @@ def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
     assert tasks[1].reason == "exited with 0; 12 bytes of output were dropped"
     assert not tasks[0].allocations.filter(released_at__isnull=True).exists()
     assert TaskEvent.objects.filter(task__in=tasks, to_state="succeeded").count() == 2
+
+
+def placed_attempts(lab, node, count: int) -> tuple[list[Task], list[TaskAttempt]]:
+    """``count`` tasks placed by a pass, each with its first attempt made (as a launch makes
+    it); the supervisors' reports are then sent by hand."""
+    tasks = [submit(lab, "true", name=f"p{i}") for i in range(count)]
+    scheduler.schedule_pass()
+    attempts = []
+    for task in tasks:
+        task.refresh_from_db()
+        attempts.append(
+            TaskAttempt.objects.create(task=task, number=1, node=node, gpu_uuids=[], log_path="")
+        )
+    return tasks, attempts
+
+
+def test_a_batch_of_starts_and_plain_ends_takes_one_statement_each(
+    launcher, node, lab, monkeypatch
+):
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(reports.passes, "request_pass", lambda: None)  # counted apart
+    tasks, attempts = placed_attempts(lab, node, 3)
+    me = ProcessId(os.getpid(), 123.5)
+    child = ProcessId(4_194_303, 124.25)
+
+    with CaptureQueriesContext(connection) as started_queries:
+        started = reports.attempts_started([StartReport(a.pk, me, child) for a in attempts])
+    with CaptureQueriesContext(connection) as ended_queries:
+        outcomes = reports.attempts_finished(
+            [ExitReport(t.pk, 1, 0, note="5 bytes of output were dropped") for t in tasks]
+        )
+
+    assert len(started_queries) == 1 and len(ended_queries) == 1
+    assert started == {a.pk: True for a in attempts}
+    assert outcomes == {(t.pk, 1): "succeeded" for t in tasks}
+    for task, attempt in zip(tasks, attempts, strict=True):
+        task.refresh_from_db()
+        attempt.refresh_from_db()
+        assert (attempt.supervisor_pid, attempt.supervisor_started) == (me.pid, me.started)
+        assert (attempt.pid, attempt.pid_started) == (child.pid, child.started)
+        assert attempt.started_at and attempt.ended_at and attempt.started_at <= attempt.ended_at
+        assert (attempt.outcome, attempt.exit_code) == ("succeeded", 0)
+        assert (task.state, task.exit_code, task.wait) == (TaskState.SUCCEEDED, 0, {})
+        assert task.started_at and task.finished_at and task.started_at <= task.finished_at
+        assert task.reason == "exited with 0; 5 bytes of output were dropped"
+        assert not task.allocations.filter(released_at__isnull=True).exists()
+        events = TaskEvent.objects.filter(task=task).order_by("pk")
+        assert [(e.from_state, e.to_state, e.attempt) for e in events][-2:] == [
+            ("scheduled", "running", 1),
+            ("running", "succeeded", 1),
+        ]
+        assert events[len(events) - 2].reason == f"started on {node.name} (pid {child.pid})"
+    # The released allocations reached the fair-share counters (the trigger's work).
+    assert TenantUsage.objects.get(tenant=lab).closed > 0
+
+
+def test_an_end_racing_a_requeue_waits_for_it_and_reports_what_it_decided(
+    launcher, node, lab, monkeypatch
+):
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    (task,), (attempt,) = placed_attempts(lab, node, 1)
+    gone = ProcessId(4_194_303, 0.0)
+    assert reports.attempts_started([StartReport(attempt.pk, gone, gone)]) == {attempt.pk: True}
+
+    # Another session requeues the task (as requeue_lost does: task first, then its attempt)
+    # and holds its locks while the exit report comes in.
+    other = psycopg.connect(current_database_url(), autocommit=False)
+    try:
+        other.execute("SELECT id FROM scheduling_task WHERE id = %s FOR UPDATE", [task.pk])
+        other.execute(
+            "UPDATE scheduling_task SET state = 'pending', node_id = NULL WHERE id = %s", [task.pk]
+        )
+        other.execute(
+            "UPDATE scheduling_taskattempt SET outcome = 'lost' WHERE id = %s", [attempt.pk]
+        )
+        result: dict = {}
+
+        def report() -> None:
+            try:
+                result.update(reports.attempts_finished([ExitReport(task.pk, 1, 0)]))
+            except Exception as exc:  # noqa: BLE001 - the assertion below shows it
+                result["error"] = repr(exc)
+            finally:
+                connection.close()
+
+        reporter = threading.Thread(target=report)
+        reporter.start()
+        wait_for(lambda: blocked_on_a_lock(other) or result, timeout=10)
+        other.commit()
+        reporter.join(timeout=10)
+    finally:
+        other.close()
+
+    assert result == {(task.pk, 1): "lost"}, "the requeue's decision stands"
+    task.refresh_from_db()
+    assert task.state == TaskState.PENDING
+    assert not TaskEvent.objects.filter(task=task, to_state="succeeded").exists()
+
+
+def blocked_on_a_lock(other: psycopg.Connection) -> bool:
+    """Whether some session waits for a lock ``other``'s transaction holds."""
+    # Activity is read once per transaction unless the snapshot is cleared.
+    (pid,) = other.execute("SELECT pg_backend_pid(), pg_stat_clear_snapshot()").fetchone()[:1]
+    (waiting,) = other.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid]
+    ).fetchone()
+    return waiting > 0
