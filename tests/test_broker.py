@@ -121,3 +121,26 @@ def test_a_dequeue_outside_a_transaction_survives_a_dropped_session():
     connections["default"].connection.close()
     got = broker.dequeue()
     assert [payload for _, payload in got] == ["after the drop"]
+
+
+def test_cluster_statistics_reach_the_cache_every_few_seconds_not_every_guard_cycle(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(broker_module.time, "monotonic", lambda: clock[0])
+    broker = NotifyingOrm("stats")
+    broker.set_stat("q:stat:a", "first", 3)
+    broker.set_stat("q:stat:a", "half a second later", 3)  # skipped
+    broker.set_stat("q:stat:b", "another cluster", 3)
+    assert broker.get_stat("q:stat:a") == "first"
+    assert broker.get_stat("q:stat:b") == "another cluster"
+
+    clock[0] += broker_module.STAT_EVERY_S
+    broker.set_stat("q:stat:a", "later", 3)
+    assert broker.get_stat("q:stat:a") == "later"
+    assert [stat for stat in broker.get_stats("q:stat:*")] == ["later", "another cluster"]
+
+
+def test_saved_statistics_outlive_the_pause_between_saves(monkeypatch):
+    saved = []
+    monkeypatch.setattr(broker_module.ORM, "set_stat", lambda self, *args: saved.append(args))
+    NotifyingOrm("stats").set_stat("q:stat:a", "value", 3)
+    assert saved == [("q:stat:a", "value", 3 * broker_module.STAT_EVERY_S)]
