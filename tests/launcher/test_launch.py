@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduling import scheduler
 from scheduling.launcher import lifecycle
+from scheduling.launcher.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import SubmitError, task_submit, tasks_submit
@@ -335,7 +336,7 @@ def test_a_pass_queues_its_launches_per_node_and_a_launch_reads_them_in_one_quer
     ]  # fmt: skip
     with CaptureQueriesContext(connection) as seen:
         assert lifecycle.launch_many([(t.pk, 1) for t in tasks]) == ["launched"] * 2
-    reads = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("SELECT")]
+    reads = [q["sql"] for q in seen.captured_queries if q["sql"].lstrip().startswith("SELECT")]
     assert len(reads) == 1, reads
     inserts = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("INSERT")]
     assert len(inserts) == 1 and len(seen.captured_queries) == 2, "one for every attempt"
@@ -354,7 +355,9 @@ def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, 
     spawned = []
     monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
     monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
-    task = tasks_submit(tenant=lab, specs=[TaskSpec(name="twice", command="true")])[0]
+    spec = TaskSpec(name="twice", command="echo $A", workdir="runs/a", env={"A": "1"},
+                    gpus_min=2, gpus_max=2, pids=50, timeout_s=60)  # fmt: skip
+    task = tasks_submit(tenant=lab, specs=[spec])[0]
     scheduler.schedule_pass()
     assert lifecycle.launch_many([(task.pk, 1), (task.pk, 1), (task.pk, 2)]) == [
         "launched",
@@ -362,4 +365,6 @@ def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, 
         "stale: the task moved on",
     ]
     assert [a.task_id for a in spawned] == [task.pk]
-    assert spawned[0].pk == attempt_of(task).pk and spawned[0].log_path.endswith(".log")
+    # What the launch read in plain SQL is what the models say.
+    assert spawned[0] == Assignment.of(attempt_of(task))
+    assert spawned[0].resources["pids"] == 50 and len(spawned[0].gpu_uuids) == 2
