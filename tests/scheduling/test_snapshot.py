@@ -1,0 +1,111 @@
+"""What a pass reads: the snapshot of GPUs, running and pending tasks and tenants."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from scheduling.models import Node
+from scheduling.policy.model import GpuView, Limits, PendingView, RunningView
+from scheduling.scheduler import build_snapshot
+from tests.factories import (
+    AllocationFactory,
+    NodeFactory,
+    PoolFactory,
+    QuotaFactory,
+    TaskFactory,
+    TenantFactory,
+    make_gpus,
+)
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def test_the_snapshot_holds_every_field_the_policy_reads():
+    big = PoolFactory(name="big")
+    a100 = NodeFactory(name="b-a100", pool=big)
+    plain = NodeFactory(name="a-plain", pool=PoolFactory(name="default"), state="draining")
+    g0, g1, g2 = make_gpus(a100, count=3, memory_mb=40960)
+    g1.foreign_memory_mb = 512
+    g1.save()
+    g2.state = "offline"
+    g2.save()
+    (p0,) = make_gpus(plain, count=1)
+    vision, nlp = TenantFactory(name="vision"), TenantFactory(name="nlp")
+    QuotaFactory(tenant=vision, max_gpus=6, max_running_tasks=3, fair_share_weight=2.0)
+    QuotaFactory(tenant=vision, pool=big, max_gpus=2, max_gpu_memory_mb=None)
+
+    started = NOW - timedelta(hours=1)
+    submitted = started - timedelta(minutes=5)
+    running = TaskFactory(tenant=vision, state="running", node=a100, priority=70,
+                          task_class="online", preemptible=False, queue="q", timeout_s=7200,
+                          submitted_at=submitted, started_at=started)  # fmt: skip
+    AllocationFactory(task=running, gpu=g0, memory_mb=40960, exclusive=True, started_at=started)
+    shared = TaskFactory(tenant=nlp, state="preempted", node=a100,
+                         submitted_at=started, scheduled_at=started)  # fmt: skip
+    AllocationFactory(task=shared, gpu=g1, memory_mb=4096, started_at=started)
+    AllocationFactory(task=shared, gpu=p0, memory_mb=2048, started_at=started - timedelta(1))
+    AllocationFactory(task=shared, gpu=p0, memory_mb=1024, started_at=started,
+                      released_at=started)  # fmt: skip
+    placed = TaskFactory(tenant=nlp, state="scheduled", node=plain, submitted_at=started)
+    dep = TaskFactory(tenant=vision, name="prep", state="running", submitted_at=started)
+    pending = TaskFactory(tenant=vision, state="pending", priority=90, task_class="online",
+                          gpus_min=2, gpus_max=4, gpu_memory_mb=8192, gpu_type="a100",
+                          pool=big, required_node="b-a100", queue="q", timeout_s=60,
+                          submitted_at=NOW - timedelta(seconds=30),
+                          not_before=NOW + timedelta(seconds=10))  # fmt: skip
+    pending.depends_on.add(dep)
+    held = TaskFactory(tenant=nlp, state="pending", hold_reason="held by an operator",
+                       submitted_at=NOW)  # fmt: skip
+    digests: dict[int, int] = {}
+
+    snapshot = build_snapshot(NOW, digests)
+
+    assert snapshot.now == NOW.timestamp()
+    assert snapshot.gpus == (
+        GpuView(id=p0.pk, node="a-plain", pool="default", gpu_type="rtx4090-24g",
+                memory_mb=24576, reserved_mb=2048, holders=1, schedulable=False),
+        GpuView(id=g0.pk, node="b-a100", pool="big", gpu_type="rtx4090-24g",
+                memory_mb=40960, reserved_mb=40960, holders=1, exclusive=True),
+        GpuView(id=g1.pk, node="b-a100", pool="big", gpu_type="rtx4090-24g",
+                memory_mb=40960, reserved_mb=4096, foreign_mb=512, holders=1),
+    )  # fmt: skip
+    by_id = {view.id: view for view in snapshot.running}
+    assert [view.id for view in snapshot.running] == sorted(by_id, reverse=True)
+    assert by_id[running.pk] == RunningView(
+        id=running.pk, tenant="vision", priority=70, task_class="online", preemptible=False,
+        node="b-a100", gpus=((g0.pk, 40960),), exclusive=True, started_at=started.timestamp(),
+        timeout_s=7200, queue="q", submitted_at=submitted.timestamp(),
+    )  # fmt: skip
+    assert by_id[shared.pk].gpus == ((g1.pk, 4096), (p0.pk, 2048)), "latest first, open only"
+    assert by_id[shared.pk].stopping and not by_id[shared.pk].exclusive
+    assert by_id[shared.pk].started_at == started.timestamp(), "scheduled_at when not started"
+    assert by_id[placed.pk].gpus == () and by_id[placed.pk].exclusive
+    assert by_id[placed.pk].started_at == NOW.timestamp(), "now when neither is set"
+    assert by_id[placed.pk].node == "a-plain" and by_id[dep.pk].node == ""
+
+    assert {view.id: view for view in snapshot.pending} == {
+        pending.pk: PendingView(
+            id=pending.pk, tenant="vision", priority=90, task_class="online",
+            submitted_at=(NOW - timedelta(seconds=30)).timestamp(), gpus_min=2, gpus_max=4,
+            gpu_memory_mb=8192, gpu_type="a100", pool="big", node="b-a100", queue="q",
+            timeout_s=60, not_before=(NOW + timedelta(seconds=10)).timestamp(),
+            blocked=f"waiting for prep (#{dep.pk}, running)", blocked_code="dependencies",
+        ),
+        held.pk: PendingView(
+            id=held.pk, tenant="nlp", priority=held.priority, task_class="batch",
+            submitted_at=NOW.timestamp(), blocked="held by an operator", blocked_code="held",
+        ),
+    }  # fmt: skip
+    assert set(digests) == {pending.pk, held.pk}
+
+    assert list(snapshot.tenants) == ["nlp", "vision"], "by name"
+    assert snapshot.tenants["vision"].weight == 2.0
+    assert snapshot.tenants["vision"].limits == Limits(gpus=6, running_tasks=3)
+    assert snapshot.tenants["vision"].pool_limits == {"big": Limits(gpus=2)}
+    assert snapshot.tenants["nlp"].weight == 1.0 and snapshot.tenants["nlp"].limits == Limits()
+    assert snapshot.tenants["nlp"].recent_gpus > 0, "it holds GPUs now"
+    assert Node.objects.count() == 2
