@@ -29,7 +29,6 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 from django_q.models import Schedule
 from django_q.tasks import async_task
@@ -81,6 +80,15 @@ _REQUEST_SQL = """
 """
 
 
+_BOOK_SQL = """
+    WITH booked AS (UPDATE scheduling_schedulerstate SET wake_at = %s
+                     WHERE id = 1 AND (wake_at IS NULL OR wake_at <= %s OR wake_at > %s)
+                 RETURNING id)
+    SELECT (SELECT count(*) FROM booked),
+           EXISTS (SELECT 1 FROM scheduling_schedulerstate WHERE id = 1)
+"""
+
+
 def scheduler_cluster() -> str:
     """The django-q2 cluster that runs passes (``manage.py qcluster`` with no Q_CLUSTER_NAME)."""
     return settings.Q_CLUSTER["name"]
@@ -92,13 +100,15 @@ def book_wake_up(when: datetime) -> None:
 
 
 def _book(when: datetime) -> None:
-    SchedulerState.objects.get_or_create(pk=1)
     # Claimed with a conditional UPDATE: of two passes that need the same time, one books it.
-    booked = (
-        SchedulerState.objects.filter(pk=1)
-        .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=timezone.now()) | Q(wake_at__gt=when))
-        .update(wake_at=when)
-    )
+    # One statement (a pass books nearly every time: its tasks' starvation limits).
+    with connection.cursor() as cursor:
+        cursor.execute(_BOOK_SQL, [when, timezone.now(), when])
+        booked, exists = cursor.fetchone()
+        if not exists:  # a new database: once
+            SchedulerState.objects.get_or_create(pk=1)
+            cursor.execute(_BOOK_SQL, [when, timezone.now(), when])
+            booked, _ = cursor.fetchone()
     if not booked:
         return  # a pass is booked at or before `when`: it books the next one
     # Always through the broker (sync=False even in tests: a delayed pass never runs inline),
