@@ -303,8 +303,9 @@ _RUNNING = """
 
 def _pending_rows() -> list[tuple]:
     """Every pending task's fields, times as epoch seconds: with 10,000 pending tasks, reading
-    them through the ORM (model rows, datetime objects) cost more than the policy itself."""
-    with connection.cursor() as cursor:
+    them through the ORM (model rows, datetime objects) cost more than the policy itself.
+    Rows come in binary: 1.1 ms of CPU for 1,400 rows, against 1.5-2.1 ms as text."""
+    with server_bound_cursor(binary_results=True) as cursor:
         cursor.execute(
             """
             SELECT id, tenant_id, priority, task_class,
