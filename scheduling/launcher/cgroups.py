@@ -395,15 +395,22 @@ def _write(path: Path, text: str) -> None:
 
 
 def _keyed(path: Path, key: str) -> int | None:
-    """The number after ``key`` in a flat-keyed file (cgroup.events, memory.events)."""
+    """The number after ``key`` in a flat-keyed file (cgroup.events, memory.events).
+
+    One os.read: a supervisor reads ``cgroup.events`` at least twice per task, and a text file
+    object cost twice as much (15 us against 7 us, measured)."""
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)  # a few short lines
+        finally:
+            os.close(fd)
     except OSError:
         return None
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            return int(value)
+    prefix = key.encode() + b" "
+    for line in data.splitlines():
+        if line.startswith(prefix):
+            return int(line[len(prefix) :])
     return None
 
 
@@ -427,6 +434,16 @@ def _procs(directory: Path) -> set[int]:
 
 def _rmdir_tree(directory: Path, deadline: float) -> bool:
     """Remove ``directory`` and its sub-cgroups, bottom up; True when it is gone."""
+    try:
+        # The common case, an attempt that made no sub-cgroups, without the walk: with this,
+        # the plain mkdir below and _keyed's one read, making and removing an attempt's cgroup
+        # cost a freshly forked supervisor 0.55 ms instead of 1.0 ms (measured).
+        os.rmdir(directory)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass  # sub-cgroups, or processes still leaving: as below
     groups = list(_subtree(directory))
     for group in reversed(groups):
         while True:
@@ -517,6 +534,12 @@ class AttemptCgroup:
     def _make_unified(self, base: Path, limits: Limits) -> None:
         """mkdir level by level, enabling the v2 controllers in each parent on the way down."""
         controllers = list(self.hierarchy.unified_controllers)
+        if not controllers:  # nothing to enable: the parents only when they are missing
+            try:
+                base.joinpath(*self.parts).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CgroupError(f"cannot create {base.joinpath(*self.parts)}: {exc}") from exc
+            return
         directory = base
         for part in self.parts:
             if controllers:

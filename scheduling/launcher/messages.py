@@ -3,6 +3,11 @@
 A supervisor forked by the node's spawner (``spawner``) never loads Django's models: it gets
 its attempt as an :class:`Assignment` over the spawner's socket, and sends :class:`StartReport`
 and :class:`ExitReport` over the node agent's (``relay``). Nothing here imports Django.
+
+Each report's ``as_dict`` is ``dataclasses.asdict`` written out, for the two reports every
+supervisor sends: asdict's recursive deep copy took 13 us for both in a warm loop against 0.6 us
+(measured), and about 0.4 ms of cProfile's time in freshly forked supervisors, whose first touch
+of that code costs page faults. A test holds the two equal.
 """
 
 from __future__ import annotations
@@ -76,6 +81,17 @@ class StartReport:
             fields["attempt_id"], ProcessId(**fields["supervisor"]), ProcessId(**fields["pid"])
         )
 
+    def as_dict(self) -> dict:
+        return {
+            "attempt_id": self.attempt_id,
+            "supervisor": _process_id(self.supervisor),
+            "pid": _process_id(self.pid),
+        }
+
+
+def _process_id(pid: ProcessId | None) -> dict | None:
+    return None if pid is None else {"pid": pid.pid, "started": pid.started}
+
 
 @dataclass(frozen=True)
 class ExitReport:
@@ -86,9 +102,22 @@ class ExitReport:
     problem: str = ""
     note: str = ""
 
+    def as_dict(self) -> dict:
+        return {
+            "task_id": self.task_id,
+            "attempt_no": self.attempt_no,
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "problem": self.problem,
+            "note": self.note,
+        }
+
 
 @dataclass(frozen=True)
 class FenceQuery:
     """Is this attempt still wanted? (asked every few seconds while it runs)"""
 
     attempt_id: int
+
+    def as_dict(self) -> dict:
+        return {"attempt_id": self.attempt_id}

@@ -25,27 +25,30 @@ def workdir(tenant_name: str, relative: str, *, create: bool = False) -> Path:
     root = tenant_root(tenant_name)
     if create:
         root.mkdir(parents=True, exist_ok=True)
-    target = root / relative if relative else root
     resolved_root = root.resolve()
-    resolved = target.resolve()
-    if resolved != resolved_root and resolved_root not in resolved.parents:
+    resolved = (root / relative).resolve() if relative else resolved_root
+    if resolved != resolved_root and not resolved.is_relative_to(resolved_root):
         raise PathEscape(f"workdir: {relative!r} leads outside the tenant's directory")
     if create:
         resolved.mkdir(parents=True, exist_ok=True)
     return resolved
 
 
+# Each path is made in one Path() call, not joined part by part: a supervisor's pathlib objects
+# were about a tenth of its Python time (cProfile).
+
+
 def attempt_dir(tenant_name: str, task_id: int) -> Path:
-    return Path(settings.TASK_LOG_DIR) / tenant_name / str(task_id)
+    return Path(settings.TASK_LOG_DIR, tenant_name, str(task_id))
 
 
 def log_path(tenant_name: str, task_id: int, attempt: int) -> Path:
-    return attempt_dir(tenant_name, task_id) / f"attempt-{attempt}.log"
+    return Path(settings.TASK_LOG_DIR, tenant_name, str(task_id), f"attempt-{attempt}.log")
 
 
 def exit_path(tenant_name: str, task_id: int, attempt: int) -> Path:
     """Written by the supervisor before it reports to the database: the record of last resort."""
-    return attempt_dir(tenant_name, task_id) / f"attempt-{attempt}.exit.json"
+    return Path(settings.TASK_LOG_DIR, tenant_name, str(task_id), f"attempt-{attempt}.exit.json")
 
 
 EXIT_RECORD_SIZE = 4096

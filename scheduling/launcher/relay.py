@@ -21,7 +21,6 @@ carries an HMAC of the report under the platform's secret key, which tasks never
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import json
@@ -72,7 +71,7 @@ def send(node_name: str, report, timeout: float = REPLY_TIMEOUT_S) -> dict | Non
     message = {
         "kind": KINDS[type(report).__name__],
         "supervisor": os.getpid(),
-        "report": dataclasses.asdict(report),
+        "report": report.as_dict(),
     }
     message["sig"] = signature(message)
     try:

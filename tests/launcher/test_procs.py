@@ -25,3 +25,36 @@ def test_exit_fd_becomes_readable_when_the_child_exits_and_not_before():
         assert child.poll() == 0, "its status can be collected at once"
     finally:
         os.close(exited)
+
+
+def test_start_time_is_what_psutil_says_for_the_same_process():
+    import psutil
+
+    # A process name with spaces and parentheses: the fields are counted after the last ")".
+    child = subprocess.Popen(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", ODD_NAME], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout.readline() == b"ready\n"
+        assert b"(odd) (x y) " in open(f"/proc/{child.pid}/stat", "rb").read()
+        for pid in (os.getpid(), child.pid, 1):
+            assert procs.start_time(pid) == psutil.Process(pid).create_time()
+        assert procs.ProcessId.of(child.pid).alive()
+    finally:
+        child.kill()
+        child.wait()
+
+
+ODD_NAME = """
+import sys
+with open("/proc/self/comm", "w") as comm:
+    comm.write("odd) (x y")
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_process_that_is_gone_has_no_process_id():
+    child = subprocess.Popen(["/bin/true"])  # noqa: S603 - fixed argv
+    child.wait()
+    assert procs.ProcessId.of(child.pid) is None

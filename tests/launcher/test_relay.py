@@ -248,3 +248,19 @@ def blocked_on_a_lock(other: psycopg.Connection) -> bool:
         "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid]
     ).fetchone()
     return waiting > 0
+
+
+def test_every_report_is_sent_as_dataclasses_asdict_would_give_it():
+    import dataclasses
+
+    from scheduling.launcher.messages import FenceQuery
+
+    for report in (
+        StartReport(7, ProcessId(11, 1795000000.25), ProcessId(12, 1795000000.5)),
+        StartReport(7, ProcessId(11, 1795000000.25), None),
+        ExitReport(3, 2, 137, True, "killed", "bytes dropped"),
+        ExitReport(3, 2, None),
+        FenceQuery(9),
+    ):
+        assert report.as_dict() == dataclasses.asdict(report)
+        assert json.dumps(report.as_dict()) == json.dumps(dataclasses.asdict(report)), "same order"

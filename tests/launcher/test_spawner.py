@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import psutil
 import pytest
@@ -70,6 +72,19 @@ def test_supervisors_are_forked_by_the_spawner_and_outlive_it(spawning, listenin
     with open(attempt.log_path) as log:
         assert log.read() == "done\n"
     wait_for(lambda: listening.reports == 2, timeout=5)  # start and end, through the agent
+
+
+def test_a_supervisor_of_the_spawner_logs_to_its_own_file(spawning, listening, lab):
+    """It keeps the spawner's logging (INFO, to descriptor 2), which now leads to its file."""
+    task = submit(lab, "true")
+    wait_for(state_of(task, "succeeded"))
+    sink = Path(TaskAttempt.objects.get(task=task).log_path).with_name("supervisor-1.log")
+    ended = re.compile(
+        rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}} INFO task {task.pk} attempt 1 "
+        r"ended: succeeded \(exit 0\)$",
+        re.MULTILINE,
+    )
+    wait_for(lambda: ended.search(sink.read_text()), timeout=5)  # logged after its report
 
 
 def test_a_supervisor_of_the_spawner_writes_to_the_database_when_no_agent_answers(spawning, lab):
@@ -136,3 +151,12 @@ def test_a_request_from_another_user_forks_nothing(spawning, lab, node):
 def test_without_a_spawner_a_request_is_not_sent(launcher, lab, node):
     with pytest.raises(spawner.NotSent):
         spawner.request(assignment(lab, node), "/dev/null")
+
+
+def test_the_spawner_drops_the_secrets_names_once_it_has_read_the_settings(monkeypatch):
+    for name in ("DATABASE_URL", "DATABASE_URL_FILE", "SECRET_KEY", "SECRET_KEY_FILE"):
+        monkeypatch.setenv(name, "not for supervisors")
+    spawner.warm()
+    assert not {"DATABASE_URL", "DATABASE_URL_FILE", "SECRET_KEY", "SECRET_KEY_FILE"} & set(
+        os.environ
+    )
