@@ -267,7 +267,8 @@ def send(by_group: Mapping[str, list[dict]]) -> None:
 # connection does the same job for every group at once: the table's trigger NOTIFYs listeners.
 _INSERT = """
     INSERT INTO channels_postgres_message (channel, message, expire)
-    SELECT DISTINCT ON (v.n, g.channel) g.channel, v.message, now() + make_interval(secs => %s::float8)
+    SELECT DISTINCT ON (v.n, g.channel)
+           g.channel, v.message, now() + make_interval(secs => %s::float8)
       FROM unnest(%s::text[], %s::bytea[]) WITH ORDINALITY AS v(group_key, message, n)
       JOIN channels_postgres_groupchannel AS g ON g.group_key = v.group_key
      ORDER BY v.n, g.channel
