@@ -351,6 +351,10 @@ def tasks_submit(
             try:
                 paths.workdir(tenant.name, spec.workdir)
                 workdirs[spec.workdir] = ""
+            except paths.PathLoop:
+                workdirs[spec.workdir] = _("%(workdir)r is a loop of symbolic links") % {
+                    "workdir": spec.workdir
+                }
             except paths.PathEscape:
                 workdirs[spec.workdir] = _("%(workdir)r leads outside the tenant's directory") % {
                     "workdir": spec.workdir

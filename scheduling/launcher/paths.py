@@ -10,7 +10,11 @@ from django.conf import settings
 
 
 class PathEscape(ValueError):
-    pass
+    """A workdir a task may not use: it leads outside the tenant's root."""
+
+
+class PathLoop(PathEscape):
+    """A workdir that cannot be resolved: its symbolic links form a loop."""
 
 
 def tenant_root(tenant_name: str) -> Path:
@@ -26,7 +30,10 @@ def workdir(tenant_name: str, relative: str, *, create: bool = False) -> Path:
     if create:
         root.mkdir(parents=True, exist_ok=True)
     resolved_root = root.resolve()
-    resolved = (root / relative).resolve() if relative else resolved_root
+    try:
+        resolved = (root / relative).resolve() if relative else resolved_root
+    except (RuntimeError, OSError) as exc:  # a loop: RuntimeError before Python 3.13
+        raise PathLoop(f"workdir: {relative!r} is a loop of symbolic links") from exc
     if resolved != resolved_root and not resolved.is_relative_to(resolved_root):
         raise PathEscape(f"workdir: {relative!r} leads outside the tenant's directory")
     if create:

@@ -127,6 +127,16 @@ def test_a_workdir_leading_out_of_the_tenant_root_is_refused(launcher, node, lab
     assert "outside the tenant's directory" in refused.value.errors["workdir"][0]
 
 
+def test_a_workdir_that_is_a_loop_of_symbolic_links_is_refused_with_its_reason(launcher, node, lab):
+    root = launcher / "tasks" / "vision-lab"
+    root.mkdir(parents=True)
+    (root / "a").symlink_to("b")
+    (root / "b").symlink_to("a")
+    with pytest.raises(SubmitError) as refused:
+        task_submit(tenant=lab, spec=TaskSpec(name="x", command="ls", workdir="a/data"))
+    assert refused.value.errors["workdir"] == ["'a/data' is a loop of symbolic links"]
+
+
 def test_a_user_failure_is_retried_then_fails_for_good(launcher, node, lab):
     task = start(lab, "exit 3", retries=1)
     wait_for(state_of(task, "failed"))
