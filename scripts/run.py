@@ -37,8 +37,9 @@ def web_command(python: str, host: str, port: str) -> list[str]:
     cuts: daphne 20 and 17, sync workers 13-14 and 12). gthread workers (keep-alive) measured
     no better: 6.4-6.9 ms per submission, and fewer tasks a second in a 1,000-task batch.
     Since daphne runs each request's Django work in one hop to a thread
-    (gpuplatform.asgi_handler), it costs what gunicorn does: 3.2 ms per submission and 9.2 per
-    listing, against 3.0-3.3 and 8.4-9.6 for gunicorn, in the same run.
+    (gpuplatform.asgi_handler), it costs about what gunicorn does: 3.2-4.7 ms per submission
+    and 9.2-14.5 per listing, against 3.0-4.2 and 8.4-11.4 for gunicorn (two runs, each server
+    measured in the same run).
 
     Forwarded headers are believed only from TRUSTED_PROXIES, and Django decides that
     (gpuplatform.middleware.TrustedProxyMiddleware), for both servers. daphne therefore never
