@@ -13,7 +13,6 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
-from gpuplatform.db import update_each
 from live import events as live
 from scheduling import passes, states
 from scheduling.inventory import GpuInfo
@@ -70,39 +69,6 @@ def task_transition(
         raise StaleTask(f"task {task.pk} is no longer {from_state}")
     _transitioned([(task, from_state, updates)], to_state, now, actor, wake_scheduler)
     return task
-
-
-@transaction.atomic(savepoint=False)
-def task_transitions(
-    moves: Iterable[tuple[Task, str]], *, to_state: TaskState | str, **fields: Any
-) -> None:
-    """Move many tasks to ``to_state``, each with its own reason, in a few statements: what
-    ``task_transition`` does for one. The caller holds the tasks' rows locked (select_for_update)
-    and read their state under the lock, so no update here can race another process. No
-    savepoint inside the caller's transaction (two statements less per batch of the node
-    agent's reports): nothing here is worth going on without, and callers do not try."""
-    to_state = TaskState(to_state)
-    now = timezone.now()
-    done = []
-    for task, reason in moves:
-        from_state = TaskState(task.state)
-        states.check(from_state, to_state)
-        done.append(
-            (task, from_state, _transition_updates(from_state, to_state, reason, now, fields))
-        )
-    if not done:
-        return
-    # One UPDATE per former state: what its tasks get alike, and each its own reason.
-    for from_state in {from_state for _, from_state, _ in done}:
-        group = [(task, updates) for task, state, updates in done if state == from_state]
-        common = {name: value for name, value in group[0][1].items() if name != "reason"}
-        update_each(
-            Task,
-            [task.pk for task, _ in group],
-            reason=("text", [updates["reason"] for _, updates in group]),
-            same=common,
-        )
-    _transitioned(done, to_state, now, None, True)
 
 
 def _transition_updates(

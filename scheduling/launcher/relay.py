@@ -1,4 +1,4 @@
-"""Supervisors report through their node agent, which writes many reports in one transaction.
+"""Supervisors report through their node agent, which writes many reports in one statement.
 
 A supervisor used to open its own database session twice per task (to say its command started,
 then how it ended) and run a dozen ORM statements each time: at 2,000 short tasks that was about
@@ -216,7 +216,8 @@ class Relay(threading.Thread):
 
 
 def write_reports(messages: list[dict]) -> list[dict]:
-    """One transaction for the starts, one for the ends, one query for the fences; an answer
+    """One statement for the starts, one for the plain ends (any other end on its own), one
+    query for the fences; an answer
     per message, in order."""
     from scheduling.launcher import reports
 

@@ -92,11 +92,10 @@ def test_a_report_from_anyone_but_the_supervisor_it_names_is_refused(listening, 
     }
 
 
-def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
-    launcher, node, lab, monkeypatch
-):
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)  # reports by hand
-    tasks = [submit(lab, "true", name=f"b{i}") for i in range(4)]
+def placed_attempts(lab, node, count: int) -> tuple[list[Task], list[TaskAttempt]]:
+    """``count`` tasks placed by a pass, each with its first attempt made (as a launch makes
+    it); the supervisors' reports are then sent by hand."""
+    tasks = [submit(lab, "true", name=f"p{i}") for i in range(count)]
     scheduler.schedule_pass()
     attempts = []
     for task in tasks:
@@ -104,6 +103,14 @@ def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
         attempts.append(
             TaskAttempt.objects.create(task=task, number=1, node=node, gpu_uuids=[], log_path="")
         )
+    return tasks, attempts
+
+
+def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
+    launcher, node, lab, monkeypatch
+):
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)  # reports by hand
+    tasks, attempts = placed_attempts(lab, node, 4)
     TaskAttempt.objects.filter(pk=attempts[3].pk).update(stop_requested="cancel")
     gone = ProcessId(4_194_303, 0.0)  # no such process: the fixture's clean-up kills nothing
 
@@ -141,20 +148,6 @@ def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
     assert tasks[1].reason == "exited with 0; 12 bytes of output were dropped"
     assert not tasks[0].allocations.filter(released_at__isnull=True).exists()
     assert TaskEvent.objects.filter(task__in=tasks, to_state="succeeded").count() == 2
-
-
-def placed_attempts(lab, node, count: int) -> tuple[list[Task], list[TaskAttempt]]:
-    """``count`` tasks placed by a pass, each with its first attempt made (as a launch makes
-    it); the supervisors' reports are then sent by hand."""
-    tasks = [submit(lab, "true", name=f"p{i}") for i in range(count)]
-    scheduler.schedule_pass()
-    attempts = []
-    for task in tasks:
-        task.refresh_from_db()
-        attempts.append(
-            TaskAttempt.objects.create(task=task, number=1, node=node, gpu_uuids=[], log_path="")
-        )
-    return tasks, attempts
 
 
 def test_a_batch_of_starts_and_plain_ends_takes_one_statement_each(
