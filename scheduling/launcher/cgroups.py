@@ -482,8 +482,9 @@ class AttemptCgroup:
         self.hierarchy = hierarchy
         self.parts = parts
         self.directories = tuple(base.joinpath(*parts) for base in hierarchy.bases(controllers))
-        # Precomputed so the child between fork and exec only calls open/write/close.
-        self._procs_files = tuple(os.fsencode(d / "cgroup.procs") for d in self.directories)
+        # Precomputed so the child between fork and exec only calls open/write/close; also what
+        # the supervisor hands its exec helper (``TASK_EXEC_HELPER``), v2 first.
+        self.procs_files = tuple(os.fsencode(d / "cgroup.procs") for d in self.directories)
 
     def __repr__(self) -> str:
         return f"AttemptCgroup({'/'.join(self.parts)!r} in {self.hierarchy.describe()})"
@@ -590,7 +591,7 @@ class AttemptCgroup:
         ``user=``/``group=`` are applied before ``preexec_fn``, too early). Raises OSError if a
         directory is gone, so the task fails to start rather than run untracked.
         """
-        for path in self._procs_files:
+        for path in self.procs_files:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 os.write(fd, b"0")

@@ -180,11 +180,12 @@ def warm() -> None:
     # The settings are read: the secrets' names are needed no more, here or in a supervisor,
     # which would drop them itself (0.1 ms and 26 page faults each, measured).
     environ.drop_secrets_from_environ()
+    supervisor.exec_helper()  # looked up once, for every supervisor
     try:  # the name service's configuration, read by the first lookup in a process
         pwd.getpwuid(os.geteuid())  # a supervisor's getpwnam: 0.16 ms after this 0.08 (measured)
     except KeyError:
         pass  # a user without a name: supervisors will say so when it matters
-    del identity, paths, relay, supervisor
+    del identity, paths, relay
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import select
@@ -226,14 +227,16 @@ class Supervisor:
         self.relay = LogRelay(Path(it.log_path))
         self.relay.on_first_error = self.log_trouble
         try:
+            helper = exec_helper()
             child = subprocess.Popen(  # noqa: S603 - the tenant's command is the point
-                ["/bin/sh", "-c", it.command],
+                task_argv(helper, self.tracker, who, str(cwd), it.command),
                 env=environ.task_environment(it, who),
                 stdin=subprocess.DEVNULL,
                 stdout=self.relay.write_fd,
                 stderr=self.relay.write_fd,
                 start_new_session=True,
-                preexec_fn=enter_attempt(self.tracker, who, str(cwd)),  # noqa: PLW1509
+                # Without a preexec_fn, subprocess spawns with vfork: nothing is copied.
+                preexec_fn=None if helper else enter_attempt(self.tracker, who, str(cwd)),  # noqa: PLW1509
             )
         except (OSError, subprocess.SubprocessError) as exc:
             return self.finish(None, problem=f"cannot start the command: {exc}")
@@ -442,6 +445,29 @@ def task_limits(resources: dict) -> Limits:
         cpus=resources.get("cpus"),
         pids=resources.get("pids"),
     )
+
+
+@functools.cache
+def exec_helper() -> str | None:
+    """``TASK_EXEC_HELPER`` when it can be run (the spawner looks once, before it forks)."""
+    helper = settings.TASK_EXEC_HELPER
+    if helper and os.access(helper, os.X_OK):
+        return helper
+    if helper:
+        logger.warning("TASK_EXEC_HELPER %s cannot be run: tasks start through Python (slower)",
+                       helper)  # fmt: skip
+    return None
+
+
+def task_argv(helper: str | None, tracker, who, cwd: str, command: str) -> list[str]:
+    """The task's argv: its command through ``/bin/sh -c``, behind the exec helper when there
+    is one (which does what ``enter_attempt`` does, in the same order, see gpup_exec.c)."""
+    shell = ["/bin/sh", "-c", command]
+    if helper is None:
+        return shell
+    user = ("-", "-") if who is None else (str(who.uid), str(who.gid))
+    files = [os.fsdecode(path) for path in tracker.procs_files]
+    return [helper, *user, cwd, str(len(files)), *files, *shell]
 
 
 def enter_attempt(tracker, who, cwd: str):

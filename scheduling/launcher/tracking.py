@@ -64,6 +64,11 @@ class CgroupTracker:
         """In the task's process, before it drops root's rights."""
         self.group.join_current_process()
 
+    @property
+    def procs_files(self) -> tuple[bytes, ...]:
+        """What the task's process writes itself into (``join``), for the exec helper."""
+        return self.group.procs_files
+
     def stop(self, grace_s: float, *, keep: int | None = None) -> bool:
         """SIGTERM everything, wait up to ``grace_s``, then kill the cgroup. True once empty."""
         if self.group.is_empty():
@@ -94,6 +99,8 @@ class CgroupTracker:
 
 class TreeTracker:
     """The fallback: the supervisor's descendants (it is a child subreaper)."""
+
+    procs_files: tuple[bytes, ...] = ()
 
     def join(self) -> None:
         pass
