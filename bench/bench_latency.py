@@ -42,7 +42,7 @@ from bench.common import (
 )
 from gpuplatform.dburl import current_database_url
 from scheduling import passes
-from scheduling.launcher import lifecycle, reports
+from scheduling.launcher import lifecycle, procs, reports
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import Node, SchedulerState, Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -121,8 +121,9 @@ def through_the_broker():
 
 
 def supervisor_alive(task_id: int, *, unlaunched: bool = True) -> bool:
-    """Whether the task's latest attempt has a live supervisor (reported, or still starting);
-    ``unlaunched`` when there is no attempt yet."""
+    """Whether the task's latest attempt has a live supervisor (reported, or still starting)
+    still supervising it (one that is done may wait at the spawner for the next attempt, or
+    supervise it: ``SUPERVISOR_REUSE``); ``unlaunched`` when there is no attempt yet."""
     attempt = (
         TaskAttempt.objects.filter(task_id=task_id)
         .order_by("-number")
@@ -131,8 +132,11 @@ def supervisor_alive(task_id: int, *, unlaunched: bool = True) -> bool:
     )
     if attempt is None:
         return unlaunched
-    if attempt["supervisor_pid"] is not None:
-        return ProcessId(attempt["supervisor_pid"], attempt["supervisor_started"]).alive()
+    pid = attempt["supervisor_pid"]
+    if pid is not None:
+        return ProcessId(pid, attempt["supervisor_started"]).alive() and procs.title_of(
+            pid
+        ) == procs.supervisor_title(task_id, attempt["number"])
     argv_tail = ["scheduling.launcher.supervisor", str(task_id), str(attempt["number"])]
     return any(
         (proc.info["cmdline"] or [])[-3:] == argv_tail for proc in psutil.process_iter(["cmdline"])

@@ -566,13 +566,15 @@ class ConnectionSampler(threading.Thread):
 
 # Where the CPU of the 2,000-task phase goes, by role. Two snapshots (start and end of the
 # phase) suffice: a process that ends is counted in its parent's children_user/children_system
-# once reaped, and each role's processes are one parent's tree. Supervisors are not: the
-# spawner leaves them to the kernel (SIGCHLD ignored), which then adds their time to nobody's, so
-# they, the tasks themselves, this benchmark and the kernel's own threads are what the machine
-# spent beyond the roles.
+# once reaped, and each role's processes are one parent's tree. A spawner's tree holds the
+# supervisors it forked while they live (they supervise attempt after attempt:
+# SUPERVISOR_REUSE) and, once reaped by them, their tasks. One that exits during the phase is
+# reaped by the kernel (the spawner ignores SIGCHLD), which adds its time to nobody's: it, this
+# benchmark and the kernel's own threads are what the machine spent beyond the roles.
+SPAWNERS = "spawners, supervisors and tasks"
 CPU_ROLES = ("web (daphne)", "scheduler (qcluster)", "node agents", "node launch clusters",
-             "spawners", "PostgreSQL")  # fmt: skip
-CPU_REST = "supervisors, tasks and the rest"
+             SPAWNERS, "PostgreSQL")  # fmt: skip
+CPU_REST = "the rest"
 
 
 def _own_cpu(proc: psutil.Process) -> float:
@@ -613,7 +615,7 @@ def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | No
             spent[role] += _own_cpu(root)  # its threads: relay, sampler, heartbeat
             for child in root.children():
                 title = " ".join(child.cmdline())
-                kind = "spawners" if "spawner" in title else "node launch clusters"
+                kind = SPAWNERS if "spawner" in title else "node launch clusters"
                 spent[kind] += _tree_cpu(child)
         except psutil.Error:
             continue

@@ -169,10 +169,10 @@ def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
 
 def test_cpu_per_task_splits_the_machine_among_the_roles_and_the_rest():
     before = dict.fromkeys((*bench.CPU_ROLES, "machine"), 100.0)
-    after = {**before, "PostgreSQL": 101.0, "spawners": 100.5, "machine": 104.0}
+    after = {**before, "PostgreSQL": 101.0, bench.SPAWNERS: 100.5, "machine": 104.0}
     per = bench.cpu_per_task(before, after, 100)
     assert per["PostgreSQL"] == pytest.approx(10.0)
-    assert per["spawners"] == pytest.approx(5.0)
+    assert per[bench.SPAWNERS] == pytest.approx(5.0)
     assert per["web (daphne)"] == 0.0
     assert per[bench.CPU_REST] == pytest.approx(25.0)
     assert per["all"] == pytest.approx(40.0)

@@ -374,15 +374,24 @@ SIGNALS = {"stop": signal.SIGTERM, "pause": signal.SIGUSR1, "resume": signal.SIG
 
 
 def control(task_id: int, attempt_no: int, action: str) -> str:
-    """On the node: signal the attempt's supervisor; if it is gone, settle the attempt."""
-    attempt = TaskAttempt.objects.filter(task_id=task_id, number=attempt_no).first()
-    if attempt is None or attempt.outcome:
-        return "nothing to do"
-    supervisor = _supervisor(attempt)
-    if supervisor is None:
-        return reconcile_attempt(attempt)
-    os.kill(supervisor.pid, SIGNALS[action])
-    return f"sent {action}"
+    """On the node: signal the attempt's supervisor; if it is gone, settle the attempt.
+
+    The attempt's row stays locked until the signal is sent, so its end cannot be recorded
+    meanwhile: a supervisor goes on to another attempt (``spawner``) only once its end is
+    recorded, so a signal meant for this attempt never reaches the next one."""
+    with transaction.atomic():
+        attempt = (
+            TaskAttempt.objects.select_for_update()
+            .filter(task_id=task_id, number=attempt_no)
+            .first()
+        )
+        if attempt is None or attempt.outcome:
+            return "nothing to do"
+        supervisor = _supervisor(attempt)
+        if supervisor is not None:
+            os.kill(supervisor.pid, SIGNALS[action])
+            return f"sent {action}"
+    return reconcile_attempt(attempt)
 
 
 def _supervisor(attempt: TaskAttempt) -> ProcessId | None:
@@ -535,8 +544,13 @@ def _stop_stale_supervisors(node_name: str) -> int:
         ended_at__gte=timezone.now() - timedelta(days=1),
     ).exclude(outcome="")
     stopped = 0
-    for pid, started in stale.values_list("supervisor_pid", "supervisor_started"):
-        if ProcessId(pid, started).alive():
+    for task_id, number, pid, started in stale.values_list(
+        "task_id", "number", "supervisor_pid", "supervisor_started"
+    ):
+        # Still supervising that attempt: a supervisor reused for another one (spawner), or
+        # waiting for one, is not stale.
+        title = procs.supervisor_title(task_id, number)
+        if ProcessId(pid, started).alive() and procs.title_of(pid) == title:
             os.kill(pid, signal.SIGTERM)
             stopped += 1
     return stopped

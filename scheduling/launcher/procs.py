@@ -55,6 +55,20 @@ def hide_from_same_user() -> bool:
     return prctl(PR_SET_DUMPABLE, 0)
 
 
+def supervisor_title(task_id: int, attempt_no: int) -> str:
+    """What ps shows of the supervisor of an attempt (``set_title``)."""
+    return f"{SUPERVISOR_NAME} task={task_id} attempt={attempt_no}"
+
+
+def title_of(pid: int) -> str | None:
+    """The command line of ``pid`` as ps shows it (arguments joined by spaces), or None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
 def set_title(title: str) -> None:
     """The whole command line ps and top show (``ps -o args``, ``/proc/<pid>/cmdline``), e.g.
     ``gpup-supervisor task=12 attempt=1`` instead of the ``python manage.py qcluster`` a forked

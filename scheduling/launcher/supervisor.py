@@ -57,6 +57,9 @@ REPORT_TRIES = 120  # with an exit file: a report a second for two minutes, then
 PIPE_SIZE = 1 << 20
 CHUNK = 1 << 16
 DRAIN_S = 5.0
+# Ends after which the process may supervise another attempt: anything else (stopped, lost,
+# superseded, reported to the database itself) and it exits, as every supervisor used to.
+REUSABLE_AFTER = ("succeeded", "failed")
 F_SETPIPE_SZ = 1031
 
 
@@ -169,6 +172,9 @@ class Supervisor:
         self.paused_total = 0.0
         self.tracker = None
         self.relay: LogRelay | None = None
+        # Set by ``finish``: the attempt ended plainly and the agent recorded it, so this process
+        # may supervise another (``become``).
+        self.reusable = False
         it = assignment
         self.exit_file = paths.exit_path(it.tenant, it.task_id, it.attempt_no)
 
@@ -207,7 +213,7 @@ class Supervisor:
         procs.become_subreaper()
         procs.hide_from_same_user()
         it = self.assignment
-        procs.set_title(f"{procs.SUPERVISOR_NAME} task={it.task_id} attempt={it.attempt_no}")
+        procs.set_title(procs.supervisor_title(it.task_id, it.attempt_no))
         environ.drop_secrets_from_environ()
         self.install_signals()
         paths.reserve_exit_record(self.exit_file)  # False: the database is the only record left
@@ -396,6 +402,7 @@ class Supervisor:
             return reports.attempts_finished([report])[(report.task_id, report.attempt_no)]
 
         outcome = reply["outcome"] if reply is not None else None
+        self.reusable = outcome in REUSABLE_AFTER and not (self.stop_asked or timed_out)
         outcome = outcome or self.db(
             write,
             default=None,
@@ -499,32 +506,68 @@ def log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, force=True, format=LOG_FORMAT)
 
 
-def become(assignment: Assignment, sink, *, logging_ready: bool = False) -> NoReturn:
+def become(
+    assignment: Assignment, sink, *, logging_ready: bool = False, pooled: bool = False
+) -> NoReturn:
     """In a freshly forked child (of the spawner or of a launch worker): be the supervisor of
     ``assignment``, its output to ``sink``, and exit with its status. Never returns.
 
     ``logging_ready``: the parent ran ``log_to_stderr`` itself (the spawner does), so its
     handler, which writes to file descriptor 2, writes to ``sink`` once that is dup'ed there.
     Setting logging up again cost each supervisor about 50 page faults and 0.1-0.2 ms of CPU
-    (harness of 300 ``true`` tasks)."""
+    (harness of 300 ``true`` tasks).
+
+    ``pooled`` (forked by the spawner): once an attempt has ended plainly, wait for the next
+    one from the spawner (``spawner.wait_for_work``), up to ``SUPERVISOR_REUSE`` attempts."""
     code = 1
     try:
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        output = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-        os.dup2(devnull, 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)  # whatever our parent process had set
+        _output_to(sink)
         if not logging_ready:
             log_to_stderr()
-        code = Supervisor(assignment).run()
+        supervisor = Supervisor(assignment)
+        code = supervisor.run()
+        served = 1
+        while pooled and supervisor.reusable and served < settings.SUPERVISOR_REUSE:
+            work = _idle(assignment.node)
+            if work is None:
+                break
+            assignment, sink = work
+            _output_to(sink)
+            supervisor = Supervisor(assignment)
+            code = supervisor.run()
+            served += 1
     except BaseException:
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _output_to(sink) -> None:
+    """Standard input from /dev/null, standard output and error (logging's too) to ``sink``."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    output = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    os.dup2(devnull, 0)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    for fd in (devnull, output):
+        if fd > 2:  # not one of the three it was just copied to
+            os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _idle(node_name: str) -> tuple[Assignment, str] | None:
+    """Between attempts: signals that meant the last attempt are ignored, SIGTERM ends us."""
+    from scheduling.launcher import spawner
+
+    procs.set_title(f"{procs.SUPERVISOR_NAME} idle node={node_name}")
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
+    return spawner.wait_for_work(node_name)
 
 
 def main(argv: list[str]) -> int:

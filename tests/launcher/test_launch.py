@@ -13,7 +13,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import scheduler
-from scheduling.launcher import lifecycle
+from scheduling.launcher import lifecycle, procs
 from scheduling.launcher.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -111,7 +111,7 @@ def test_ps_shows_a_supervisor_by_its_task_and_attempt(launcher, node, lab):
     title = f"gpup-supervisor task={task.pk} attempt=1"
     # what ps -o args (and top, htop) show: the full command line, not python manage.py ...
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ")
-    assert cmdline.decode() == title
+    assert cmdline.decode() == title == procs.title_of(pid) == procs.supervisor_title(task.pk, 1)
     assert Path(f"/proc/{pid}/comm").read_text() == "gpup-supervisor\n"  # and top's name
     lifecycle.task_cancel(task=task)
     wait_for(state_of(task, "cancelled"))

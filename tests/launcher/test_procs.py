@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from scheduling.launcher import procs
+from tests.launcher.conftest import wait_for
 
 
 def test_exit_fd_becomes_readable_when_the_child_exits_and_not_before():
@@ -58,3 +59,13 @@ def test_a_process_that_is_gone_has_no_process_id():
     child = subprocess.Popen(["/bin/true"])  # noqa: S603 - fixed argv
     child.wait()
     assert procs.ProcessId.of(child.pid) is None
+
+
+def test_the_title_of_a_process_is_its_command_line_and_none_once_gone():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        wait_for(lambda: procs.title_of(child.pid) == "sleep 30")  # once exec is through
+    finally:
+        child.kill()
+        child.wait()
+    assert procs.title_of(child.pid) is None

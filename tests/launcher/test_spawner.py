@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from scheduling import scheduler
-from scheduling.launcher import relay, spawner
+from scheduling.launcher import lifecycle, relay, spawner
 from scheduling.launcher.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -160,3 +160,112 @@ def test_the_spawner_drops_the_secrets_names_once_it_has_read_the_settings(monke
     assert not {"DATABASE_URL", "DATABASE_URL_FILE", "SECRET_KEY", "SECRET_KEY_FILE"} & set(
         os.environ
     )
+
+
+# --- Supervisors reused for the next attempt --------------------------------------------------
+
+
+def test_a_supervisor_whose_attempt_ended_plainly_supervises_the_next(spawning, listening, lab,
+                                                                       node):  # fmt: skip
+    first = submit(lab, "echo one")
+    wait_for(state_of(first, "succeeded"))
+    supervisor = supervisor_of(first)
+    title = f"gpup-supervisor idle node={node.name}"
+    wait_for(lambda: supervisor.cmdline()[0] == title)  # waiting at the spawner
+    second = submit(lab, "echo two; exit 4")
+    wait_for(state_of(second, "failed"))
+    assert supervisor_of(second).pid == supervisor.pid  # not forked: handed over
+    logs = [Path(TaskAttempt.objects.get(task=task).log_path) for task in (first, second)]
+    assert [log.read_text() for log in logs] == ["one\n", "two\n"]
+    ended = f"INFO task {second.pk} attempt 1 ended: failed (exit 4)"
+    wait_for(lambda: ended in logs[1].with_name("supervisor-1.log").read_text(), timeout=5)
+    assert ended not in logs[0].with_name("supervisor-1.log").read_text()  # each its own sink
+
+
+def test_a_signal_for_an_attempt_that_ended_never_reaches_the_next(spawning, listening, lab):
+    first = submit(lab, "true")
+    wait_for(state_of(first, "succeeded"))
+    second = submit(lab, "sleep 2; echo still here")
+    wait_for(state_of(second, "running"))
+    assert supervisor_of(second).pid == supervisor_of(first).pid
+    assert lifecycle.control(first.pk, 1, "stop") == "nothing to do"
+    wait_for(state_of(second, "succeeded"))
+
+
+def test_a_stopped_attempts_supervisor_exits_and_the_next_is_forked(spawning, listening, lab):
+    first = submit(lab, "sleep 300")
+    wait_for(state_of(first, "running"))
+    supervisor = supervisor_of(first)
+    lifecycle.task_cancel(task=first)
+    wait_for(state_of(first, "cancelled"))
+    wait_for(lambda: not supervisor.is_running() or supervisor.status() == psutil.STATUS_ZOMBIE)
+    second = submit(lab, "true")
+    wait_for(state_of(second, "succeeded"))
+    assert supervisor_of(second).pid != supervisor.pid
+
+
+def test_when_the_idle_supervisor_is_gone_the_spawner_forks_one(spawning, listening, lab):
+    first = submit(lab, "true")
+    wait_for(state_of(first, "succeeded"))
+    idle = supervisor_of(first)
+    wait_for(lambda: "idle" in idle.cmdline()[0])
+    idle.kill()
+    second = submit(lab, "true")
+    wait_for(state_of(second, "succeeded"))
+    assert supervisor_of(second).pid != idle.pid
+
+
+def test_idle_supervisors_leave_with_the_spawner(spawning, listening, lab):
+    task = submit(lab, "true")
+    wait_for(state_of(task, "succeeded"))
+    idle = supervisor_of(task)
+    wait_for(lambda: "idle" in idle.cmdline()[0])
+    spawning.terminate()
+    spawning.wait(timeout=10)
+    wait_for(lambda: not idle.is_running() or idle.status() == psutil.STATUS_ZOMBIE, timeout=5)
+
+
+def test_a_start_up_sweep_leaves_a_reused_supervisor_alone(spawning, listening, lab, node):
+    first = submit(lab, "true")
+    wait_for(state_of(first, "succeeded"))
+    second = submit(lab, "sleep 2")
+    wait_for(state_of(second, "running"))
+    supervisor = supervisor_of(second)
+    assert supervisor.pid == supervisor_of(first).pid
+    assert lifecycle._stop_stale_supervisors(node.name) == 0  # first's ended: not stale here
+    wait_for(state_of(second, "succeeded"))
+
+
+def test_an_idle_offer_needs_the_signature_and_to_come_from_its_sender(spawning, lab, node):
+    unsigned = {"idle": os.getpid()}
+    assert raw_request(node.name, unsigned) == b""  # closed at once: nothing kept
+    claimed = {"idle": os.getpid() + 1}  # signed, but not the sender's own pid
+    claimed["sig"] = relay.signature(claimed)
+    assert raw_request(node.name, claimed) == b""
+    assert spawning.poll() is None
+
+
+@pytest.fixture
+def spawning_without_reuse(launcher, node):
+    proc = subprocess.Popen(  # noqa: S603 - fixed argv
+        [PYTHON, "-m", "scheduling.launcher.spawner", node.name],
+        cwd=ROOT,
+        env=process_env(SUPERVISOR_REUSE="1"),
+    )
+    wait_for(lambda: listens(node.name))
+    yield proc
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_with_reuse_off_every_attempt_gets_its_own_supervisor(spawning_without_reuse, listening,
+                                                              lab):  # fmt: skip
+    first = submit(lab, "true")
+    wait_for(state_of(first, "succeeded"))
+    second = submit(lab, "true")
+    wait_for(state_of(second, "succeeded"))
+    assert supervisor_pid(second) != supervisor_pid(first)
+
+
+def supervisor_pid(task: Task) -> int:
+    return TaskAttempt.objects.get(task=task).supervisor_pid
