@@ -981,7 +981,11 @@ def main() -> dict:
     scratch.chmod(0o711)  # run as root, tasks run as their tenant's user and must reach their root
     with sigterm_as_exit(), cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True)):
         connection.close()
-        with context.Pool(CLIENTS) as pool:  # forked before any thread or connection exists
+        # Forked before any thread or connection exists. The workers must die of the SIGTERM
+        # the pool's exit sends them: with the handler above inherited, one killed while it held
+        # the pool's queue lock once left another waiting for it forever (and this bench too).
+        reset = (signal.SIGTERM, signal.SIG_DFL)
+        with context.Pool(CLIENTS, initializer=signal.signal, initargs=reset) as pool:
             ours = measure_platform(pool, scratch / "platform")
         peers = {}
         for name, measure in (("tsp", measure_tsp), ("slurm", measure_slurm)):

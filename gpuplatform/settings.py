@@ -108,8 +108,16 @@ if _default_db["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured(
         f"DATABASE_URL: only PostgreSQL is supported, got engine {_default_db['ENGINE']}"
     )
+# The hot statements the platform writes in SQL (gpuplatform.db.server_bound_cursor: a pass's
+# reads and placements, a launch, the agents' start and end reports) are prepared once they
+# have run 5 times on a connection, so PostgreSQL stops parsing and planning them each time
+# (planning was a fifth of the server's CPU in the throughput bench: perf). Django turns
+# psycopg's preparing off by default, for poolers such as PgBouncer in transaction mode, which
+# we do not use; its own queries bind on the client and are never prepared either way. Not for
+# channels_postgres, which hands its OPTIONS to libpq (which knows no such option).
+_PREPARED = {"prepare_threshold": 5}
 DATABASES = {
-    "default": _default_db,
+    "default": {**_default_db, "OPTIONS": {**_default_db.get("OPTIONS", {}), **_PREPARED}},
     # channels_postgres keeps its message table in the same database.
     "channels_postgres": {**_default_db, "TEST": {"MIRROR": "default"}},
 }
@@ -132,6 +140,7 @@ if WEB_PROCESS and DB_POOL_SIZE:
         "CONN_MAX_AGE": 0,  # Django refuses persistent connections with a pool
         "OPTIONS": {
             **_default_db.get("OPTIONS", {}),
+            **_PREPARED,
             "pool": {
                 "min_size": min(2, DB_POOL_SIZE),
                 "max_size": DB_POOL_SIZE,
