@@ -132,11 +132,9 @@ def supervisor_alive(task_id: int, *, unlaunched: bool = True) -> bool:
     )
     if attempt is None:
         return unlaunched
-    pid = attempt["supervisor_pid"]
-    if pid is not None:
-        return ProcessId(pid, attempt["supervisor_started"]).alive() and procs.title_of(
-            pid
-        ) == procs.supervisor_title(task_id, attempt["number"])
+    if attempt["supervisor_pid"] is not None:
+        supervisor = ProcessId(attempt["supervisor_pid"], attempt["supervisor_started"])
+        return procs.supervising(supervisor, task_id, attempt["number"])
     argv_tail = ["scheduling.launcher.supervisor", str(task_id), str(attempt["number"])]
     return any(
         (proc.info["cmdline"] or [])[-3:] == argv_tail for proc in psutil.process_iter(["cmdline"])

@@ -547,10 +547,7 @@ def _stop_stale_supervisors(node_name: str) -> int:
     for task_id, number, pid, started in stale.values_list(
         "task_id", "number", "supervisor_pid", "supervisor_started"
     ):
-        # Still supervising that attempt: a supervisor reused for another one (spawner), or
-        # waiting for one, is not stale.
-        title = procs.supervisor_title(task_id, number)
-        if ProcessId(pid, started).alive() and procs.title_of(pid) == title:
+        if procs.supervising(ProcessId(pid, started), task_id, number):
             os.kill(pid, signal.SIGTERM)
             stopped += 1
     return stopped

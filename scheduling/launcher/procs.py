@@ -60,6 +60,12 @@ def supervisor_title(task_id: int, attempt_no: int) -> str:
     return f"{SUPERVISOR_NAME} task={task_id} attempt={attempt_no}"
 
 
+def supervising(supervisor: ProcessId, task_id: int, attempt_no: int) -> bool:
+    """Whether ``supervisor`` lives and still supervises that attempt: a supervisor reused for
+    another attempt (``spawner``), or waiting for one, does not."""
+    return supervisor.alive() and title_of(supervisor.pid) == supervisor_title(task_id, attempt_no)
+
+
 def title_of(pid: int) -> str | None:
     """The command line of ``pid`` as ps shows it (arguments joined by spaces), or None."""
     try:

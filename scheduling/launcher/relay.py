@@ -52,6 +52,14 @@ def address(node_name: str, service: str = "relay") -> str:
     return f"\0gpuplatform-{service}-{digest}"
 
 
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end of a Unix socket, from the kernel."""
+    pid, uid, _ = _PEERCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    )
+    return pid, uid
+
+
 def signature(message: dict) -> str:
     """An HMAC of the whole report but its signature."""
     subject = json.dumps({k: v for k, v in message.items() if k != "sig"}, sort_keys=True)
@@ -171,9 +179,7 @@ class Relay(threading.Thread):
         """The report, if it comes from the supervisor it names; None (and a warning) if not."""
         try:
             data = conn.recv(MAX_MESSAGE)
-            pid, uid, _ = _PEERCRED.unpack(
-                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            )
+            pid, uid = peer(conn)
             message = json.loads(data)
             kind, claimed = message["kind"], message["supervisor"]
             expected = signature(message)

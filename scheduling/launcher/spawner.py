@@ -46,7 +46,7 @@ import sys
 import time
 
 from scheduling.launcher.messages import Assignment
-from scheduling.launcher.relay import address, signature
+from scheduling.launcher.relay import address, peer, signature
 
 logger = logging.getLogger("scheduling.spawner")
 
@@ -56,7 +56,6 @@ MAX_REQUEST = 4 << 20  # a command of 16 KiB and 100 environment values of 8 KiB
 POOL_MAX = 16  # idle supervisors kept per node (each is 10-20 MB of private memory)
 IDLE_S = 60.0  # an idle supervisor given no work for this long is let go
 _LENGTH = struct.Struct("!I")
-_PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 class NotSent(Exception):
@@ -124,9 +123,7 @@ def wait_for_work(node_name: str) -> tuple[Assignment, str] | None:
         try:
             sock.settimeout(REPLY_TIMEOUT_S)
             sock.connect(address(node_name, "spawner"))
-            _, uid, _ = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            )
+            _, uid = peer(sock)
             if uid != os.geteuid():
                 logger.warning("node %s: the spawner's address is held by uid %s", node_name, uid)
                 return None
@@ -179,9 +176,7 @@ class Spawner:
     def answer(self, conn: socket.socket) -> bool:
         """Serve one connection; True when it is kept (an idle supervisor's)."""
         try:
-            pid, uid, _ = _PEERCRED.unpack(
-                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            )
+            pid, uid = peer(conn)
             if uid != os.geteuid():
                 logger.warning("node %s: request from pid %s uid %s refused", self.node_name,
                                pid, uid)  # fmt: skip

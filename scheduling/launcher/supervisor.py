@@ -526,18 +526,16 @@ def become(
         _output_to(sink)
         if not logging_ready:
             log_to_stderr()
-        supervisor = Supervisor(assignment)
-        code = supervisor.run()
-        served = 1
-        while pooled and supervisor.reusable and served < settings.SUPERVISOR_REUSE:
+        for served in range(1, settings.SUPERVISOR_REUSE + 1):
+            supervisor = Supervisor(assignment)
+            code = supervisor.run()
+            if not (pooled and supervisor.reusable) or served == settings.SUPERVISOR_REUSE:
+                break
             work = _idle(assignment.node)
             if work is None:
                 break
             assignment, sink = work
             _output_to(sink)
-            supervisor = Supervisor(assignment)
-            code = supervisor.run()
-            served += 1
     except BaseException:
         traceback.print_exc()
     finally:

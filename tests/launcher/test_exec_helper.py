@@ -136,7 +136,7 @@ def test_a_task_starts_in_its_cgroup_workdir_and_user_either_way(launcher, node,
         assert any(TEST_CGROUP in line for line in cgroup_lines), cgroup_lines
 
 
-def test_the_argv_puts_the_helper_before_the_shell(tmp_path):
+def test_the_argv_puts_the_helper_before_the_shell():
     class Tracker:
         procs_files = (b"/sys/fs/cgroup/unified/x/cgroup.procs",)
 

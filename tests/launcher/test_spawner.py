@@ -198,17 +198,27 @@ def test_a_stopped_attempts_supervisor_exits_and_the_next_is_forked(spawning, li
     supervisor = supervisor_of(first)
     lifecycle.task_cancel(task=first)
     wait_for(state_of(first, "cancelled"))
-    wait_for(lambda: not supervisor.is_running() or supervisor.status() == psutil.STATUS_ZOMBIE)
+    wait_for(lambda: ended(supervisor))
     second = submit(lab, "true")
     wait_for(state_of(second, "succeeded"))
     assert supervisor_of(second).pid != supervisor.pid
 
 
-def test_when_the_idle_supervisor_is_gone_the_spawner_forks_one(spawning, listening, lab):
-    first = submit(lab, "true")
-    wait_for(state_of(first, "succeeded"))
-    idle = supervisor_of(first)
+def idle_supervisor(lab) -> psutil.Process:
+    """The supervisor of a task that ran and ended, once it waits at the spawner."""
+    task = submit(lab, "true")
+    wait_for(state_of(task, "succeeded"))
+    idle = supervisor_of(task)
     wait_for(lambda: "idle" in idle.cmdline()[0])
+    return idle
+
+
+def ended(process: psutil.Process) -> bool:
+    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+
+
+def test_when_the_idle_supervisor_is_gone_the_spawner_forks_one(spawning, listening, lab):
+    idle = idle_supervisor(lab)
     idle.kill()
     second = submit(lab, "true")
     wait_for(state_of(second, "succeeded"))
@@ -216,13 +226,10 @@ def test_when_the_idle_supervisor_is_gone_the_spawner_forks_one(spawning, listen
 
 
 def test_idle_supervisors_leave_with_the_spawner(spawning, listening, lab):
-    task = submit(lab, "true")
-    wait_for(state_of(task, "succeeded"))
-    idle = supervisor_of(task)
-    wait_for(lambda: "idle" in idle.cmdline()[0])
+    idle = idle_supervisor(lab)
     spawning.terminate()
     spawning.wait(timeout=10)
-    wait_for(lambda: not idle.is_running() or idle.status() == psutil.STATUS_ZOMBIE, timeout=5)
+    wait_for(lambda: ended(idle), timeout=5)
 
 
 def test_a_start_up_sweep_leaves_a_reused_supervisor_alone(spawning, listening, lab, node):
