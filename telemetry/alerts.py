@@ -21,15 +21,32 @@ from telemetry.models import GpuRollupMinute, GpuSample
 logger = logging.getLogger(__name__)
 
 
-def check_samples(*, node: Node, rows: list[GpuSample]) -> None:
-    """Open, refresh or resolve the node's temperature and ECC alerts from one tick."""
+# The alerts a sampling tick opens and resolves itself.
+SAMPLE_KINDS = (AlertKind.GPU_OVER_TEMPERATURE, AlertKind.GPU_ECC)
+
+
+def check_samples(*, node: Node, rows: list[GpuSample], open_alerts: bool = True) -> None:
+    """Open, refresh or resolve the node's temperature and ECC alerts from one tick.
+    ``open_alerts``: False when the caller knows none of SAMPLE_KINDS is open on the node
+    (``services.node_state``), so there is nothing to resolve: with all well, no query."""
     config = estate.config().telemetry
     if not rows:
         return
-    gpus = {gpu.pk: gpu for gpu in GPU.objects.filter(node=node).select_related("node")}
+    flagged = [
+        row
+        for row in rows
+        if row.lost
+        or _reached(row.temperature_c, config.max_temperature_c)
+        or _reached(row.ecc_uncorrected, config.ecc_uncorrected_errors)
+    ]
+    if not flagged and not open_alerts:
+        return
+    gpus: dict[int, GPU] = {}
+    if flagged:
+        gpus = {gpu.pk: gpu for gpu in GPU.objects.filter(node=node).select_related("node")}
     hot: set[tuple[int | None, int | None]] = set()
     ecc: set[tuple[int | None, int | None]] = set()
-    for row in rows:
+    for row in flagged:
         gpu = gpus.get(row.gpu_id)
         if gpu is None:
             continue
@@ -37,7 +54,7 @@ def check_samples(*, node: Node, rows: list[GpuSample]) -> None:
         if row.lost:
             policies.gpu_lost(gpu=gpu, simulated=row.simulated)
             continue
-        if row.temperature_c is not None and row.temperature_c >= config.max_temperature_c:
+        if _reached(row.temperature_c, config.max_temperature_c):
             hot.add((gpu.pk, None))
             alert_services.alert_raise(
                 kind=AlertKind.GPU_OVER_TEMPERATURE,
@@ -46,7 +63,7 @@ def check_samples(*, node: Node, rows: list[GpuSample]) -> None:
                 f"(limit {config.max_temperature_c} °C){note}",
                 gpu=gpu,
             )
-        if row.ecc_uncorrected is not None and row.ecc_uncorrected >= config.ecc_uncorrected_errors:
+        if _reached(row.ecc_uncorrected, config.ecc_uncorrected_errors):
             ecc.add((gpu.pk, None))
             alert_services.alert_raise(
                 kind=AlertKind.GPU_ECC,
@@ -58,6 +75,10 @@ def check_samples(*, node: Node, rows: list[GpuSample]) -> None:
     alert_services.alerts_resolve_except_each(
         keep={AlertKind.GPU_OVER_TEMPERATURE: hot, AlertKind.GPU_ECC: ecc}, node=node
     )
+
+
+def _reached(value: float | None, limit: float) -> bool:
+    return value is not None and value >= limit
 
 
 def check_idle(*, now=None) -> dict[str, int]:

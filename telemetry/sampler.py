@@ -35,12 +35,14 @@ class Sampler:
 
     def tick(self) -> int:
         """Sample once, store, act on XIDs and alerts; returns how many samples were stored."""
-        node = Node.objects.filter(name=self.node_name).first()
-        if node is None:
+        state = services.node_state(node_name=self.node_name)
+        if state is None:
             return 0  # not registered yet: the heartbeat does that
-        if self.backend.name == "simulated":
+        node = Node(pk=state.node_id, name=self.node_name)
+        simulated = self.backend.name == "simulated"
+        if simulated and state.faults_pending:
             services.faults_apply(node=node, backend=self.backend)
-        holders = services.gpu_holders(node=node)
+        holders = state.holders
         reserved = {uuid: h.reserved_mb for uuid, h in holders.items() if h.reserved_mb}
         samples = self.backend.sample(reserved_mb=reserved)
         events = self.backend.xid_events()
@@ -50,10 +52,9 @@ class Sampler:
             samples=rows,
             tenants_by_gpu={h.gpu_id: h.tenant_ids for h in holders.values()},
         )
-        simulated = self.backend.name == "simulated"
         if events:
             services.xids_handle(node=node, events=events, simulated=simulated)
-        alerts.check_samples(node=node, rows=rows)
+        alerts.check_samples(node=node, rows=rows, open_alerts=state.alerts_open)
         self.ticks += 1
         return len(rows)
 

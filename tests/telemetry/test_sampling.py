@@ -4,10 +4,11 @@ per tick tied to the task and tenant holding each GPU, and injected faults reach
 from __future__ import annotations
 
 from scheduling.inventory import simulated_uuid
+from scheduling.states import TaskState
 from telemetry import services
 from telemetry.models import GpuSample
 from telemetry.sampler import Sampler
-from tests.factories import NodeFactory
+from tests.factories import AllocationFactory, NodeFactory, TaskFactory, TenantFactory
 
 
 def test_a_simulated_gpu_reads_busy_only_while_memory_is_reserved_on_it(backend):
@@ -35,13 +36,36 @@ def test_a_tick_stores_every_gpu_tied_to_its_task_and_tenant(backend, running, l
     assert all(row.simulated for row in rows.values())
 
 
+def test_a_shared_gpu_is_held_by_its_largest_reservation_and_heard_by_every_tenant(
+    workstation, lab
+):
+    other = TenantFactory(name="nlp-lab")
+    gpu = workstation.gpus.get(index=1)
+    small = TaskFactory(tenant=lab, state=TaskState.RUNNING, node=workstation, attempt=1)
+    large = TaskFactory(tenant=other, state=TaskState.RUNNING, node=workstation, attempt=1)
+    ended = TaskFactory(tenant=lab, state=TaskState.SUCCEEDED, node=workstation, attempt=1)
+    AllocationFactory(task=small, gpu=gpu, memory_mb=4096)
+    AllocationFactory(task=large, gpu=gpu, memory_mb=8192)
+    AllocationFactory(task=ended, gpu=gpu, memory_mb=2048)  # its task ended: not a holder
+
+    state = services.node_state(node_name="workstation-1")
+
+    held = state.holders[gpu.uuid]
+    assert (held.gpu_id, held.task_id, held.tenant_id) == (gpu.pk, large.pk, other.pk)
+    assert held.reserved_mb == 4096 + 8192 and held.tenant_ids == {lab.pk, other.pk}
+    idle = state.holders[workstation.gpus.get(index=0).uuid]
+    assert (idle.task_id, idle.reserved_mb, idle.tenant_ids) == (None, 0, frozenset())
+    assert len(state.holders) == 4 and not state.faults_pending and not state.alerts_open
+    assert services.node_state(node_name="no-such-node") is None
+
+
 def test_one_insert_per_tick(backend, workstation, django_assert_max_num_queries):
     sampler = Sampler(node_name="workstation-1", backend=backend)
-    # node, faults, GPUs and allocations (also every tenant of a shared GPU, whose members hear
-    # its samples on the live plane), the INSERT, and the alert checks' reads.
-    with django_assert_max_num_queries(12) as queries:
+    # With all well: one read (node, GPUs, holders, and whether a fault or an alert is pending)
+    # and the INSERT.
+    with django_assert_max_num_queries(2) as queries:
         sampler.tick()
-    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    inserts = [q for q in queries.captured_queries if q["sql"].lstrip().startswith("INSERT")]
     assert len(inserts) == 1
 
 
