@@ -228,6 +228,19 @@ def running(proc: psutil.Process) -> bool:
         return False
 
 
+def wait_stopped(found: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each process is gone or a zombie; returns those still running at the
+    timeout. Not ``psutil.wait_procs``: it waits for a killed process that is not our child to
+    be reaped as well, which an init that reaps orphans once a second (seen on CI's machine)
+    turns into a second per process, for one that holds nothing any more."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [proc for proc in found if running(proc)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
 def _reap_except(keep: int | None) -> None:
     for proc in descendants():
         if proc.pid == keep:

@@ -174,5 +174,4 @@ def _orphans(task_id: int, attempt_no: int, pid: procs.ProcessId | None) -> list
 
 def _kill_matching(found: list[psutil.Process], timeout: float = 10.0) -> bool:
     procs.signal_all(found, signal.SIGKILL)
-    _, alive = psutil.wait_procs(found, timeout=timeout)
-    return not [p for p in alive if procs.running(p)]
+    return not procs.wait_stopped(found, timeout)

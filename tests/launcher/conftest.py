@@ -67,7 +67,7 @@ def stop_supervisors() -> None:
     quiet = 0
     while quiet < 3:  # a supervisor may be starting another as we look
         quiet = 0 if _kill_supervisors() else quiet + 1
-        time.sleep(0.1)
+        time.sleep(0.05)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -95,7 +95,7 @@ def _kill_supervisors() -> int:
                 member.kill()
             except psutil.Error:
                 pass
-        psutil.wait_procs(tree, timeout=5)
+        procs.wait_stopped(tree, timeout=5)
     return found
 
 
