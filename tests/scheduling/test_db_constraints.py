@@ -279,3 +279,39 @@ def test_two_writers_at_once_cannot_both_take_a_gpu_exclusively():
     assert sorted(o.split(":")[0] for o in outcomes) == ["allocated", "refused"], outcomes
     assert "exclusive use cannot share it" in next(o for o in outcomes if o.startswith("refused"))
     assert Allocation.objects.filter(gpu=gpu, released_at__isnull=True).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_allocation_being_made_does_not_hold_up_a_sample_of_its_gpu():
+    """A pass holds the trigger's lock on each GPU it places on until it commits; storing a
+    sample checks its foreign key to the GPU (KEY SHARE) and must not wait for the pass:
+    the trigger locks FOR NO KEY UPDATE (migration 0015), which KEY SHARE does not conflict
+    with, where FOR UPDATE made every sampling tick of the node wait."""
+    from telemetry.models import GpuSample
+
+    node = NodeFactory()
+    (gpu,) = make_gpus(node, count=1)
+    task = TaskFactory()
+    allocated, release = threading.Event(), threading.Event()
+
+    def allocate_and_hold() -> None:
+        try:
+            with transaction.atomic():
+                Allocation.objects.create(task=task, attempt=1, gpu=gpu, memory_mb=1024)
+                allocated.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=allocate_and_hold)
+    holder.start()
+    try:
+        assert allocated.wait(10)
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '2s'")  # waiting would fail the commit
+            GpuSample.objects.create(gpu=gpu, at=timezone.now())
+    finally:
+        release.set()
+        holder.join(timeout=10)
+    assert GpuSample.objects.filter(gpu=gpu).count() == 1
+    assert Allocation.objects.filter(gpu=gpu, released_at__isnull=True).count() == 1
