@@ -21,15 +21,17 @@ re-delivery after ``retry`` and acknowledgement are django-q2's own. It adds two
 An idle cluster so costs two small queries every ``IDLE_S``, and a queued task starts within
 about a millisecond of its commit.
 
-Each operation is one statement on the process's own connection: an enqueue inserts the row
-and notifies in one statement, a dequeue claims the ready rows with one ``UPDATE ... FOR UPDATE
-SKIP LOCKED`` (oldest first, where django-q2 reads them in no order and claims each with a
-statement of its own), an acknowledgement is one ``DELETE``. django-q2's ORM broker calls
-``close_old_connections()`` before every query it makes, which with ``CONN_HEALTH_CHECKS`` adds
-a ``SELECT 1`` to each: a launch paid eight round trips to the broker on its way from the
-scheduler to the node (an enqueue, a claim of two statements and an acknowledgement, each with
-its health check), now four. A statement outside a transaction that fails on a dropped session
-is tried once more on a new one (what the health check was for).
+Each operation is one statement on the process's own connection, bound on the server (so
+prepared after a few runs): an enqueue inserts the row and notifies in one statement, a dequeue
+claims the ready rows with one ``UPDATE ... FOR UPDATE SKIP LOCKED`` (oldest first, where
+django-q2 reads them in no order and claims each with a statement of its own) which, finding
+none, also says when the earliest row falls due; an acknowledgement is one ``DELETE``.
+django-q2's ORM broker calls ``close_old_connections()`` before every query it makes, which
+with ``CONN_HEALTH_CHECKS`` adds a ``SELECT 1`` to each: a launch paid eight round trips to the
+broker on its way from the scheduler to the node (an enqueue, a claim of two statements and an
+acknowledgement, each with its health check), now three, and the pusher's look that finds the
+queue empty one where it was two. A statement outside a transaction that fails on a dropped
+session is tried once more on a new one (what the health check was for).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from psycopg import sql
+
+from gpuplatform.db import server_bound_cursor
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +68,18 @@ _INSERT = """
     WITH row AS (INSERT INTO django_q_ormq (key, payload, lock) VALUES (%s, %s, %s) RETURNING id)
     SELECT id, pg_notify(%s, '') FROM row
 """
+# Claims the ready rows; when there are none, says instead when the earliest row falls due
+# (NULL: the queue is empty), which a pusher about to wait needs: one round trip, not two.
 _CLAIM = """
-    UPDATE django_q_ormq SET lock = %s
-     WHERE id IN (SELECT id FROM django_q_ormq WHERE key = %s AND lock < %s
-                   ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
-    RETURNING id, payload
+    WITH claimed AS (
+        UPDATE django_q_ormq SET lock = %(until)s
+         WHERE id IN (SELECT id FROM django_q_ormq WHERE key = %(key)s AND lock < %(now)s
+                       ORDER BY id LIMIT %(bulk)s FOR UPDATE SKIP LOCKED)
+        RETURNING id, payload)
+    SELECT id, payload, NULL::timestamptz FROM claimed
+     UNION ALL
+    SELECT NULL, NULL, min(lock) FROM django_q_ormq
+     WHERE key = %(key)s HAVING NOT EXISTS (SELECT 1 FROM claimed)
 """
 
 
@@ -96,17 +107,20 @@ class NotifyingOrm(ORM):
 
     def dequeue(self):
         now = timezone.now()
-        claimed = self._execute(
-            _CLAIM, [now + timedelta(seconds=Conf.RETRY), self.list_key, now, Conf.BULK]
+        rows = self._execute(
+            _CLAIM,
+            {
+                "until": now + timedelta(seconds=Conf.RETRY),
+                "key": self.list_key,
+                "now": now,
+                "bulk": Conf.BULK,
+            },
         )
+        claimed = [(pk, payload) for pk, payload, _ in rows if pk is not None]
         if claimed:
             return sorted(claimed)  # RETURNING keeps no order
-        self.wait(self.next_due())
+        self.wait(rows[0][2] if rows else None)
         return None
-
-    def next_due(self) -> datetime | None:
-        """When the earliest row of this queue can be handed out (None: the queue is empty)."""
-        return self._one("SELECT min(lock) FROM django_q_ormq WHERE key = %s", [self.list_key])[0]
 
     def delete(self, task_id) -> None:  # django-q2's acknowledge and fail call this
         self._execute("DELETE FROM django_q_ormq WHERE id = %s", [task_id])
@@ -122,11 +136,14 @@ class NotifyingOrm(ORM):
     def _one(self, statement: str, params: list) -> tuple:
         return self._execute(statement, params)[0]
 
-    def _execute(self, statement: str, params: list) -> list:
+    def _execute(self, statement: str, params: list | dict) -> list:
         connection = connections[Conf.ORM]
         for attempt in (1, 2):
             try:
-                with connection.cursor() as cursor:
+                # Bound on the server, so prepared after a few runs (settings._PREPARED): in a
+                # node's cluster each job costs a claim, a claim that finds nothing and an
+                # acknowledgement, and quoting their parameters in Python was a tenth of it.
+                with server_bound_cursor(using=Conf.ORM) as cursor:
                     cursor.execute(statement, params)
                     return cursor.fetchall() if cursor.description else []
             except DatabaseError:

@@ -114,6 +114,21 @@ def test_ready_rows_are_claimed_oldest_first_in_one_statement_and_acknowledged_i
     assert OrmQ.objects.filter(key="node-a").count() == 4
 
 
+def test_a_dequeue_that_finds_nothing_ready_learns_when_to_look_again_in_the_same_statement():
+    broker = NotifyingOrm(list_key="gpuplatform")
+    due = timezone.now() + timedelta(seconds=0.3)
+    DelayedOrm(list_key="gpuplatform", due=due).enqueue("wake-up")
+    try:
+        with CaptureQueriesContext(connections["default"]) as queries:
+            assert broker.dequeue() is None  # nothing ready: it waited instead
+        # Until the row fell due (IDLE_S is a minute here), told so by the claim itself.
+        assert timezone.now() >= due
+        assert len(queries.captured_queries) == 1
+        assert [payload for _, payload in broker.dequeue()] == ["wake-up"]
+    finally:
+        broker.close_listener()
+
+
 def test_a_dequeue_outside_a_transaction_survives_a_dropped_session():
     broker = NotifyingOrm(list_key="node-a")
     broker.enqueue("after the drop")
