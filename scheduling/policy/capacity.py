@@ -58,20 +58,30 @@ class Capacity:
             self.nodes.setdefault(view.node, []).append(state)
         for members in self.nodes.values():
             members.sort(key=lambda g: g.id)
+        # (node, pool, GPU type) asked for -> the matching GPUs per node: the constraints do not
+        # change within a pass, only the GPUs' free capacity does (the lists hold the same
+        # GpuState objects). A pass asks for the same few constraints thousands of times.
+        self._matching: dict[tuple[str, str, str], list[tuple[str, list[GpuState]]]] = {}
 
     def candidates(self, task: PendingView) -> Iterable[tuple[str, list[GpuState]]]:
         """Per node, the GPUs that match the task's type, pool and node constraints."""
-        for node, members in self.nodes.items():
-            if task.node and node != task.node:
-                continue
-            matching = [
-                g
-                for g in members
-                if (not task.pool or g.pool == task.pool)
-                and (not task.gpu_type or g.gpu_type == task.gpu_type)
+        key = (task.node, task.pool, task.gpu_type)
+        found = self._matching.get(key)
+        if found is None:
+            found = self._matching[key] = [
+                (node, matching)
+                for node, members in self.nodes.items()
+                if not task.node or node == task.node
+                if (
+                    matching := [
+                        g
+                        for g in members
+                        if (not task.pool or g.pool == task.pool)
+                        and (not task.gpu_type or g.gpu_type == task.gpu_type)
+                    ]
+                )
             ]
-            if matching:
-                yield node, matching
+        return found
 
     def find(self, task: PendingView, allowed: GpuFilter | None = None) -> Placement | None:
         """Where the task fits now, or None. Elastic tasks get as many GPUs as fit."""
@@ -80,9 +90,12 @@ class Capacity:
             return None if node is None else Placement(task.id, node, (), exclusive=False)
         best: tuple[tuple, str, list[GpuState]] | None = None
         for node, matching in self.candidates(task):
-            usable = [g for g in matching if allowed is None or allowed(g.id)]
+            usable = matching if allowed is None else [g for g in matching if allowed(g.id)]
             if task.exclusive:
-                fits = [g for g in usable if g.idle]
+                # GpuState.idle, spelled out: called for every GPU of every search.
+                fits = [
+                    g for g in usable if not (g.holders or g.foreign_mb or g.exclusive)
+                ]  # fmt: skip
                 if len(fits) < task.gpus_min:
                     continue
                 take = min(len(fits), task.gpus_max)
