@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduling.policy.model import GpuView, PendingView, Placement
-
-GpuFilter = Callable[[int], bool]
 
 
 @dataclass(slots=True)
@@ -83,14 +81,15 @@ class Capacity:
             ]
         return found
 
-    def find(self, task: PendingView, allowed: GpuFilter | None = None) -> Placement | None:
-        """Where the task fits now, or None. Elastic tasks get as many GPUs as fit."""
+    def find(self, task: PendingView, held: frozenset[int] = frozenset()) -> Placement | None:
+        """Where the task fits now, or None, on GPUs not in ``held`` (held for another task).
+        Elastic tasks get as many GPUs as fit."""
         if task.gpus_max == 0:  # CPU-only: any node that matches its constraints
             node = next((n for n, _ in self.candidates(task)), None)
             return None if node is None else Placement(task.id, node, (), exclusive=False)
         best: tuple[tuple, str, list[GpuState]] | None = None
         for node, matching in self.candidates(task):
-            usable = matching if allowed is None else [g for g in matching if allowed(g.id)]
+            usable = [g for g in matching if g.id not in held] if held else matching
             if task.exclusive:
                 # GpuState.idle, spelled out: called for every GPU of every search.
                 fits = [

@@ -203,6 +203,8 @@ class Pass:
         # nearly every waiting task, and the same for many.
         self.lenders: dict[tuple, bool] = {}
         self.entitled: set[int] = set()  # set by ``run``
+        # (timeout, reservations so far) -> ``reserved_for``'s answer.
+        self.reserved: dict[tuple, tuple[tuple[bool, ...], frozenset[int]]] = {}
 
     # -- ordering --
 
@@ -360,7 +362,7 @@ class Pass:
         if problem:
             self.wait(task, problem, in_line=True)
             return problem, False
-        allowed = tuple(r.allows(task, self.now) for r in self.reservations)
+        allowed, held = self.reserved_for(task)
         # Whether it may reclaim is part of the shape: a like task that may not, blocked
         # before it, says nothing about the GPUs it may take back.
         may_reclaim = task.id in self.entitled
@@ -370,7 +372,7 @@ class Pass:
             why = self.blocked_shapes[shape]
             self.wait(task, self.reclaim_note(task, why), in_line=True)
             return why, True
-        placement = self.capacity.find(task, self.allowed_for(task))
+        placement = self.capacity.find(task, held)
         if placement is not None and task.gpus_max > task.gpus_min:
             placement = self.trim_to_quota(task, placement)
         if placement is not None:
@@ -401,13 +403,19 @@ class Pass:
         self.wait(task, self.reclaim_note(task, reason), in_line=True)
         return reason, True
 
-    def allowed_for(self, task: PendingView):
-        held = frozenset().union(
-            *(r.gpu_ids for r in self.reservations if not r.allows(task, self.now))
-        )
-        if not held:
-            return None
-        return lambda gpu_id: gpu_id not in held
+    def reserved_for(self, task: PendingView) -> tuple[tuple[bool, ...], frozenset[int]]:
+        """Which reservations let the task use their GPUs (it ends before they are needed),
+        and the GPUs the others hold. Depends on the task's timeout alone; reservations are
+        only ever added, so asked again with as many, the answer stands."""
+        key = (task.timeout_s, len(self.reservations))
+        known = self.reserved.get(key)
+        if known is None:
+            allowed = tuple(r.allows(task, self.now) for r in self.reservations)
+            held = frozenset().union(
+                *(r.gpu_ids for r, ok in zip(self.reservations, allowed, strict=True) if not ok)
+            )
+            known = self.reserved[key] = allowed, held
+        return known
 
     def place(self, task: PendingView, placement: Placement) -> None:
         self.changes += 1
@@ -687,10 +695,10 @@ class Pass:
                 if why == RECLAIM or (borrowing and running.task_class != task.task_class):
                     reclaims.add(running.id)
         best: tuple[float, str, list[RunningView], list] | None = None
-        allowed = self.allowed_for(task)
+        _, held = self.reserved_for(task)
         for node, members in self.capacity.candidates(task):
             # GPUs held for an earlier task are not this task's to free.
-            matching = [g for g in members if allowed is None or allowed(g.id)]
+            matching = [g for g in members if g.id not in held]
             candidates = by_node.get(node)
             if not candidates:
                 continue
