@@ -7,6 +7,8 @@ import select
 import subprocess
 import sys
 
+import psutil
+
 from scheduling.launcher import procs
 from tests.launcher.conftest import wait_for
 
@@ -69,3 +71,17 @@ def test_the_title_of_a_process_is_its_command_line_and_none_once_gone():
         child.kill()
         child.wait()
     assert procs.title_of(child.pid) is None
+
+
+def test_a_killed_process_counts_as_stopped_before_anyone_reaps_it():
+    """wait_stopped waits for death, not for the reaping an init may do only once a second."""
+    child = subprocess.Popen(["sleep", "30"])  # noqa: S607
+    proc = psutil.Process(child.pid)
+    try:
+        assert procs.wait_stopped([proc], timeout=0.2) == [proc]  # running: still there
+        proc.kill()
+        assert procs.wait_stopped([proc], timeout=10) == []
+        assert proc.status() == psutil.STATUS_ZOMBIE  # not reaped: this test has not waited
+    finally:
+        child.kill()
+        child.wait()
