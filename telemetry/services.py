@@ -116,23 +116,23 @@ def node_state(*, node_id: int | None = None, node_name: str = "") -> NodeState 
     return NodeState(node, holders, faults, alerts)
 
 
-_INSERT_SAMPLES = """
-    INSERT INTO telemetry_gpusample (gpu_id, at, task_id, tenant_id, simulated, lost, util_gpu,
-        util_memory, memory_used_mb, memory_total_mb, temperature_c, power_w, power_limit_w,
-        sm_clock_mhz, fan_pct, ecc_corrected, ecc_uncorrected, throttle_reasons, processes)
-    SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::bigint[], %s::bigint[],
-        %s::bool[], %s::bool[], %s::int2[], %s::int2[], %s::int4[], %s::int4[], %s::int2[],
-        %s::float8[], %s::float8[], %s::int4[], %s::int2[], %s::int8[], %s::int8[], %s::int8[],
-        %s::text[]::jsonb[])
-    ON CONFLICT DO NOTHING
-"""
-
-# GpuSample's columns in _INSERT_SAMPLES' order (attname: the ids of gpu, task and tenant).
+# GpuSample's columns (attnames: the ids of GPU, task and tenant) with their array types, in the
+# order record_samples passes them; ``processes`` comes last, as JSON text.
 _SAMPLE_COLUMNS = (
-    "gpu_id", "at", "task_id", "tenant_id", "simulated", "lost", "util_gpu", "util_memory",
-    "memory_used_mb", "memory_total_mb", "temperature_c", "power_w", "power_limit_w",
-    "sm_clock_mhz", "fan_pct", "ecc_corrected", "ecc_uncorrected", "throttle_reasons",
+    ("gpu_id", "bigint"), ("at", "timestamptz"), ("task_id", "bigint"), ("tenant_id", "bigint"),
+    ("simulated", "bool"), ("lost", "bool"), ("util_gpu", "int2"), ("util_memory", "int2"),
+    ("memory_used_mb", "int4"), ("memory_total_mb", "int4"), ("temperature_c", "int2"),
+    ("power_w", "float8"), ("power_limit_w", "float8"), ("sm_clock_mhz", "int4"),
+    ("fan_pct", "int2"), ("ecc_corrected", "int8"), ("ecc_uncorrected", "int8"),
+    ("throttle_reasons", "int8"),
 )  # fmt: skip
+# Built from the constants above; the values are bound parameters.
+_INSERT_SAMPLES = (
+    f"INSERT INTO telemetry_gpusample ({', '.join(name for name, _ in _SAMPLE_COLUMNS)}, "  # noqa: S608
+    f"processes) SELECT * FROM unnest("
+    f"{', '.join(f'%s::{kind}[]' for _, kind in _SAMPLE_COLUMNS)}, %s::text[]::jsonb[]) "
+    "ON CONFLICT DO NOTHING"
+)
 
 
 def record_samples(
@@ -178,7 +178,7 @@ def record_samples(
         # One statement of column arrays, bound on the server (Django's bulk_create compiled
         # and quoted 19 values a row in Python). A tick repeated after a clock step back must
         # not fail the whole batch: a duplicate (GPU, time) is skipped.
-        columns = [[getattr(row, name) for row in rows] for name in _SAMPLE_COLUMNS]
+        columns = [[getattr(row, name) for row in rows] for name, _ in _SAMPLE_COLUMNS]
         processes = [None if row.processes is None else json.dumps(row.processes) for row in rows]
         with server_bound_cursor() as cursor:
             cursor.execute(_INSERT_SAMPLES, [*columns, processes])

@@ -69,10 +69,10 @@ def supervising(supervisor: ProcessId, task_id: int, attempt_no: int) -> bool:
 def title_of(pid: int) -> str | None:
     """The command line of ``pid`` as ps shows it (arguments joined by spaces), or None."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+        cmdline = _read_proc(f"/proc/{pid}/cmdline")
     except OSError:
         return None
+    return cmdline.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
 
 
 def set_title(title: str) -> None:

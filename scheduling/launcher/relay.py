@@ -66,6 +66,16 @@ def signature(message: dict) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), subject.encode(), hashlib.sha256).hexdigest()
 
 
+def signed(message: dict) -> dict:
+    """``message`` with its signature (``sig``), for the relay or the spawner to believe."""
+    return {**message, "sig": signature(message)}
+
+
+def genuine(message: dict) -> bool:
+    """Whether ``message`` carries the signature of what it says (``signed``)."""
+    return hmac.compare_digest(str(message.get("sig", "")), signature(message))
+
+
 # --- Supervisor side ---------------------------------------------------------------------------
 
 
@@ -76,12 +86,13 @@ def send(node_name: str, report, timeout: float = REPLY_TIMEOUT_S) -> dict | Non
     """Send this supervisor's ``messages.StartReport``, ``ExitReport`` or ``FenceQuery`` to the
     agent of ``node_name`` and wait for its answer; None if there is none (then write or ask
     the database yourself)."""
-    message = {
-        "kind": KINDS[type(report).__name__],
-        "supervisor": os.getpid(),
-        "report": report.as_dict(),
-    }
-    message["sig"] = signature(message)
+    message = signed(
+        {
+            "kind": KINDS[type(report).__name__],
+            "supervisor": os.getpid(),
+            "report": report.as_dict(),
+        }
+    )
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
             sock.settimeout(timeout)
@@ -182,7 +193,6 @@ class Relay(threading.Thread):
             pid, uid = peer(conn)
             message = json.loads(data)
             kind, claimed = message["kind"], message["supervisor"]
-            expected = signature(message)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             logger.warning("node %s: unreadable report refused: %r", self.node_name, exc)
             return None
@@ -190,7 +200,7 @@ class Relay(threading.Thread):
             kind not in KINDS.values()
             or uid != os.geteuid()
             or pid != claimed
-            or not hmac.compare_digest(str(message.get("sig", "")), expected)
+            or not genuine(message)
         ):
             logger.warning(
                 "node %s: report refused from pid %s uid %s (claims to be supervisor %s)",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import hmac
 import json
 import logging
 import os
@@ -46,7 +45,7 @@ import sys
 import time
 
 from scheduling.launcher.messages import Assignment
-from scheduling.launcher.relay import address, peer, signature
+from scheduling.launcher.relay import address, genuine, peer, signed
 
 logger = logging.getLogger("scheduling.spawner")
 
@@ -94,8 +93,7 @@ def request(assignment, sink: str, timeout: float = REPLY_TIMEOUT_S) -> int | No
     """Ask the node's spawner to fork the supervisor of ``assignment`` (a
     ``messages.Assignment``), its output to ``sink``. Returns the supervisor's pid, or None when
     the request was sent and no answer came. Raises NotSent when no spawner took it."""
-    message = {"assignment": assignment.as_dict(), "sink": str(sink)}
-    message["sig"] = signature(message)
+    message = signed({"assignment": assignment.as_dict(), "sink": str(sink)})
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
@@ -117,8 +115,7 @@ def request(assignment, sink: str, timeout: float = REPLY_TIMEOUT_S) -> int | No
 def wait_for_work(node_name: str) -> tuple[Assignment, str] | None:
     """Offer this supervisor, whose attempt is over, to the node's spawner and wait for the
     next assignment and its sink; None when the spawner lets us go (or is not ours)."""
-    message = {"idle": os.getpid()}
-    message["sig"] = signature(message)
+    message = signed({"idle": os.getpid()})
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
             sock.settimeout(REPLY_TIMEOUT_S)
@@ -130,7 +127,7 @@ def wait_for_work(node_name: str) -> tuple[Assignment, str] | None:
             _send(sock, message)
             sock.settimeout(None)  # the spawner decides how long we wait (IDLE_S)
             work = _receive(sock)
-            if not hmac.compare_digest(str(work.get("sig", "")), signature(work)):
+            if not genuine(work):
                 logger.warning("node %s: unsigned assignment refused", node_name)
                 return None
             return Assignment.from_dict(work["assignment"]), str(work["sink"])
@@ -183,7 +180,7 @@ class Spawner:
                 return False
             conn.settimeout(READ_TIMEOUT_S)
             message = _receive(conn)
-            if not hmac.compare_digest(str(message.get("sig", "")), signature(message)):
+            if not genuine(message):
                 logger.warning("node %s: unsigned request from pid %s refused", self.node_name,
                                pid)  # fmt: skip
                 return False
@@ -219,8 +216,7 @@ class Spawner:
         warmest); its pid, or None when none is idle (or alive)."""
         if not self.idle:
             return None
-        message = {"assignment": assignment.as_dict(), "sink": sink}
-        message["sig"] = signature(message)
+        message = signed({"assignment": assignment.as_dict(), "sink": sink})
         while self.idle:
             conn, pid, _ = self.idle.pop()
             with conn:

@@ -9,13 +9,15 @@ import re
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 import pytest
 
 from scheduling import scheduler
-from scheduling.launcher import lifecycle, relay, spawner
+from scheduling.launcher import lifecycle, procs, relay, spawner
 from scheduling.launcher.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -33,17 +35,27 @@ def listens(node_name: str) -> bool:
     return True
 
 
-@pytest.fixture
-def spawning(launcher, node):
-    """The node's spawner, as the agent starts it."""
+@contextmanager
+def running_spawner(node, **environ: str) -> Iterator[subprocess.Popen]:
+    """The node's spawner, as the agent starts it (``environ``: settings of its own)."""
     proc = subprocess.Popen(  # noqa: S603 - fixed argv
-        [PYTHON, "-m", "scheduling.launcher.spawner", node.name], cwd=ROOT, env=process_env()
+        [PYTHON, "-m", "scheduling.launcher.spawner", node.name],
+        cwd=ROOT,
+        env=process_env(**environ),
     )
     wait_for(lambda: listens(node.name))
-    yield proc
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(timeout=10)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def spawning(launcher, node):
+    with running_spawner(node) as proc:
+        yield proc
 
 
 def submit(lab, command: str) -> Task:
@@ -198,7 +210,7 @@ def test_a_stopped_attempts_supervisor_exits_and_the_next_is_forked(spawning, li
     supervisor = supervisor_of(first)
     lifecycle.task_cancel(task=first)
     wait_for(state_of(first, "cancelled"))
-    wait_for(lambda: ended(supervisor))
+    wait_for(lambda: not procs.running(supervisor))
     second = submit(lab, "true")
     wait_for(state_of(second, "succeeded"))
     assert supervisor_of(second).pid != supervisor.pid
@@ -213,10 +225,6 @@ def idle_supervisor(lab) -> psutil.Process:
     return idle
 
 
-def ended(process: psutil.Process) -> bool:
-    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
-
-
 def test_when_the_idle_supervisor_is_gone_the_spawner_forks_one(spawning, listening, lab):
     idle = idle_supervisor(lab)
     idle.kill()
@@ -229,7 +237,7 @@ def test_idle_supervisors_leave_with_the_spawner(spawning, listening, lab):
     idle = idle_supervisor(lab)
     spawning.terminate()
     spawning.wait(timeout=10)
-    wait_for(lambda: ended(idle), timeout=5)
+    wait_for(lambda: not procs.running(idle), timeout=5)
 
 
 def test_a_start_up_sweep_leaves_a_reused_supervisor_alone(spawning, listening, lab, node):
@@ -254,15 +262,8 @@ def test_an_idle_offer_needs_the_signature_and_to_come_from_its_sender(spawning,
 
 @pytest.fixture
 def spawning_without_reuse(launcher, node):
-    proc = subprocess.Popen(  # noqa: S603 - fixed argv
-        [PYTHON, "-m", "scheduling.launcher.spawner", node.name],
-        cwd=ROOT,
-        env=process_env(SUPERVISOR_REUSE="1"),
-    )
-    wait_for(lambda: listens(node.name))
-    yield proc
-    proc.terminate()
-    proc.wait(timeout=10)
+    with running_spawner(node, SUPERVISOR_REUSE="1") as proc:
+        yield proc
 
 
 def test_with_reuse_off_every_attempt_gets_its_own_supervisor(spawning_without_reuse, listening,
