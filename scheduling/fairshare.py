@@ -111,14 +111,11 @@ def usage_by_scan(now: datetime, half_life_s: float) -> dict[int, float]:
         return {tenant_id: float(value or 0.0) for tenant_id, value in cursor.fetchall()}
 
 
-def keep_counters_for(now: datetime, half_life_s: float, kept_for: float | None = None) -> bool:
+def keep_counters_for(now: datetime, half_life_s: float) -> bool:
     """In a pass (under its lock): make sure the counters are kept for this half-life,
-    rebuilding them from the history if not. True when it rebuilt them. ``kept_for``: the
-    half-life they are kept for, when the caller has read it (passes.mark_started)."""
-    if kept_for is None:
-        state, _ = SchedulerState.objects.get_or_create(pk=1)
-        kept_for = state.fair_share_half_life_s
-    if kept_for == float(half_life_s):
+    rebuilding them from the history if not. True when it rebuilt them."""
+    state, _ = SchedulerState.objects.get_or_create(pk=1)
+    if state.fair_share_half_life_s == float(half_life_s):
         return False
     # The row lock waits for releases in flight (their trigger holds a KEY SHARE lock on it)
     # and holds new ones back until the rebuilt counters and the new half-life commit together.

@@ -134,17 +134,11 @@ class DelayedOrm(NotifyingOrm):
         return self.insert(task, self.due)
 
 
-def mark_started() -> float | None:
-    """Called by a pass as it starts: requests from now on need a pass of their own. Returns
-    the half-life the fair-share counters are kept for, read in the same statement (None when
-    the scheduler's row does not exist yet)."""
+def mark_started() -> None:
+    """Called by a pass before it reads, in a statement of its own that commits at once:
+    requests committed from now on need a pass of their own."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE scheduling_schedulerstate SET pass_queued = false WHERE id = 1"
-            " RETURNING fair_share_half_life_s"
-        )
-        row = cursor.fetchone()
-    return None if row is None else row[0]
+        cursor.execute("UPDATE scheduling_schedulerstate SET pass_queued = false WHERE id = 1")
 
 
 def backstops_ensure(*, schedule_model: type[Schedule] = Schedule, using: str = "default") -> int:

@@ -81,13 +81,17 @@ def schedule_pass() -> PassResult:
 def _schedule_pass() -> PassResult:
     began = time.perf_counter()
     result = PassResult()
+    # Committed before the pass reads anything, so that a request committed after this pass
+    # read its snapshot finds no pass queued and queues one (passes.py). Cleared inside the
+    # pass's transaction it stayed set for others until the pass committed: a task submitted
+    # while a pass ran was seen by neither that pass nor a next one (seen on a real GPU host).
+    passes.mark_started()
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
-        kept_for = passes.mark_started()
         now = timezone.now()
         half_life = estate.config().scheduling.fair_share_half_life_s
-        fairshare.keep_counters_for(now, half_life, kept_for)
+        fairshare.keep_counters_for(now, half_life)
         result.failed = fail_broken_dependencies()
         digests: dict[int, int] = {}
         snapshot = build_snapshot(now, digests, counters_kept_for=half_life)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from scheduling import passes
+from scheduling import passes, scheduler
 from scheduling.models import SchedulerState
 
 
@@ -50,6 +52,39 @@ def test_a_request_costs_one_statement_queued_or_not(queued):
     assert len(idle.captured_queries) == 2  # mark_started's, then the request's
     assert len(busy.captured_queries) == 1
     assert SchedulerState.objects.get(pk=1).pass_queued
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_after_a_running_pass_read_its_snapshot_queues_another(queued, monkeypatch):
+    # The pass runs in a thread (its own connection) and stops once it has read its snapshot;
+    # a task committed now is not in it, so the request that follows must queue a pass.
+    scheduler.schedule_pass()  # keeps the fair-share counters: the pass below locks no rows
+    passes.request_pass()
+    read, release = threading.Event(), threading.Event()
+    build_snapshot = scheduler.build_snapshot
+
+    def snapshot_then_wait(*args, **kwargs):
+        snapshot = build_snapshot(*args, **kwargs)
+        read.set()
+        release.wait(timeout=30)
+        return snapshot
+
+    def run_pass():
+        try:
+            scheduler.schedule_pass()
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(scheduler, "build_snapshot", snapshot_then_wait)
+    running = threading.Thread(target=run_pass)
+    running.start()
+    try:
+        assert read.wait(timeout=30)
+        passes.request_pass()
+        assert len(queued) == 2
+    finally:
+        release.set()
+        running.join(timeout=30)
 
 
 @pytest.mark.django_db
