@@ -18,6 +18,7 @@ import psutil
 from django.conf import settings
 
 from gpuplatform.dburl import current_database_url
+from scheduling.launcher import procs
 from scheduling.launcher.identity import Identity, runtime_dir
 
 SECRET_NAMES = ("DATABASE_URL", "SECRET_KEY")
@@ -62,6 +63,7 @@ def platform_environment(**extra: str) -> dict[str, str]:
 def drop_secrets_from_environ() -> None:
     """In a supervisor: what it passes on (it builds the task's environment from nothing, but
     a helper it runs inherits) must not name or hold a secret."""
+    procs.keep_titles_settable()
     for name in SECRET_NAMES:
         os.environ.pop(name, None)
         os.environ.pop(f"{name}_FILE", None)

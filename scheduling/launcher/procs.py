@@ -86,6 +86,17 @@ def set_title(title: str) -> None:
     set_name(title.split(" ", 1)[0])
 
 
+def keep_titles_settable() -> None:
+    """Call before unsetting an environment variable. setproctitle (1.3.8) finds the memory it
+    may overwrite on first use: argv's strings and the environment's that follow them. Once the
+    first variable is unset, they no longer follow each other and it sets no title at all, for
+    this process and the children it forks (seen where DATABASE_URL came first). Used once, it
+    has taken its copy of the environment and the space stays its own."""
+    import setproctitle
+
+    setproctitle.getproctitle()
+
+
 def set_name(name: str) -> None:
     """The process name ps, top and psutil show (Linux: 15 bytes at most)."""
     prctl(PR_SET_NAME, name.encode()[:15])

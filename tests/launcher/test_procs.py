@@ -73,6 +73,26 @@ def test_the_title_of_a_process_is_its_command_line_and_none_once_gone():
     assert procs.title_of(child.pid) is None
 
 
+DROP_THEN_TITLE = """
+from scheduling.launcher import environ, procs
+environ.drop_secrets_from_environ()
+procs.set_title("gpup-supervisor task=1 attempt=1")
+print(procs.title_of(os.getpid()))
+"""
+
+
+def test_a_title_is_set_after_the_secrets_were_dropped_even_where_they_came_first():
+    # Secrets first in the environment: unsetting them used to leave setproctitle unable to
+    # set any title (ps showed the spawner's command line for every supervisor).
+    env = {"DATABASE_URL": "postgres://x/y", "SECRET_KEY_FILE": "/nowhere", "PATH": "/bin"}
+    env.update(DJANGO_SETTINGS_MODULE="gpuplatform.settings", PYTHONPATH=os.getcwd())
+    shown = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", "import os\n" + DROP_THEN_TITLE],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert shown.stdout.strip() == "gpup-supervisor task=1 attempt=1"
+
+
 def test_a_killed_process_counts_as_stopped_before_anyone_reaps_it():
     """wait_stopped waits for death, not for the reaping an init may do only once a second."""
     child = subprocess.Popen(["sleep", "30"])  # noqa: S607
