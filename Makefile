@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 export HOST PORT
 
-.PHONY: run setup test lint bench clean stop-db help messages chromium
+.PHONY: run setup test lint bench clean stop-db help messages chromium gpu-check
 
 help:
 	@echo "make run    set up everything and start web, scheduler and node agent (Ctrl-C stops)"
@@ -86,6 +86,11 @@ test: lint $(HELPER) messages chromium
 		bash -c '$(BIN)/python manage.py check --fail-level WARNING && \
 		$(BIN)/python manage.py makemigrations --check --dry-run && \
 		$(BIN)/pytest'
+
+# On a host with NVIDIA GPUs (stop `make run` first): the NVML tests on the real GPUs, then two
+# one-GPU CUDA tasks through the running platform (TASK_PYTHON: an interpreter with PyTorch).
+gpu-check: setup
+	SECRET_KEY_FILE=var/secret_key PYTHON=$(BIN)/python bash scripts/gpu_check.sh
 
 bench: $(STAMP) $(HELPER)
 	@url="$$($(BIN)/python scripts/database_url.py gpuplatform_bench)"; \

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Check gpuplatform against this host's real NVIDIA GPUs, end to end:
+#   1. the NVML backend's real-GPU tests (discovery, per-process memory, sampling, XID events);
+#   2. the platform as `make run` starts it (web, scheduler, node agent with GPU_BACKEND=nvml)
+#      running two one-GPU CUDA tasks submitted through gpuctl: they must run one after the
+#      other on a one-GPU host, see only their GPU, and leave telemetry for their GPU behind.
+# Run from the repository root in an installed checkout (`make setup`), or with PYTHON naming an
+# interpreter that has requirements-dev.txt. TASK_PYTHON: an interpreter with PyTorch for the
+# CUDA tasks (default: PYTHON). Uses DATABASE_URL, else the embedded PostgreSQL, and runs the
+# tasks as the demo tenant (`manage.py bootstrap`; a day's token of its own). Stop `make run`
+# first (same port for the node's spawner). Prints what it sees; exits non-zero on a failure.
+set -euo pipefail
+PY=${PYTHON:-.venv/bin/python}
+TASK_PY=${TASK_PYTHON:-$PY}
+PORT=${PORT:-8765}
+export SECRET_KEY_FILE=${SECRET_KEY_FILE:-var/secret_key} GPU_BACKEND=${GPU_BACKEND:-nvml} HOST=127.0.0.1 PORT
+export STOP_GRACE=10 PYTHONUNBUFFERED=1
+mkdir -p var
+[ -s "$SECRET_KEY_FILE" ] || "$PY" -c 'import secrets; print(secrets.token_urlsafe(50))' \
+    > "$SECRET_KEY_FILE"
+
+step() { printf '\n=== %s (%s)\n' "$*" "$(date +%T.%N | cut -c1-12)"; }
+
+step nvidia-smi
+nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv || true
+
+step "NVML backend tests on the real GPUs"
+status=0
+"$PY" -m pytest -m gpu -v -s -p no:cacheprovider \
+    tests/scheduling/test_inventory_nvml.py tests/scheduling/test_inventory_nvml_sampling.py ||
+    status=$?
+
+step "database and demo tenant"
+"$PY" manage.py migrate --noinput -v 0
+"$PY" manage.py createcachetable
+"$PY" manage.py bootstrap >/dev/null  # the demo tenant (alice), where it is not there yet
+token=$("$PY" manage.py issue_token alice demo --name gpu-check --days 1)
+"$PY" manage.py node_agent --once
+
+step "platform up (web, scheduler, node agent on NVML)"
+"$PY" scripts/run.py > var/gpu_check_platform.log 2>&1 &
+platform=$!
+trap 'kill -TERM $platform 2>/dev/null; wait $platform; tail -40 var/gpu_check_platform.log' EXIT
+for _ in $(seq 120); do
+    curl -sf "http://$HOST:$PORT/readyz" >/dev/null && break
+    sleep 0.5
+done
+export GPUCTL_URL=http://$HOST:$PORT GPUCTL_TOKEN=$token
+gpuctl() { "$PY" -c 'import sys; from gpuctl.cli import main; sys.exit(main())' "$@"; }
+gpuctl get gpus -o wide
+
+# Each task names its GPU, fills 4 GiB of it and multiplies matrices for about 8 s.
+CUDA_TASK='
+import os, time
+print("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"), "user", os.getuid())
+import torch
+print("devices", torch.cuda.device_count(), torch.cuda.get_device_name(0))
+x = torch.randn(16384, 16384, device="cuda")
+end = time.time() + 8
+n = 0
+while time.time() < end:
+    y = x @ x
+    torch.cuda.synchronize()
+    n += 1
+print("matmuls", n, "memory GiB", round(torch.cuda.max_memory_allocated() / 2**30, 1))
+'
+step "two one-GPU CUDA tasks"
+first=$(gpuctl -o json run --name cuda-1 --gpus 1 -- "$TASK_PY" -c "$CUDA_TASK" |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')
+second=$(gpuctl -o json run --name cuda-2 --gpus 1 -- "$TASK_PY" -c "$CUDA_TASK" |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')
+sleep 8  # the first task has imported PyTorch and holds its GPU by now
+gpuctl get tasks -o wide
+gpuctl top --once 2>/dev/null || gpuctl get gpus -o wide
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv || true
+gpuctl describe task "$second"
+gpuctl wait "$first" "$second" || status=$?
+for task in "$first" "$second"; do
+    step "task $task"
+    gpuctl describe task "$task"
+    gpuctl logs "$task"
+    gpuctl metrics "$task" || true
+done
+step "what the platform recorded"
+"$PY" manage.py shell -c "
+first, second = $first, $second
+"'
+from scheduling.models import TaskAttempt
+from telemetry.models import GpuSample
+for a in TaskAttempt.objects.filter(task__in=[first, second]).select_related("task"):
+    t = a.task
+    print(t.id, t.name, t.state, "gpus", a.gpu_uuids, "submitted", t.submitted_at,
+          "started", a.started_at, "ended", a.ended_at, "exit", a.exit_code, a.outcome)
+one, two = (TaskAttempt.objects.select_related("task").get(task=t) for t in (first, second))
+ms = lambda a, b: round((b - a).total_seconds() * 1000)
+print("submitted -> running:", ms(one.task.submitted_at, one.started_at), "ms (first task)")
+if two.started_at >= one.ended_at:  # one GPU: the second waited for the first
+    print("first ended -> second running:", ms(one.ended_at, two.started_at), "ms")
+samples = GpuSample.objects.filter(at__gte=one.started_at).order_by("at")
+print("GPU samples", samples.count(), "max utilisation %",
+      max((s.util_gpu or 0 for s in samples), default=None), "max memory MiB",
+      max((s.memory_used_mb or 0 for s in samples), default=None))
+'
+exit $status
