@@ -11,6 +11,7 @@ import psutil
 
 from scheduling.launcher import procs
 from tests.launcher.conftest import wait_for
+from tests.live import ROOT
 
 
 def test_exit_fd_becomes_readable_when_the_child_exits_and_not_before():
@@ -85,7 +86,8 @@ def test_a_title_is_set_after_the_secrets_were_dropped_even_where_they_came_firs
     # Secrets first in the environment: unsetting them used to leave setproctitle unable to
     # set any title (ps showed the spawner's command line for every supervisor).
     env = {"DATABASE_URL": "postgres://x/y", "SECRET_KEY_FILE": "/nowhere", "PATH": "/bin"}
-    env.update(DJANGO_SETTINGS_MODULE="gpuplatform.settings", PYTHONPATH=os.getcwd())
+    path = [str(ROOT), os.environ.get("PYTHONPATH", "")]  # where Django was found, kept
+    env.update(DJANGO_SETTINGS_MODULE="gpuplatform.settings", PYTHONPATH=os.pathsep.join(path))
     shown = subprocess.run(  # noqa: S603 - fixed argv
         [sys.executable, "-c", "import os\n" + DROP_THEN_TITLE],
         env=env, capture_output=True, text=True, check=True, timeout=60,
