@@ -81,7 +81,7 @@ def test_a_request_after_a_running_pass_read_its_snapshot_queues_another(queued,
     try:
         assert read.wait(timeout=30)
         passes.request_pass()
-        assert len(queued) == 2
+        assert [call["task_name"] for call in queued] == ["scheduling-pass"] * 2
     finally:
         release.set()
         running.join(timeout=30)
