@@ -83,7 +83,7 @@ from bench.common import (
 )
 from gpuplatform.dburl import current_database_url
 from scheduling.launcher.lifecycle import task_cancel
-from scheduling.models import GPU, Allocation, Node, Task, TaskAttempt
+from scheduling.models import GPU, Allocation, Node, SchedulerState, Task, TaskAttempt
 from scheduling.states import TERMINAL, IllegalTransition, TaskState
 from tenants import services as tenant_services
 from tenants.models import Membership, Role, Tenant
@@ -762,6 +762,7 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
 def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
     postmaster = postmaster_of_this_connection()
     cpu_before = cpu_by_role(web_pid, procs, postmaster)
+    passes_before = passes_run()
     first = time.time()
     batches = []
     ids: list[int] = []
@@ -788,6 +789,7 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
         time.sleep(min(1.0, max(THROUGHPUT_POLL_S, left / 1000)))
     stopped = time.time()
     cpu_after = cpu_by_role(web_pid, procs, postmaster)
+    passes = passes_run() - passes_before
     finishes = [t.timestamp() for t in rows.filter(state__in=TERMINAL)
                 .values_list("finished_at", flat=True) if t is not None]  # fmt: skip
     states = Counter(rows.values_list("state", flat=True))
@@ -809,7 +811,13 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
         "batches_per_s": batches,
         "busy": mean_busy(intervals, window_start, window_end),
         "busy_window_s": window_end - window_start,
+        "passes": passes,
     }
+
+
+def passes_run() -> int:
+    """Scheduling passes so far (``SchedulerState.passes``, counted by every pass)."""
+    return SchedulerState.objects.values_list("passes", flat=True).first() or 0
 
 
 def measure_platform(pool, tmp: Path) -> dict:
@@ -938,6 +946,8 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
           f"{dict(sorted(t['states'].items()))}")  # fmt: skip
     print(f"busy GPUs measured over {t['busy_window_s']:.1f} s (first batch committed -> last "
           "task placed, or the time limit)")  # fmt: skip
+    print(f"scheduling passes in the {TASKS:,}-task phase: {t['passes']:,} "
+          f"({TASKS / max(t['passes'], 1):.1f} tasks per pass)")  # fmt: skip
     cpu = t["cpu_ms_per_task"]
     parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
     budget = 1000 * (os.cpu_count() or 1) / TARGET_PER_S

@@ -134,6 +134,7 @@ def _figures() -> dict:
             "batches_per_s": [400.0, 90.0],
             "busy": 16.0,
             "busy_window_s": 48.0,
+            "passes": 160,
             "cpu_ms_per_task": {
                 **dict.fromkeys(bench.CPU_ROLES, 5.0),
                 bench.CPU_REST: 20.0,
@@ -160,6 +161,7 @@ def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
     assert "20/s, p99 650.0 ms, 24 errors (24 HTTP 5xx) of 160" in out
     assert "400 tasks/s / 90 tasks/s" in out
     assert "16.0 of 32" in out
+    assert "scheduling passes in the 2,000-task phase: 160 (12.5 tasks per pass)" in out
     assert "CPU per finished task in the 2,000-task phase: 50.0 ms" in out
     assert f"PostgreSQL 5.0, {bench.CPU_REST} 20.0" in out
     assert len(targets) == 7
