@@ -88,7 +88,7 @@ test: lint $(HELPER) messages chromium
 		$(BIN)/pytest'
 
 # On a host with NVIDIA GPUs (stop `make run` first): the NVML tests on the real GPUs, then two
-# one-GPU CUDA tasks through the running platform (TASK_PYTHON: an interpreter with PyTorch).
+# one-GPU CUDA tasks through the running platform (TASK_PYTHON: their interpreter, see README).
 gpu-check: setup
 	SECRET_KEY_FILE=var/secret_key PYTHON=$(BIN)/python bash scripts/gpu_check.sh
 

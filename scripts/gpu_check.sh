@@ -5,15 +5,20 @@
 #      running two one-GPU CUDA tasks submitted through gpuctl: they must run one after the
 #      other on a one-GPU host, see only their GPU, and leave telemetry for their GPU behind.
 # Run from the repository root in an installed checkout (`make setup`), or with PYTHON naming an
-# interpreter that has requirements-dev.txt. TASK_PYTHON: an interpreter with PyTorch for the
-# CUDA tasks (default: PYTHON). Uses DATABASE_URL, else the embedded PostgreSQL, and runs the
-# tasks as the demo tenant (`manage.py bootstrap`; a day's token of its own). Stop `make run`
-# first (same port for the node's spawner). Prints what it sees; exits non-zero on a failure.
+# interpreter that has requirements-dev.txt. TASK_PYTHON: the interpreter the CUDA tasks run
+# with, as the tenant's user (default: /usr/bin/python3); with PyTorch they compute, without it
+# they hold GPU memory through libcuda. Uses DATABASE_URL, else the embedded PostgreSQL, and
+# runs the tasks as the demo tenant (`manage.py bootstrap`; a day's token of its own). Stop
+# `make run` first: a node has one spawner and one relay. Prints what it sees; exits non-zero
+# on a failure.
 set -euo pipefail
 PY=${PYTHON:-.venv/bin/python}
-TASK_PY=${TASK_PYTHON:-$PY}
+# Absolute (tasks start in their own workdir) and runnable by the tenant's user: the system's.
+TASK_PY=${TASK_PYTHON:-/usr/bin/python3}
+[ -x "$TASK_PY" ] || TASK_PY=$(command -v python3)
 PORT=${PORT:-8765}
-export SECRET_KEY_FILE=${SECRET_KEY_FILE:-var/secret_key} GPU_BACKEND=${GPU_BACKEND:-nvml} HOST=127.0.0.1 PORT
+export SECRET_KEY_FILE=${SECRET_KEY_FILE:-var/secret_key} GPU_BACKEND=${GPU_BACKEND:-nvml}
+export HOST=127.0.0.1 PORT
 export STOP_GRACE=10 PYTHONUNBUFFERED=1
 mkdir -p var
 [ -s "$SECRET_KEY_FILE" ] || "$PY" -c 'import secrets; print(secrets.token_urlsafe(50))' \
@@ -49,25 +54,44 @@ export GPUCTL_URL=http://$HOST:$PORT GPUCTL_TOKEN=$token
 gpuctl() { "$PY" -c 'import sys; from gpuctl.cli import main; sys.exit(main())' "$@"; }
 gpuctl get gpus -o wide
 
-# Each task names its GPU, fills 4 GiB of it and multiplies matrices for about 8 s.
+# Each task names its GPU and uses it for about 8 s: with PyTorch, fills 3 GiB and multiplies
+# matrices; without it, holds 2 GiB through the driver's own library (libcuda, as
+# tests/scheduling/test_inventory_nvml.py does), so the check needs nothing but a driver.
 CUDA_TASK='
-import os, time
+import ctypes, os, time
 print("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"), "user", os.getuid())
-import torch
-print("devices", torch.cuda.device_count(), torch.cuda.get_device_name(0))
-x = torch.randn(16384, 16384, device="cuda")
-end = time.time() + 8
-n = 0
-while time.time() < end:
-    y = x @ x
-    torch.cuda.synchronize()
-    n += 1
-print("matmuls", n, "memory GiB", round(torch.cuda.max_memory_allocated() / 2**30, 1))
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    print("devices", torch.cuda.device_count(), torch.cuda.get_device_name(0))
+    x = torch.randn(16384, 16384, device="cuda")
+    end, n = time.time() + 8, 0
+    while time.time() < end:
+        y = x @ x
+        torch.cuda.synchronize()
+        n += 1
+    print("matmuls", n, "memory GiB", round(torch.cuda.max_memory_allocated() / 2**30, 1))
+else:
+    cuda = ctypes.CDLL("libcuda.so.1")
+    count, dev, ctx, ptr = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+    name = ctypes.create_string_buffer(128)
+    assert cuda.cuInit(0) == 0, "cuInit failed"
+    assert cuda.cuDeviceGetCount(ctypes.byref(count)) == 0
+    assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cuda.cuDeviceGetName(name, 128, dev) == 0
+    print("devices", count.value, name.value.decode())
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 2 << 30) == 0, "cannot allocate 2 GiB"
+    print("holding 2 GiB for 8 s (no PyTorch in this interpreter: no matmuls)")
+    time.sleep(8)
 '
 step "two one-GPU CUDA tasks"
-first=$(gpuctl -o json run --name cuda-1 --gpus 1 -- "$TASK_PY" -c "$CUDA_TASK" |
+first=$(gpuctl -o json run --name cuda-1 --gpus 1 -- "$TASK_PY" -u -c "$CUDA_TASK" |
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')
-second=$(gpuctl -o json run --name cuda-2 --gpus 1 -- "$TASK_PY" -c "$CUDA_TASK" |
+second=$(gpuctl -o json run --name cuda-2 --gpus 1 -- "$TASK_PY" -u -c "$CUDA_TASK" |
     "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')
 sleep 8  # the first task has imported PyTorch and holds its GPU by now
 gpuctl get tasks -o wide
