@@ -15,12 +15,10 @@ import logging
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from gpuplatform.db import server_bound_cursor
@@ -51,33 +49,6 @@ from scheduling.states import TaskState
 logger = logging.getLogger(__name__)
 
 PASS_LOCK = zlib.crc32(b"gpuplatform.scheduling.pass")
-
-
-@contextmanager
-def _one_pass_at_a_time() -> Iterator[None]:
-    """The pass lock, then the queued flag cleared in a statement that commits at once.
-
-    Cleared before the pass reads, so that a request committed after this pass read its
-    snapshot finds no pass queued and queues one (passes.py). Cleared inside the pass's
-    transaction it stayed set for others until the pass committed: a task submitted while a
-    pass ran was seen by neither that pass nor a next one (seen on a real GPU host). Cleared
-    only once the lock is held: a pass waiting for the running one leaves the flag set, so
-    requests meanwhile queue nothing more (cleared before the lock: 194 passes for 2,000 tasks
-    in the throughput bench, against 152). A session lock, since it must outlast the
-    flag's own commit; released on the way out, and by PostgreSQL with the session."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [PASS_LOCK])
-    try:
-        passes.mark_started()
-        yield
-    finally:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK])
-        except DatabaseError:
-            connection.close()  # nothing else can release it: end the session
-
-
 FAILED_DEPENDENCY = (TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT)
 WAKE_MIN_GAP_S = 1.0  # a time-based pass is booked at least this long after the one booking it
 
@@ -110,7 +81,14 @@ def schedule_pass() -> PassResult:
 def _schedule_pass() -> PassResult:
     began = time.perf_counter()
     result = PassResult()
-    with _one_pass_at_a_time(), transaction.atomic():
+    # Committed before the pass reads anything, so that a request committed after this pass
+    # read its snapshot finds no pass queued and queues one (passes.py). Cleared inside the
+    # pass's transaction it stayed set for others until the pass committed: a task submitted
+    # while a pass ran was seen by neither that pass nor a next one (seen on a real GPU host).
+    passes.mark_started()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
         now = timezone.now()
         half_life = estate.config().scheduling.fair_share_half_life_s
         fairshare.keep_counters_for(now, half_life)
