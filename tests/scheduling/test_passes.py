@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -54,12 +55,26 @@ def test_a_request_costs_one_statement_queued_or_not(queued):
     assert SchedulerState.objects.get(pk=1).pass_queued
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_request_after_a_running_pass_read_its_snapshot_queues_another(queued, monkeypatch):
-    # The pass runs in a thread (its own connection) and stops once it has read its snapshot;
-    # a task committed now is not in it, so the request that follows must queue a pass.
-    scheduler.schedule_pass()  # keeps the fair-share counters: the pass below locks no rows
-    passes.request_pass()
+def in_thread(func) -> threading.Thread:
+    """``func`` in a thread of its own, with a database connection of its own."""
+
+    def run():
+        try:
+            func()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def paused_pass(monkeypatch):
+    """Start a pass in a thread that stops once it has read its snapshot; yields what lets it
+    (and any pass after it) go on, which the fixture also does at the end."""
+    scheduler.schedule_pass()  # keeps the fair-share counters: the passes below lock no rows
+    passes.request_pass()  # the pass about to start clears what this set
     read, release = threading.Event(), threading.Event()
     build_snapshot = scheduler.build_snapshot
 
@@ -69,22 +84,47 @@ def test_a_request_after_a_running_pass_read_its_snapshot_queues_another(queued,
         release.wait(timeout=30)
         return snapshot
 
-    def run_pass():
-        try:
-            scheduler.schedule_pass()
-        finally:
-            connection.close()
-
     monkeypatch.setattr(scheduler, "build_snapshot", snapshot_then_wait)
-    running = threading.Thread(target=run_pass)
-    running.start()
+    running = in_thread(scheduler.schedule_pass)
     try:
         assert read.wait(timeout=30)
-        passes.request_pass()
-        assert [call["task_name"] for call in queued] == ["scheduling-pass"] * 2
+        yield release.set
     finally:
         release.set()
         running.join(timeout=30)
+
+
+def passes_queued(queued) -> int:
+    return sum(call["task_name"] == "scheduling-pass" for call in queued)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_after_a_running_pass_read_its_snapshot_queues_another(queued, paused_pass):
+    # A task committed now is not in the running pass's snapshot: the request must queue a pass.
+    passes.request_pass()
+    assert passes_queued(queued) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_waiting_for_the_lock_takes_the_requests_made_meanwhile(queued, paused_pass):
+    passes.request_pass()  # queues the next pass
+    waiting = in_thread(scheduler.schedule_pass)  # the next pass, waiting for the lock
+    try:
+        with connection.cursor() as cursor:
+            for _ in range(300):
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                )
+                if cursor.fetchone()[0]:
+                    break
+                time.sleep(0.01)
+            else:
+                pytest.fail("the second pass never waited for the first")
+        passes.request_pass()  # the waiting pass will see this: nothing more to queue
+        assert passes_queued(queued) == 2
+    finally:
+        paused_pass()  # both passes go on
+        waiting.join(timeout=60)
 
 
 @pytest.mark.django_db
