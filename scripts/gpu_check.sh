@@ -46,8 +46,9 @@ step "platform up (web, scheduler, node agent on NVML)"
 "$PY" scripts/run.py > var/gpu_check_platform.log 2>&1 &
 platform=$!
 trap 'kill -TERM $platform 2>/dev/null; wait $platform; tail -40 var/gpu_check_platform.log' EXIT
+READY='import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)'
 for _ in $(seq 120); do
-    curl -sf "http://$HOST:$PORT/readyz" >/dev/null && break
+    "$PY" -c "$READY" "http://$HOST:$PORT/readyz" 2>/dev/null && break
     sleep 0.5
 done
 export GPUCTL_URL=http://$HOST:$PORT GPUCTL_TOKEN=$token
