@@ -83,8 +83,11 @@ class LogRelay:
         self.dropped_total = 0
         self.error: OSError | None = None
         self.on_first_error = None
+        # Truncated: a file already there is not this attempt's (a database reset numbers tasks
+        # again, and the same tenant name may be another lab's); one attempt, one relay.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
         try:
-            self.log_fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            self.log_fd: int | None = os.open(path, flags, 0o640)
         except OSError as exc:
             self.log_fd = None
             self._failed(exc)

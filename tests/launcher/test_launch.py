@@ -13,7 +13,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import scheduler
-from scheduling.launcher import lifecycle, procs
+from scheduling.launcher import lifecycle, paths, procs
 from scheduling.launcher.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -61,6 +61,18 @@ def test_a_task_runs_with_its_gpus_and_its_output_is_logged(launcher, node, lab)
     assert str(launcher / "tasks" / "vision-lab") in log
     assert attempt_of(task).outcome == "failed"
     assert task.reason == "exited with 3"
+
+
+def test_an_attempt_s_log_holds_only_its_own_output(launcher, node, lab):
+    # A file already at the path (a database reset, task ids counted again) is not shown as
+    # the new task's output: it may be another installation's tenant of the same name.
+    first = task_submit(tenant=lab, spec=TaskSpec(name="first", command="sleep 1"))
+    task = task_submit(tenant=lab, spec=TaskSpec(name="t", command="echo new", after=(first.pk,)))
+    stale = paths.log_path(lab.name, task.pk, 1)  # written while the task waits for the first
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier installation's task 1\n")
+    wait_for(state_of(task, "succeeded"))
+    assert log_of(task) == "new\n"
 
 
 def backend_pid() -> int:
