@@ -90,12 +90,10 @@ def _schedule_pass() -> PassResult:
     # made meanwhile then find it still set for this pass, which will see them, rather than
     # each queueing one more (throughput bench, 2,000 tasks: 194 passes when it was cleared
     # first, 175 and 182 with this wait).
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
+    _take_pass_lock()
     passes.mark_started()
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
+        _take_pass_lock()
         now = timezone.now()
         half_life = estate.config().scheduling.fair_share_half_life_s
         fairshare.keep_counters_for(now, half_life)
@@ -136,6 +134,12 @@ def _schedule_pass() -> PassResult:
             result.ms,
         )
     return result
+
+
+def _take_pass_lock() -> None:
+    """Wait until no other pass runs; held until the transaction ends (at once outside one)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PASS_LOCK])
 
 
 # --- Dependencies ------------------------------------------------------------------------------

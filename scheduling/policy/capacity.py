@@ -66,20 +66,22 @@ class Capacity:
         key = (task.node, task.pool, task.gpu_type)
         found = self._matching.get(key)
         if found is None:
-            found = self._matching[key] = [
-                (node, matching)
-                for node, members in self.nodes.items()
-                if not task.node or node == task.node
-                if (
-                    matching := [
-                        g
-                        for g in members
-                        if (not task.pool or g.pool == task.pool)
-                        and (not task.gpu_type or g.gpu_type == task.gpu_type)
-                    ]
-                )
-            ]
+            found = self._matching[key] = list(self.matching(task))
         return found
+
+    def matching(self, task: PendingView) -> Iterable[tuple[str, list[GpuState]]]:
+        """What ``candidates`` answers, gathered from every node's GPUs."""
+        for node, members in self.nodes.items():
+            if task.node and node != task.node:
+                continue
+            matching = [
+                g
+                for g in members
+                if (not task.pool or g.pool == task.pool)
+                and (not task.gpu_type or g.gpu_type == task.gpu_type)
+            ]
+            if matching:
+                yield node, matching
 
     def find(self, task: PendingView, held: frozenset[int] = frozenset()) -> Placement | None:
         """Where the task fits now, or None, on GPUs not in ``held`` (held for another task).

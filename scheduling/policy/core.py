@@ -401,18 +401,22 @@ class Pass:
         return reason, True
 
     def reserved_for(self, task: PendingView) -> tuple[tuple[bool, ...], frozenset[int]]:
-        """Which reservations let the task use their GPUs (it ends before they are needed),
-        and the GPUs the others hold. Depends on the task's timeout alone; reservations are
-        only ever added, so asked again with as many, the answer stands."""
+        """``reservations_for``, asked once per timeout: it depends on the task's timeout alone,
+        and reservations are only ever added, so asked again with as many, the answer stands."""
         key = (task.timeout_s, len(self.reservations))
         known = self.reserved.get(key)
         if known is None:
-            allowed = tuple(r.allows(task, self.now) for r in self.reservations)
-            held = frozenset().union(
-                *(r.gpu_ids for r, ok in zip(self.reservations, allowed, strict=True) if not ok)
-            )
-            known = self.reserved[key] = allowed, held
+            known = self.reserved[key] = self.reservations_for(task)
         return known
+
+    def reservations_for(self, task: PendingView) -> tuple[tuple[bool, ...], frozenset[int]]:
+        """Which reservations let the task use their GPUs (it ends before they are needed),
+        and the GPUs the others hold."""
+        allowed = tuple(r.allows(task, self.now) for r in self.reservations)
+        held = frozenset().union(
+            *(r.gpu_ids for r, ok in zip(self.reservations, allowed, strict=True) if not ok)
+        )
+        return allowed, held
 
     def place(self, task: PendingView, placement: Placement) -> None:
         self.changes += 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -11,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduling import passes, scheduler
 from scheduling.models import SchedulerState
+from tests.launcher.conftest import wait_for
 
 
 @pytest.fixture
@@ -94,6 +94,13 @@ def paused_pass(monkeypatch):
         running.join(timeout=30)
 
 
+def waiting_for_a_lock() -> bool:
+    """Whether a session waits for an advisory lock (the second pass, for the first's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return cursor.fetchone()[0] > 0
+
+
 def passes_queued(queued) -> int:
     return sum(call["task_name"] == "scheduling-pass" for call in queued)
 
@@ -110,16 +117,7 @@ def test_a_pass_waiting_for_the_lock_takes_the_requests_made_meanwhile(queued, p
     passes.request_pass()  # queues the next pass
     waiting = in_thread(scheduler.schedule_pass)  # the next pass, waiting for the lock
     try:
-        with connection.cursor() as cursor:
-            for _ in range(300):
-                cursor.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                )
-                if cursor.fetchone()[0]:
-                    break
-                time.sleep(0.01)
-            else:
-                pytest.fail("the second pass never waited for the first")
+        wait_for(waiting_for_a_lock)
         passes.request_pass()  # the waiting pass will see this: nothing more to queue
         assert passes_queued(queued) == 2
     finally:

@@ -34,18 +34,7 @@ class CountingPass(Pass):
 class PlainCapacity(Capacity):
     """Every node's GPUs filtered for each search."""
 
-    def candidates(self, task):
-        for node, members in self.nodes.items():
-            if task.node and node != task.node:
-                continue
-            matching = [
-                g
-                for g in members
-                if (not task.pool or g.pool == task.pool)
-                and (not task.gpu_type or g.gpu_type == task.gpu_type)
-            ]
-            if matching:
-                yield node, matching
+    candidates = Capacity.matching
 
 
 class PlainPass(Pass):
@@ -56,12 +45,7 @@ class PlainPass(Pass):
         super().__init__(snapshot, settings)
         self.capacity = PlainCapacity(snapshot.gpus)
 
-    def reserved_for(self, task):
-        allowed = tuple(r.allows(task, self.now) for r in self.reservations)
-        held = frozenset().union(
-            *(r.gpu_ids for r, ok in zip(self.reservations, allowed, strict=True) if not ok)
-        )
-        return allowed, held
+    reserved_for = Pass.reservations_for
 
     def consider(self, task) -> None:
         self.decide(task)
