@@ -1,7 +1,8 @@
 """The task API over HTTP: POST /api/v1/tasks/ (one task, 1,000 tasks) and GET ?limit=50.
 
-The web server runs as `make run` starts it (daphne, one process, ``gpuplatform.asgi``, its
-database connections borrowed from the bounded pool) on a free loopback port against the bench
+The web server runs as `make run` starts it (daphne, ``gpuplatform.asgi``, two processes on
+one socket, each borrowing its database connections from its own bounded pool), and as one
+process for comparison, on a free loopback port against the bench
 database, with ``Q_SYNC=0`` (a submission's pass request is queued in the broker, as in
 production; no scheduler runs, so nothing is placed) and ``LAUNCH_TASKS=0``, the throttle
 raised out of the way. One node of 8 simulated GPUs makes a 1-GPU spec acceptable. CLIENTS
@@ -40,6 +41,7 @@ from django_q.models import OrmQ
 
 from bench.common import (
     GTHREAD_THREADS,
+    MAKE_RUN_WEB_WORKERS,
     ClientJob,
     api_client,
     clear_tasks,
@@ -68,9 +70,11 @@ GET_PATH = "/api/v1/tasks/?limit=50"
 POST_PATH = "/api/v1/tasks/"
 BATCH_TASKS = 1_000  # one POST of this many specs (the most one submission may hold)
 BATCHES = 3  # sent one after another by one client
-# (kind, worker processes): gunicorn's sync workers close the connection after each answer,
-# its gthread workers keep it alive (each worker then serves several connections in threads).
-SERVERS = (("daphne", 1), ("gunicorn", 2), ("gunicorn", 4), ("gthread", 2))
+# (kind, worker processes): daphne's processes share one socket (gpuplatform.webserve, as
+# `make run` starts WEB_WORKERS of them); gunicorn's sync workers close the connection after
+# each answer, its gthread workers keep it alive (each worker then serves several connections
+# in threads).
+SERVERS = (("daphne", 1), ("daphne", 2), ("gunicorn", 2), ("gunicorn", 4), ("gthread", 2))
 TARGET_SUBMITS_PER_S = 300  # issue 9: 8 clients, one task each, 0 errors
 TARGET_BATCH_TASKS_PER_S = 2_000  # issue 9: a 1,000-task batch
 TARGET_P99_S = 0.050  # listings only
@@ -287,7 +291,8 @@ def gunicorn_version() -> str | None:
 
 def label_of(run: dict) -> str:
     if run["server"] == "daphne":
-        return "daphne (ASGI, 1 process)"
+        default = " as make run" if run["workers"] == MAKE_RUN_WEB_WORKERS else ""
+        return f"daphne (ASGI, {run['workers']} process{'es' * (run['workers'] > 1)}{default})"
     if run["server"] == "gthread":
         return f"gunicorn -w {run['workers']} --threads {GTHREAD_THREADS} (WSGI, gthread)"
     return f"gunicorn -w {run['workers']} (WSGI, sync)"

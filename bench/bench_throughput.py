@@ -1,7 +1,8 @@
 """End to end throughput, the platform run as `make run` runs it, beside task-spooler and Slurm.
 
-gpuplatform: daphne, the scheduler (``manage.py qcluster``) and 4 node agents of 8 simulated
-GPUs each (every agent with its node's own django-q2 cluster, as in production) run as
+gpuplatform: daphne (two processes, as `make run` starts it), the scheduler (``manage.py
+qcluster``) and 4 node agents of 8 simulated GPUs each (every agent with its node's own
+django-q2 cluster, as in production) run as
 subprocesses against the bench database (emptied first of the tasks, nodes and GPUs earlier
 benchmarks left) with production settings (no GPUPLATFORM_TESTING: the PostgreSQL channel layer,
 LAUNCH_TASKS on), this process's SECRET_KEY (django-q2 signs with it) and the API throttle raised
@@ -67,6 +68,7 @@ from django_q.models import OrmQ
 
 from bench.bench_latency import idle, through_the_broker
 from bench.common import (
+    MAKE_RUN_WEB_WORKERS,
     ClientJob,
     Proc,
     api_client,
@@ -847,8 +849,9 @@ def measure_platform(pool, tmp: Path) -> dict:
             argv = [sys.executable, "manage.py", "node_agent", "--backend", "simulated",
                     "--config", str(config), "--node", f"bench-tput-{n}"]  # fmt: skip
             procs.append(Proc(f"agent-{n}", argv, environ, tmp))
-        port, web = stack.enter_context(web_server("daphne", 1, tmp, environ, label="web",
-                                                   startup_timeout_s=STARTUP_LIMIT_S))  # fmt: skip
+        port, web = stack.enter_context(web_server(
+            "daphne", MAKE_RUN_WEB_WORKERS, tmp, environ, label="web",
+            startup_timeout_s=STARTUP_LIMIT_S))  # fmt: skip
         nodes = Node.objects.filter(pool__name=POOL, gpus__isnull=False).distinct()
         wait_for(f"{NODES} nodes to register", lambda: nodes.count() == NODES, STARTUP_LIMIT_S,
                  procs)  # fmt: skip

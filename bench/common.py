@@ -178,12 +178,17 @@ def free_port() -> int:
 GTHREAD_THREADS = 4  # threads per gunicorn gthread worker
 
 
+# The daphne processes `make run` starts (scripts/run.py: WEB_WORKERS' default).
+MAKE_RUN_WEB_WORKERS = 2
+
+
 def server_argv(kind: str, port: int, workers: int) -> list[str]:
-    """daphne as scripts/run.py starts it; gunicorn with sync workers, or gthread workers
-    (``kind="gthread"``: each keeps connections alive and serves several in threads)."""
+    """daphne as scripts/run.py starts it (``workers`` processes on one socket,
+    gpuplatform.webserve); gunicorn with sync workers, or gthread workers (``kind="gthread"``:
+    each keeps connections alive and serves several in threads)."""
     if kind == "daphne":
-        return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "gpuplatform.asgi:application"]  # fmt: skip
+        return [sys.executable, "-m", "gpuplatform.webserve", "-b", "127.0.0.1", "-p", str(port),
+                "-w", str(workers)]  # fmt: skip
     threads = ["-k", "gthread", "--threads", str(GTHREAD_THREADS)] if kind == "gthread" else []
     return [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers), *threads,
             "-b", f"127.0.0.1:{port}", "gpuplatform.wsgi:application"]  # fmt: skip

@@ -30,8 +30,9 @@ def trusted_proxies() -> str:
 
 
 def web_command(python: str, host: str, port: str) -> list[str]:
-    """daphne (ASGI: HTTP and websockets) by default; WEB_SERVER=gunicorn serves HTTP only,
-    with WEB_WORKERS sync workers. Measured with bench_api (8 clients, 2-core machine, other
+    """WEB_WORKERS daphne processes (ASGI: HTTP and websockets) on one socket
+    (gpuplatform.webserve) by default; WEB_SERVER=gunicorn serves HTTP only, with WEB_WORKERS
+    sync workers. Measured with bench_api (8 clients, 2-core machine, other
     work running) once the submit path was cut down: daphne spent 6.5-8.7 ms of CPU per
     submission and 13-15 per task listing, gunicorn's sync workers 5.0-7.2 and 9-12 (before the
     cuts: daphne 20 and 17, sync workers 13-14 and 12). gthread workers (keep-alive) measured
@@ -63,7 +64,8 @@ def web_command(python: str, host: str, port: str) -> list[str]:
             "-",
             "gpuplatform.wsgi:application",
         ]
-    return [python, "-m", "daphne", "-b", host, "-p", port, "gpuplatform.asgi:application"]
+    workers = os.environ.get("WEB_WORKERS", "2")
+    return [python, "-m", "gpuplatform.webserve", "-b", host, "-p", port, "-w", workers]
 
 
 def commands(python: str, host: str, port: str) -> dict[str, list[str]]:
