@@ -406,6 +406,10 @@ class Supervisor:
 
         outcome = reply["outcome"] if reply is not None else None
         self.reusable = outcome in REUSABLE_AFTER and not (self.stop_asked or timed_out)
+        if outcome is None and kept:
+            # The database has not got it: until it has, the file is the only record, and it
+            # must outlive a crash of this host too.
+            kept = paths.sync_exit_record(exit_file)
         outcome = outcome or self.db(
             write,
             default=None,
