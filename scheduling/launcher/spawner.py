@@ -241,7 +241,7 @@ class Spawner:
                 os.setsid()
             except BaseException:
                 os._exit(1)
-            supervisor.become(assignment, sink, logging_ready=True, pooled=True)  # never returns
+            supervisor.become(assignment, sink, pooled=True)  # never returns
         return pid
 
 
@@ -270,7 +270,7 @@ def main(argv: list[str]) -> int:
     (node_name,) = argv[1:]
     from scheduling.launcher import procs, supervisor
 
-    supervisor.log_to_stderr()  # the spawner's and, inherited, each supervisor's (become)
+    supervisor.log_to_stderr()  # the spawner's own (a supervisor logs to its file: become)
     warm()
     procs.hide_from_same_user()
     procs.set_title(f"gpup-spawner node={node_name}")

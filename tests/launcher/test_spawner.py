@@ -87,16 +87,31 @@ def test_supervisors_are_forked_by_the_spawner_and_outlive_it(spawning, listenin
 
 
 def test_a_supervisor_of_the_spawner_logs_to_its_own_file(spawning, listening, lab):
-    """It keeps the spawner's logging (INFO, to descriptor 2), which now leads to its file."""
-    task = submit(lab, "true")
-    wait_for(state_of(task, "succeeded"))
+    """INFO and up, to a file of its own beside the attempt's log, made by its first line."""
+    task = submit(lab, "exit 3")
+    wait_for(state_of(task, "failed"))
     sink = Path(TaskAttempt.objects.get(task=task).log_path).with_name("supervisor-1.log")
     ended = re.compile(
         rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}} INFO task {task.pk} attempt 1 "
-        r"ended: succeeded \(exit 0\)$",
+        r"ended: failed \(exit 3\)$",
         re.MULTILINE,
     )
-    wait_for(lambda: ended.search(sink.read_text()), timeout=5)  # logged after its report
+    wait_for(lambda: sink.exists() and ended.search(sink.read_text()), timeout=5)
+    assert sink.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_supervisor_with_nothing_to_say_makes_no_file(spawning, listening, lab, node):
+    """A success is the task's record: its supervisor writes no line, so makes no file."""
+    task = submit(lab, "true")
+    wait_for(state_of(task, "succeeded"))
+    log = Path(TaskAttempt.objects.get(task=task).log_path)
+    supervisor = supervisor_of(task)
+    title = f"gpup-supervisor idle node={node.name}"
+    wait_for(lambda: supervisor.cmdline()[0] == title)  # its end is all behind it
+    assert sorted(path.name for path in log.parent.iterdir()) == [
+        "attempt-1.exit.json",
+        "attempt-1.log",
+    ]
 
 
 def test_a_supervisor_of_the_spawner_writes_to_the_database_when_no_agent_answers(spawning, lab):
@@ -190,8 +205,9 @@ def test_a_supervisor_whose_attempt_ended_plainly_supervises_the_next(spawning, 
     logs = [Path(TaskAttempt.objects.get(task=task).log_path) for task in (first, second)]
     assert [log.read_text() for log in logs] == ["one\n", "two\n"]
     ended = f"INFO task {second.pk} attempt 1 ended: failed (exit 4)"
-    wait_for(lambda: ended in logs[1].with_name("supervisor-1.log").read_text(), timeout=5)
-    assert ended not in logs[0].with_name("supervisor-1.log").read_text()  # each its own sink
+    sinks = [log.with_name("supervisor-1.log") for log in logs]
+    wait_for(lambda: sinks[1].exists() and ended in sinks[1].read_text(), timeout=5)
+    assert not sinks[0].exists()  # each its own file: the first had nothing to say
 
 
 def test_a_signal_for_an_attempt_that_ended_never_reaches_the_next(spawning, listening, lab):
