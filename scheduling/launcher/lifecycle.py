@@ -54,8 +54,9 @@ def dispatch(func: str, task: Task, *args: object) -> None:
 
 def dispatch_launches(placed: list[tuple[int, int, str]]) -> None:
     """One launch job per node for what a pass placed there, not one per task: ``placed``
-    holds (task id, attempt number, node name) as the pass committed them. A task cancelled
-    since is skipped by the launch itself (``_launch``), so nothing is read here."""
+    holds (task id, attempt number, node name) as the pass wrote them (in its transaction,
+    which the jobs join). A task cancelled since is skipped by the launch itself
+    (``launch_many``), so nothing is read here."""
     if not settings.LAUNCH_TASKS:
         return
     by_node: dict[str, list[tuple[int, int]]] = defaultdict(list)

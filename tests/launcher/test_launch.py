@@ -11,8 +11,11 @@ import psutil
 import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
+from django_q.conf import Conf
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
 
-from scheduling import scheduler
+from scheduling import passes, scheduler
 from scheduling.launcher import lifecycle, paths, procs
 from scheduling.launcher.messages import Assignment
 from scheduling.models import Task, TaskAttempt
@@ -371,6 +374,36 @@ def test_a_pass_queues_its_launches_per_node_and_a_launch_reads_them_in_one_quer
     again = [(t.pk, 1) for t in tasks] + [(tasks[0].pk, 1)]
     assert lifecycle.launch_many(again) == ["duplicate: already launched"] * 3
     assert len(spawned) == 2 and TaskAttempt.objects.filter(task__in=tasks).count() == 2
+
+
+def test_a_pass_queues_its_launches_in_its_own_transaction(node, lab, monkeypatch, settings):
+    """As in production (no inline queue): the node's job is committed with the placements,
+    or rolled back with them; nothing is left to queue after the commit."""
+    settings.LAUNCH_TASKS = True
+    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: None)  # no inline pass
+    task = task_submit(tenant=lab, spec=TaskSpec(name="t", command="true", gpus_min=1))
+    monkeypatch.setattr(Conf, "SYNC", False)
+    jobs = OrmQ.objects.filter(key=node.name)
+
+    def broken(decision, digests):
+        assert jobs.count() == 1  # queued already, inside the pass
+        raise RuntimeError("the pass fails after placing")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(scheduler, "update_reasons", broken)
+        with pytest.raises(RuntimeError):
+            scheduler.schedule_pass()
+    assert jobs.count() == 0  # rolled back with the placement
+    assert Task.objects.get(pk=task.pk).state == "pending"
+
+    with CaptureQueriesContext(connection) as seen:
+        assert scheduler.schedule_pass().placed == [task.pk]
+    assert Task.objects.get(pk=task.pk).state == "scheduled"
+    (job,) = jobs
+    assert SignedPackage.loads(job.payload)["args"] == ([(task.pk, 1)],)
+    commits = [q for q in seen.captured_queries if q["sql"] == "COMMIT"]
+    insert = next(i for i, q in enumerate(seen.captured_queries) if "django_q_ormq" in q["sql"])
+    assert len(commits) == 1 and insert < seen.captured_queries.index(commits[0])
 
 
 def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, monkeypatch):
