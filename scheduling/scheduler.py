@@ -28,7 +28,6 @@ from scheduling import estate, fairshare, passes, services, states
 from scheduling.launcher import lifecycle
 from scheduling.models import (
     GpuState,
-    Node,
     NodeState,
     Task,
 )
@@ -98,9 +97,13 @@ def _schedule_pass() -> PassResult:
         now = timezone.now()
         half_life = estate.config().scheduling.fair_share_half_life_s
         fairshare.keep_counters_for(now, half_life)
-        result.failed = fail_broken_dependencies()
+        links = _dependency_links()
+        result.failed = fail_broken_dependencies(links)
         digests: dict[int, int] = {}
-        snapshot = build_snapshot(now, digests, counters_kept_for=half_life)
+        snapshot = build_snapshot(
+            now, digests, counters_kept_for=half_life,
+            dependency_links=_after_failing(links, result.failed),
+        )  # fmt: skip
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
         # Stamped after the snapshot: an allocation released while it was taken must not
         # appear to overlap the one that replaces it.
@@ -146,10 +149,11 @@ def _take_pass_lock() -> None:
 # --- Dependencies ------------------------------------------------------------------------------
 
 
-def fail_broken_dependencies() -> list[int]:
-    """Pending tasks one of whose dependencies ended without success fail now, with the reason."""
+def fail_broken_dependencies(links: list[tuple[int, int, str, str]]) -> list[int]:
+    """Pending tasks one of whose dependencies ended without success fail now, with the reason.
+    ``links``: ``_dependency_links()`` as the pass read them."""
     first_cause: dict[int, str] = {}
-    for task_id, dep_id, dep_name, dep_state in _dependency_links():
+    for task_id, dep_id, dep_name, dep_state in links:
         if dep_state in FAILED_DEPENDENCY:
             first_cause.setdefault(task_id, f"dependency {dep_name} (#{dep_id}) {dep_state}")
     failed: list[int] = []
@@ -165,10 +169,26 @@ def fail_broken_dependencies() -> list[int]:
     return failed
 
 
-def _dependency_blocks() -> dict[int, str]:
+def _after_failing(
+    links: list[tuple[int, int, str, str]], failed: list[int]
+) -> list[tuple[int, int, str, str]]:
+    """``links`` as ``_dependency_links()`` would read them once ``failed`` (pending tasks
+    that ``fail_broken_dependencies`` failed) are: theirs gone, and they failed where they are
+    a dependency. A pass reads the links once, not again after failing tasks."""
+    if not failed:
+        return links
+    gone = set(failed)
+    return [
+        (task_id, dep_id, dep_name, TaskState.FAILED.value if dep_id in gone else dep_state)
+        for task_id, dep_id, dep_name, dep_state in links
+        if task_id not in gone
+    ]
+
+
+def _dependency_blocks(links: list[tuple[int, int, str, str]]) -> dict[int, str]:
     """Pending task id -> why its dependencies hold it back (absent: nothing holds it)."""
     waiting: dict[int, list[str]] = defaultdict(list)
-    for task_id, dep_id, dep_name, dep_state in _dependency_links():
+    for task_id, dep_id, dep_name, dep_state in links:
         waiting[task_id].append(f"{dep_name} (#{dep_id}, {dep_state})")
     return {task_id: "waiting for " + ", ".join(deps) for task_id, deps in waiting.items()}
 
@@ -203,12 +223,14 @@ def build_snapshot(
     digests: dict[int, int] | None = None,
     *,
     counters_kept_for: float | None = None,
+    dependency_links: list[tuple[int, int, str, str]] | None = None,
 ) -> Snapshot:
     """Everything the policy needs, in a handful of queries whatever the cluster's size.
 
     ``digests``, when given, receives each pending task's ``wait_digest`` (update_reasons);
     ``counters_kept_for``: the half-life the fair-share counters are known to be kept for (a
-    pass made sure of it), so they are not asked.
+    pass made sure of it), so they are not asked; ``dependency_links``: what
+    ``_dependency_links()`` would read (a pass has them), so they are not read again.
 
     Plain SQL: through the ORM, compiling these queries was half of a small pass's CPU (a pass
     placing 9 tasks among 1,700 pending on 4 x 8 GPUs took 18 ms)."""
@@ -240,7 +262,9 @@ def build_snapshot(
                  state, started_at, submitted_at, held) in cursor.fetchall()
         ]  # fmt: skip
 
-    blocks = _dependency_blocks()
+    blocks = _dependency_blocks(
+        _dependency_links() if dependency_links is None else dependency_links
+    )
     rows = _pending_rows()
     if digests is not None:
         digests.update((row[0], row[-1]) for row in rows)
@@ -402,7 +426,6 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
     if not decision.placements:
         return []
     states.check(TaskState.PENDING, TaskState.SCHEDULED)  # the bulk path of task_transition
-    node_ids = dict(Node.objects.values_list("name", "pk"))
     shares = [(p.task_id, gpu_id, mb, p.exclusive) for p in decision.placements
               for gpu_id, mb in p.gpus]  # fmt: skip
     with server_bound_cursor() as cursor:
@@ -413,7 +436,7 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                 "pending": TaskState.PENDING,
                 "now": now,
                 "ids": [p.task_id for p in decision.placements],
-                "nodes": [node_ids[p.node] for p in decision.placements],
+                "nodes": [p.node for p in decision.placements],
                 "reasons": [
                     f"placed on {p.node} (GPU ids "
                     f"{', '.join(str(gpu_id) for gpu_id, _ in p.gpus) or 'none'})"
@@ -425,14 +448,14 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                 "s_exclusive": [exclusive for *_, exclusive in shares],
             },
         )
-        returned = cursor.fetchall()
-    attempts = {task_id: attempt for task_id, attempt, _ in returned}
-    tenants = {task_id: tenant_id for task_id, _, tenant_id in returned}
+        returned = {task_id: rest for task_id, *rest in cursor.fetchall()}
+    attempts = {task_id: attempt for task_id, (attempt, _, _) in returned.items()}
     placed = [
-        (p.task_id, tenants[p.task_id], node_ids[p.node], [gpu_id for gpu_id, _ in p.gpus])
+        (p.task_id, returned[p.task_id][1], returned[p.task_id][2],
+         [gpu_id for gpu_id, _ in p.gpus])
         for p in decision.placements
-        if p.task_id in attempts
-    ]
+        if p.task_id in returned
+    ]  # fmt: skip
     launches = [(p.task_id, attempts[p.task_id], p.node) for p in decision.placements
                 if p.task_id in attempts]  # fmt: skip
     if Conf.SYNC:
@@ -453,14 +476,16 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
 # share (the trigger of migration 0003 refuses one over a GPU's capacity, failing the pass)
 # and its event, in one statement. Returns (task id, attempt, tenant id) of each placed.
 _PLACE = """
-    WITH v AS (SELECT * FROM unnest(%(ids)s::bigint[], %(nodes)s::bigint[], %(reasons)s::text[])
-                          AS v(id, node_id, reason)),
+    WITH v AS (SELECT v.id, n.id AS node_id, v.reason
+                 FROM unnest(%(ids)s::bigint[], %(nodes)s::text[], %(reasons)s::text[])
+                      AS v(id, node, reason)
+                 JOIN scheduling_node n ON n.name = v.node),
     t AS (UPDATE scheduling_task AS t
              SET state = %(scheduled)s, node_id = v.node_id, attempt = t.attempt + 1,
                  scheduled_at = %(now)s, updated_at = %(now)s, reason = '', wait = '{}',
                  wait_digest = 0
             FROM v WHERE t.id = v.id AND t.state = %(pending)s
-       RETURNING t.id, t.attempt, t.tenant_id, v.reason),
+       RETURNING t.id, t.attempt, t.tenant_id, t.node_id, v.reason),
     shares AS (INSERT INTO scheduling_allocation
                       (task_id, attempt, gpu_id, memory_mb, exclusive, started_at)
                SELECT s.task_id, t.attempt, s.gpu_id, s.mb, s.exclusive, %(now)s
@@ -470,7 +495,7 @@ _PLACE = """
     events AS (INSERT INTO scheduling_taskevent
                       (task_id, at, from_state, to_state, reason, attempt)
                SELECT id, %(now)s, %(pending)s, %(scheduled)s, reason, attempt FROM t)
-    SELECT id, attempt, tenant_id FROM t
+    SELECT id, attempt, tenant_id, node_id FROM t
 """
 
 

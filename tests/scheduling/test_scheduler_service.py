@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduling import passes, scheduler, services
@@ -216,6 +218,27 @@ def test_dependencies_wait_then_run_or_fail_with_the_reason(lab, workstation):
     after_broken.refresh_from_db()
     assert after_broken.state == TaskState.FAILED
     assert after_broken.reason == f"dependency broken (#{broken.pk}) failed"
+
+
+def test_a_pass_reads_dependencies_once_and_a_chain_sees_what_it_failed(lab, workstation):
+    broken = submit(lab, "broken")
+    scheduler.schedule_pass()
+    evaluate = task_submit(tenant=lab, spec=spec("eval", after=(broken.pk,)))
+    report = task_submit(tenant=lab, spec=spec("report", after=(evaluate.pk,)))
+    finish(broken, TaskState.FAILED)
+    with CaptureQueriesContext(connection) as seen:
+        result = scheduler.schedule_pass()
+    assert result.failed == [evaluate.pk]
+    reads = [q for q in seen.captured_queries if "scheduling_task_depends_on" in q["sql"]]
+    assert len(reads) == 1
+    # The pass failed its dependency: the next one waits on it as failed, and fails next pass.
+    report.refresh_from_db()
+    assert report.state == TaskState.PENDING
+    assert f"waiting for eval (#{evaluate.pk}, failed)" in report.reason
+    scheduler.schedule_pass()
+    report.refresh_from_db()
+    assert report.state == TaskState.FAILED
+    assert report.reason == f"dependency eval (#{evaluate.pk}) failed"
 
 
 def test_dependencies_inside_one_batch_resolve_by_name(lab, workstation):
