@@ -2,12 +2,11 @@
 
 gpuplatform: daphne (two processes, as `make run` starts it), the scheduler (``manage.py
 qcluster``) and 4 node agents of 8 simulated GPUs each (every agent with its node's own
-django-q2 cluster, as in production) run as
-subprocesses against the bench database (emptied first of the tasks, nodes and GPUs earlier
-benchmarks left) with production settings (no GPUPLATFORM_TESTING: the PostgreSQL channel layer,
-LAUNCH_TASKS on), this process's SECRET_KEY (django-q2 signs with it) and the API throttle raised
-out of the way (it is a policy, not a capacity). All traffic goes over HTTP with tenant tokens.
-Phases, in order:
+django-q2 cluster, as in production) run as subprocesses against the bench database (emptied
+first of the tasks, nodes and GPUs earlier benchmarks left) with production settings (no
+GPUPLATFORM_TESTING: the PostgreSQL channel layer, LAUNCH_TASKS on), this process's SECRET_KEY
+(django-q2 signs with it) and the API throttle raised out of the way (it is a policy, not a
+capacity). All traffic goes over HTTP with tenant tokens. Phases, in order:
 
 1. Idle latency: one task at a time, ``date +%s.%N``, submitted by one POST; "submit -> process
    exists" is the stamp the task's own process wrote (read from its log) minus the wall clock

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,10 +20,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @contextmanager
-def webserve(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
+def webserve(*args: str, host: str = "127.0.0.1") -> Iterator[tuple[subprocess.Popen, int]]:
     port = free_port()
-    argv = [sys.executable, "-m", "gpuplatform.webserve", "-b", "127.0.0.1", "-p", str(port),
-            *args]  # fmt: skip
+    argv = [sys.executable, "-m", "gpuplatform.webserve", "-b", host, "-p", str(port), *args]
     proc = subprocess.Popen(  # noqa: S603 - fixed argv
         argv, cwd=ROOT, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -36,8 +36,8 @@ def webserve(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
             child.kill()
 
 
-def livez(port: int) -> int | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+def livez(port: int, host: str = "127.0.0.1") -> int | None:
+    conn = http.client.HTTPConnection(host, port, timeout=5)
     try:
         conn.request("GET", "/livez", headers={"Host": "localhost"})
         return conn.getresponse().status
@@ -94,3 +94,21 @@ def test_an_address_in_use_is_said_plainly():
         )  # fmt: skip
         assert result.returncode == 1
         assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback on this host")
+def test_an_ipv6_address_is_served_by_one_daphne_that_binds_it():
+    with webserve("-w", "2", host="::1") as (proc, port):
+        wait_for(lambda: livez(port, "::1") == 200, timeout=30)
+        assert b"not an IPv4 address" in proc.stderr.readline()
+        assert "daphne" in " ".join(psutil.Process(proc.pid).cmdline())  # exec'd: no launcher
+        assert daphnes(proc) == []
