@@ -2,10 +2,10 @@
 
 The web server runs as `make run` starts it (daphne, ``gpuplatform.asgi``, two processes on
 one socket, each borrowing its database connections from its own bounded pool), and as one
-process for comparison, on a free loopback port against the bench
-database, with ``Q_SYNC=0`` (a submission's pass request is queued in the broker, as in
-production; no scheduler runs, so nothing is placed) and ``LAUNCH_TASKS=0``, the throttle
-raised out of the way. One node of 8 simulated GPUs makes a 1-GPU spec acceptable. CLIENTS
+process for comparison, on a free loopback port against the bench database, with
+``Q_SYNC=0`` (a submission's pass request is queued in the broker, as in production; no
+scheduler runs, so nothing is placed) and ``LAUNCH_TASKS=0``, the throttle raised out of the
+way. One node of 8 simulated GPUs makes a 1-GPU spec acceptable. CLIENTS
 processes, one tenant and token each, send their share of the requests over one keep-alive
 ``http.client.HTTPConnection`` apiece: a warm-up, then POSTS submissions, then GETS listings (a
 phase stops at PHASE_LIMIT_S, so a slow server cannot stretch the run); each request's latency

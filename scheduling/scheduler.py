@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 
 from django.db import connection, transaction
 from django.utils import timezone
-from django_q.conf import Conf
 
 from gpuplatform.db import server_bound_cursor
 from live import events as live
@@ -448,33 +447,22 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
                 "s_exclusive": [exclusive for *_, exclusive in shares],
             },
         )
-        returned = {task_id: rest for task_id, *rest in cursor.fetchall()}
-    attempts = {task_id: attempt for task_id, (attempt, _, _) in returned.items()}
-    placed = [
-        (p.task_id, returned[p.task_id][1], returned[p.task_id][2],
-         [gpu_id for gpu_id, _ in p.gpus])
-        for p in decision.placements
-        if p.task_id in returned
-    ]  # fmt: skip
-    launches = [(p.task_id, attempts[p.task_id], p.node) for p in decision.placements
-                if p.task_id in attempts]  # fmt: skip
-    if Conf.SYNC:
-        # Run inline (tests): only once the placements are committed, and before the events.
-        transaction.on_commit(lambda: lifecycle.dispatch_launches(launches))
-    else:
-        # Queued in the pass's own transaction (an outbox): each node's job and its NOTIFY
-        # become visible at the commit, with the placements, or never. After the commit they
-        # were one more transaction per node, each flushing the WAL (4 of a pass's 6 commits
-        # in the throughput bench), and a scheduler that died between the two left placed
-        # tasks to reconciliation (LAUNCH_PATIENCE).
-        lifecycle.dispatch_launches(launches)
+        returned = {task_id: row for task_id, *row in cursor.fetchall()}
+    placed, launches = [], []
+    for p in decision.placements:
+        if p.task_id not in returned:
+            continue  # no longer pending, or its node is gone
+        attempt, tenant_id, node_id = returned[p.task_id]
+        placed.append((p.task_id, tenant_id, node_id, [gpu_id for gpu_id, _ in p.gpus]))
+        launches.append((p.task_id, attempt, p.node))
+    lifecycle.dispatch_launches(launches)  # in this transaction, before the live events
     live.publish_placements(placed)
-    return list(attempts)
+    return list(returned)
 
 
 # Each placed task still pending becomes scheduled on its node, with an allocation per GPU
 # share (the trigger of migration 0003 refuses one over a GPU's capacity, failing the pass)
-# and its event, in one statement. Returns (task id, attempt, tenant id) of each placed.
+# and its event, in one statement. Returns (task id, attempt, tenant id, node id) of each placed.
 _PLACE = """
     WITH v AS (SELECT v.id, n.id AS node_id, v.reason
                  FROM unnest(%(ids)s::bigint[], %(nodes)s::text[], %(reasons)s::text[])

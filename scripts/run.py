@@ -32,8 +32,8 @@ def trusted_proxies() -> str:
 def web_command(python: str, host: str, port: str) -> list[str]:
     """WEB_WORKERS daphne processes (ASGI: HTTP and websockets) on one socket
     (gpuplatform.webserve) by default; WEB_SERVER=gunicorn serves HTTP only, with WEB_WORKERS
-    sync workers. Measured with bench_api (8 clients, 2-core machine, other
-    work running) once the submit path was cut down: daphne spent 6.5-8.7 ms of CPU per
+    sync workers. Measured with bench_api (8 clients, 2-core machine, other work running) once
+    the submit path was cut down: daphne spent 6.5-8.7 ms of CPU per
     submission and 13-15 per task listing, gunicorn's sync workers 5.0-7.2 and 9-12 (before the
     cuts: daphne 20 and 17, sync workers 13-14 and 12). gthread workers (keep-alive) measured
     no better: 6.4-6.9 ms per submission, and fewer tasks a second in a 1,000-task batch.
@@ -48,8 +48,8 @@ def web_command(python: str, host: str, port: str) -> list[str]:
     has no list of trusted peers) and hides the real peer Django must check. gunicorn applies
     X-Forwarded-Proto itself, so it is told the same proxies (none when TRUSTED_PROXIES is
     empty, instead of its default of trusting loopback)."""
+    workers = os.environ.get("WEB_WORKERS", "2")
     if os.environ.get("WEB_SERVER", "daphne") == "gunicorn":
-        workers = os.environ.get("WEB_WORKERS", "2")
         return [
             python,
             "-m",
@@ -64,7 +64,6 @@ def web_command(python: str, host: str, port: str) -> list[str]:
             "-",
             "gpuplatform.wsgi:application",
         ]
-    workers = os.environ.get("WEB_WORKERS", "2")
     return [python, "-m", "gpuplatform.webserve", "-b", host, "-p", port, "-w", workers]
 
 
