@@ -26,6 +26,25 @@ def test_mean_busy_of_an_empty_window_is_zero():
     assert bench.mean_busy([(0.0, 1.0)], 5.0, 5.0) == 0.0
 
 
+def test_a_gpu_reused_counts_the_time_it_stood_free_between_its_allocations():
+    allocations = [
+        (1, 0.0, 1.0), (1, 1.25, 2.0), (1, 2.0, None),  # GPU 1: free 0.25 s, then 0 s
+        (2, 3.0, 4.0), (2, 4.5, 5.0),  # GPU 2: reused after the window ended
+        (3, 0.5, None),  # never freed
+    ]  # fmt: skip
+    assert bench.reuse_gaps(allocations, 0.0, 4.0) == pytest.approx([0.25, 0.0])
+
+
+def test_pass_times_come_from_the_schedulers_log():
+    log = (
+        "2026-11-26 09:00:00,001 INFO scheduling.scheduler: pass: 12 placed, 0 preempted, "
+        "0 failed (dependencies), 1,988 waiting, 31.5 ms\n"
+        "2026-11-26 09:00:00,002 INFO django_q: something else\n"
+        "... pass: 0 placed, 1 preempted, 0 failed (dependencies), 7 waiting, 4.0 ms\n"
+    )
+    assert bench.pass_times(log) == [(12, 31.5), (0, 4.0)]
+
+
 def test_completion_runs_from_the_first_submit_to_the_last_finish():
     done = bench.completion(100.0, [101.0, 104.0, 102.0], 3, stopped=110.0)
     assert (done.finished, done.elapsed_s, done.limited) == (3, 4.0, False)
@@ -133,8 +152,10 @@ def _figures() -> dict:
             "states": {"succeeded": 400, "pending": 1_600},
             "batches_per_s": [400.0, 90.0],
             "busy": 16.0,
+            "reuse_gaps": [0.15, 0.2, 0.9],
             "busy_window_s": 48.0,
             "passes": 160,
+            "pass_ms": [20.0, 30.0, 40.0],
             "cpu_ms_per_task": {
                 **dict.fromkeys(bench.CPU_ROLES, 5.0),
                 bench.CPU_REST: 20.0,
@@ -161,10 +182,12 @@ def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
     assert "20/s, p99 650.0 ms, 24 errors (24 HTTP 5xx) of 160" in out
     assert "400 tasks/s / 90 tasks/s" in out
     assert "16.0 of 32" in out
+    assert "200.0 ms / 900.0 ms (3 times)" in out
     assert "scheduling passes in the 2,000-task phase: 160 (12.5 tasks per pass)" in out
+    assert "of them 3 placed tasks, each in p50 / p90 30.0 ms / 40.0 ms" in out
     assert "CPU per finished task in the 2,000-task phase: 50.0 ms" in out
     assert f"PostgreSQL 5.0, {bench.CPU_REST} 20.0" in out
-    assert len(targets) == 7
+    assert len(targets) == 8
     assert not any(targets.values())  # the figures above meet none of issue 9's targets
     assert "target: PostgreSQL connections under the cap" in out
 
