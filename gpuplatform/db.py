@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 
 @contextmanager
@@ -15,12 +18,64 @@ def server_bound_cursor(*, binary_results: bool = False, using: str = DEFAULT_DB
     server, in binary: Django's client-side binding quotes a 10,000-element array in Python
     (about 18 ms), psycopg's C dumpers send it in well under one. ``binary_results`` also has
     the rows come back in binary (arrays of numbers arrive as machine words, not text to parse:
-    a third less time for a 32-GPU quarter-hour of samples). Wrapped as Django wraps its own
-    cursors, so query logging, counting and execute wrappers still see every statement."""
+    a third less time for a 32-GPU quarter-hour of samples). Wrapped as ``_wrap`` says."""
     connection = connections[using]
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as raw:
         if binary_results:
             raw.format = psycopg.pq.Format.BINARY
-        wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
-        yield wrap(raw)
+        yield _wrap(connection, raw)
+
+
+class _LoggedAsWritten(CursorDebugWrapper):
+    """Logs each statement as written: Django's own wrapper logs what psycopg says it sent,
+    and once psycopg has prepared a statement (settings._PREPARED) it keeps no text of it, so
+    the log said None."""
+
+    def execute(self, sql, params=None):
+        with self.debug_sql(sql, params):
+            return CursorWrapper.execute(self, sql, params)
+
+
+def _wrap(connection, raw: psycopg.Cursor) -> CursorWrapper:
+    """``raw`` wrapped as Django wraps its own cursors, so query logging, counting and execute
+    wrappers still see every statement."""
+    if connection.queries_logged:
+        return _LoggedAsWritten(raw, connection)
+    return connection.make_cursor(raw)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A read for ``fetch_together``: its SQL, its parameters and whether its rows come back in
+    binary (``server_bound_cursor``'s ``binary_results``)."""
+
+    sql: str
+    params: Sequence[Any] | Mapping[str, Any] | None = None
+    binary: bool = False
+
+
+def fetch_together(*queries: Query, using: str = DEFAULT_DB_ALIAS) -> list[list[tuple]]:
+    """Each query's rows ([] for a statement that returns none), the queries sent to the server
+    in one round trip (psycopg's pipeline mode) rather than one after another. The server runs
+    them in order, in the connection's transaction, so a query that waits for a lock holds
+    back the ones after it, as it would sent alone. Bound and logged as
+    ``server_bound_cursor``'s statements are.
+
+    Why: on a busy machine each round trip also waits for the server's process to be scheduled
+    and then this one. A scheduling pass read its snapshot in ten of them, 22 ms of waiting
+    against 2.5 ms of its own CPU (throughput bench, 2 cores)."""
+    connection = connections[using]
+    connection.ensure_connection()
+    raw = connection.connection
+    with ExitStack() as cursors:
+        sent = []
+        with connection.wrap_database_errors, raw.pipeline():
+            for query in queries:
+                cursor = cursors.enter_context(psycopg.Cursor(raw))
+                if query.binary:
+                    cursor.format = psycopg.pq.Format.BINARY
+                wrapped = _wrap(connection, cursor)
+                wrapped.execute(query.sql, query.params)
+                sent.append(wrapped)
+        return [wrapped.fetchall() if wrapped.description else [] for wrapped in sent]

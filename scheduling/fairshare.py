@@ -16,10 +16,12 @@ when the configuration changes it, the next pass rebuilds the counters once from
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import connection
 
+from gpuplatform.db import Query, fetch_together
 from scheduling.models import SchedulerState
 from scheduling.shares import allocation_share_sql
 
@@ -83,25 +85,34 @@ _REBUILD = f"""
 """  # noqa: S608 - built from constants; values are bound parameters
 
 
-def usage(now: datetime, half_life_s: float, *, kept: bool = False) -> dict[int, float]:
-    """Each tenant's decayed use in GPUs: counters plus running allocations. Falls back to the
-    full scan while the counters are kept for another half-life (until the next pass).
-    ``kept``: the caller knows they are kept for ``half_life_s`` (a pass, after
-    ``keep_counters_for``), so they are not asked."""
-    if not kept:
-        kept_for = SchedulerState.objects.filter(pk=1).values_list(
-            "fair_share_half_life_s", flat=True
-        )
-        if list(kept_for) != [float(half_life_s)]:
-            return usage_by_scan(now, half_life_s)
+# The half-life the counters are kept for (None in a new database, before the first pass).
+_KEPT_FOR = "SELECT fair_share_half_life_s FROM scheduling_schedulerstate WHERE id = 1"
+
+
+def usage_queries(now: datetime, half_life_s: float) -> tuple[Query, Query, Query]:
+    """What ``usage`` reads, for a caller that sends it with reads of its own
+    (``fetch_together``): the half-life the counters are kept for, the counters, the running
+    allocations. ``usage_from`` makes the figures of their rows."""
     params = {"now": now, "h": float(half_life_s)}
+    return Query(_KEPT_FOR), Query(_CLOSED, params), Query(_OPEN, params)
+
+
+def usage_from(rows: Sequence[list[tuple]], now: datetime, half_life_s: float) -> dict[int, float]:
+    """``usage`` from the rows of ``usage_queries``; the full scan while the counters are kept
+    for another half-life (until the next pass rebuilds them)."""
+    kept_for, closed, running = rows
+    if kept_for != [(float(half_life_s),)]:
+        return usage_by_scan(now, half_life_s)
     found: dict[int, float] = {}
-    with connection.cursor() as cursor:
-        for sql in (_CLOSED, _OPEN):
-            cursor.execute(sql, params)
-            for tenant_id, value in cursor.fetchall():
-                found[tenant_id] = found.get(tenant_id, 0.0) + float(value or 0.0)
+    for tenant_id, value in (*closed, *running):
+        found[tenant_id] = found.get(tenant_id, 0.0) + float(value or 0.0)
     return found
+
+
+def usage(now: datetime, half_life_s: float) -> dict[int, float]:
+    """Each tenant's decayed use in GPUs: counters plus running allocations, in one round trip.
+    Falls back to the full scan while the counters are kept for another half-life."""
+    return usage_from(fetch_together(*usage_queries(now, half_life_s)), now, half_life_s)
 
 
 def usage_by_scan(now: datetime, half_life_s: float) -> dict[int, float]:

@@ -11,9 +11,11 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+from django_q.tasks import async_task
 
 from gpuplatform import broker as broker_module
-from gpuplatform.broker import NotifyingOrm, channel_for
+from gpuplatform.broker import NotifyingOrm, QueueBatch, channel_for
 from scheduling.passes import DelayedOrm
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,6 +79,28 @@ def test_each_queue_hands_out_only_its_own_rows():
     thread.join(BOUND_S)
     assert [payload for _, payload in got] == ["for a"]
     assert list(OrmQ.objects.filter(key="node-b").values_list("payload", flat=True)) == ["for b"]
+
+
+def test_a_batch_queues_jobs_on_several_queues_in_one_statement_and_wakes_each_at_commit():
+    waiting = {key: NotifyingOrm(list_key=key) for key in ("node-a", "node-b")}
+    threads = {key: dequeue_in_thread(broker) for key, broker in waiting.items()}
+    for broker in waiting.values():
+        wait_until_listening(broker)
+    batch = QueueBatch()
+    with transaction.atomic(), CaptureQueriesContext(connections["default"]) as queued:
+        for key, args in (("node-a", [[1, 1]]), ("node-b", [[2, 1], [3, 1]])):
+            # As a pass queues its launches; sync=False: tests run django-q2's jobs inline.
+            async_task("scheduling.launcher.tasks.launch_many", *args, cluster=key,
+                       broker=batch.broker(key), sync=False)  # fmt: skip
+        batch.send()
+        time.sleep(0.3)
+        assert all(got == [] for _, got in threads.values()), "woken before the commit"
+    assert len(queued) == 1
+    for key, (thread, got) in threads.items():
+        thread.join(BOUND_S)
+        (job,) = [SignedPackage.loads(payload) for _, payload in got]
+        assert (job["func"], job["cluster"]) == ("scheduling.launcher.tasks.launch_many", key)
+    assert sorted(OrmQ.objects.values_list("key", flat=True)) == ["node-a", "node-b"]
 
 
 def test_a_delayed_row_is_handed_out_once_due_without_another_notification():

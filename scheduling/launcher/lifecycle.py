@@ -27,6 +27,7 @@ from django.utils import timezone
 from django_q.conf import Conf
 from django_q.tasks import async_task
 
+from gpuplatform.broker import QueueBatch
 from gpuplatform.db import server_bound_cursor
 from scheduling import passes, services
 from scheduling.launcher import cgroups, paths, procs, spawner, supervisor, tracking
@@ -76,8 +77,15 @@ def _queue_launches(placed: list[tuple[int, int, str]]) -> None:
     by_node: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for task_id, attempt_no, node_name in placed:
         by_node[node_name].append((task_id, attempt_no))
+    batch = QueueBatch()  # all the nodes' jobs in one statement
     for node_name, pairs in by_node.items():
-        async_task("scheduling.launcher.tasks.launch_many", pairs, cluster=node_name)
+        async_task(
+            "scheduling.launcher.tasks.launch_many",
+            pairs,
+            cluster=node_name,
+            broker=batch.broker(node_name),
+        )
+    batch.send()
 
 
 # --- Launch (runs on the node) -----------------------------------------------------------------

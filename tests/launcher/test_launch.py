@@ -355,9 +355,9 @@ def test_a_pass_queues_its_launches_per_node_and_a_launch_reads_them_in_one_quer
     tasks = tasks_submit(tenant=lab, specs=specs)  # one pass places both (sync in tests)
 
     # One job for the node, from what the pass wrote (no query of its own after the commit).
-    assert queued == [
+    assert [(args, kw["cluster"], kw["broker"].list_key) for args, kw in queued] == [
         (("scheduling.launcher.tasks.launch_many", [(t.pk, 1) for t in tasks]),
-         {"cluster": node.name}),
+         node.name, node.name),
     ]  # fmt: skip
     with CaptureQueriesContext(connection) as seen:
         assert lifecycle.launch_many([(t.pk, 1) for t in tasks]) == ["launched"] * 2

@@ -272,14 +272,14 @@ def test_an_allocation_never_starts_before_the_one_it_replaced_was_released(monk
     assert first.state == TaskState.SCHEDULED
     second = tasks_submit(tenant=tenant, specs=[parse_spec({**spec, "name": "second"})])[0]
 
-    build_snapshot = scheduler.build_snapshot
+    read_for_pass = scheduler._read_for_pass
 
     def released_meanwhile(now, *args, **kwargs):
-        # Another process finishes the first task after this pass began, before its snapshot.
+        # Another process finishes the first task after this pass began, before it read.
         services.task_transition(task=first, to_state=TaskState.CANCELLED, reason="cancelled")
-        return build_snapshot(now, *args, **kwargs)
+        return read_for_pass(now, *args, **kwargs)
 
-    monkeypatch.setattr(scheduler, "build_snapshot", released_meanwhile)
+    monkeypatch.setattr(scheduler, "_read_for_pass", released_meanwhile)
     assert scheduler.schedule_pass().placed == [second.pk]
 
     old = Allocation.objects.get(task=first)

@@ -241,6 +241,30 @@ def test_a_pass_reads_dependencies_once_and_a_chain_sees_what_it_failed(lab, wor
     assert report.reason == f"dependency eval (#{evaluate.pk}) failed"
 
 
+def test_a_pass_takes_its_lock_and_reads_everything_in_one_round_trip(
+    lab, workstation, monkeypatch
+):
+    submit(lab, "first", gpus_min=4, gpus_max=4)
+    scheduler.schedule_pass()  # keeps the fair-share counters: later passes need no rebuild
+    sent: list[list[str]] = []
+    fetch_together = scheduler.fetch_together
+
+    def recorded(*queries, **kwargs):
+        sent.append([query.sql for query in queries])
+        return fetch_together(*queries, **kwargs)
+
+    monkeypatch.setattr(scheduler, "fetch_together", recorded)
+    monkeypatch.setattr(scheduler.fairshare, "fetch_together", recorded)
+    waiting = submit(lab, "second", gpus_min=4, gpus_max=4)
+    assert scheduler.schedule_pass().waiting == 1
+    (reads,) = sent  # one round trip: no read of the pass goes alone
+    assert "pg_advisory_xact_lock" in reads[0]  # first: each read sees the previous pass's work
+    assert any("scheduling_task_depends_on" in sql for sql in reads)
+    assert any("tenants_quota" in sql for sql in reads)
+    waiting.refresh_from_db()
+    assert waiting.wait["code"] == "reserved"  # behind the first, which holds all four GPUs
+
+
 def test_dependencies_inside_one_batch_resolve_by_name(lab, workstation):
     first, second = tasks_submit(tenant=lab, specs=[spec("prep"), spec("train", after=("prep",))])
     assert list(second.depends_on.all()) == [first]

@@ -1,0 +1,76 @@
+"""gpuplatform.db: reads sent together in one round trip, in the caller's transaction."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from gpuplatform.db import Query, fetch_together, server_bound_cursor
+from tenants.models import Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def protocol_messages(during) -> list[tuple[str, str]]:
+    """(direction, message) of each protocol message that crossed the connection while
+    ``during()`` ran, in order: "F" from this process, "B" from the server (libpq's trace)."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        try:
+            during()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        return [tuple(line.split("\t")[1:4:2]) for line in trace]
+
+
+def test_each_querys_rows_in_order_in_the_callers_transaction():
+    with transaction.atomic():
+        Tenant.objects.create(name="uncommitted")
+        with CaptureQueriesContext(connection) as logged:
+            rows = fetch_together(
+                Query("SELECT name FROM tenants_tenant WHERE name = %s", ["uncommitted"]),
+                Query("UPDATE tenants_tenant SET name = name WHERE false"),
+                Query("SELECT generate_series(1, %(n)s)", {"n": 3}, binary=True),
+            )
+    assert rows == [[("uncommitted",)], [], [(1,), (2,), (3,)]]
+    assert len(logged) == 3  # each statement logged, as Django logs its own
+
+
+def test_the_queries_travel_in_one_round_trip():
+    with transaction.atomic():
+        connection.cursor().execute("SELECT 1")  # the transaction has begun
+        crossed = protocol_messages(
+            lambda: fetch_together(Query("SELECT 1"), Query("SELECT 2"), Query("SELECT 3"))
+        )
+    answered = [direction for direction, _ in crossed].index("B")
+    # Every statement was sent before the server's first answer was read: one wait, not three.
+    assert [message for _, message in crossed[:answered]].count("Execute") == 3
+    assert [message for _, message in crossed].count("DataRow") == 3
+
+
+def test_an_error_is_djangos_and_leaves_the_transaction_to_roll_back():
+    with pytest.raises(DatabaseError, match="no_such_table"):
+        with transaction.atomic():
+            fetch_together(Query("SELECT 1"), Query("SELECT * FROM no_such_table"))
+    assert fetch_together(Query("SELECT 1")) == [[(1,)]]
+
+
+def test_statements_are_logged_as_written_also_once_psycopg_prepared_them():
+    # psycopg prepares a statement from its 5th run on (settings._PREPARED) and then keeps no
+    # text of it: Django's own wrapper logged None from there on.
+    for _ in range(7):
+        with CaptureQueriesContext(connection) as logged:
+            fetch_together(Query("SELECT %s::int", [1]), Query("SELECT 2"))
+            with server_bound_cursor() as cursor:
+                cursor.execute("SELECT %s::int + 1", [1])
+        assert [query["sql"] for query in logged] == [
+            "SELECT %s::int",
+            "SELECT 2",
+            "SELECT %s::int + 1",
+        ]
