@@ -7,6 +7,7 @@ instead of waiting forever.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import zlib
@@ -311,7 +312,6 @@ def _insert(tasks: list[Task], *, now: datetime, reason: str, actor) -> None:
         task._state.db = connection.alias
 
 
-@transaction.atomic
 def tasks_submit(
     *,
     tenant: Tenant,
@@ -323,7 +323,10 @@ def tasks_submit(
 
     ``by`` is who submits when it is not the owner (an operator submitting for a tenant in the
     admin): the audit trail names both. A constant number of statements whatever the batch's
-    size.
+    size. The reads that check the batch run before any transaction; the writes are one
+    statement, which needs no transaction of its own (BEGIN and COMMIT were two of a plain
+    submission's seven round trips), unless a queue cap's lock or dependency links make them
+    several.
     """
     if not tenant.is_active:
         raise SubmitError({"tenant": [_("tenant %(name)s is inactive") % {"name": tenant.name}]})
@@ -368,9 +371,6 @@ def tasks_submit(
         batch.add(spec.name)
     if errors:
         raise SubmitError(errors)
-    # Last, so the lock it may take is held only for the count, the INSERTs and the commit.
-    if errors := _queue_errors(tenant, estate.quota, len(specs)):
-        raise SubmitError(errors)
 
     now = timezone.now()
     created = [
@@ -404,19 +404,24 @@ def tasks_submit(
     if by is not None and by != owner:
         whose = owner.get_username() if owner is not None else "nobody"
         reason = f"submitted by {by.get_username()} for {whose}"
-    _insert(created, now=now, reason=reason, actor=by or owner)
-    # A name in ``after`` means the latest task of that name earlier in the batch.
-    earlier: dict[str, Task] = {}
-    links: set[tuple[int, int]] = set()
-    for task, deps in zip(created, resolved, strict=True):
-        links.update((task.pk, earlier[d].pk if isinstance(d, str) else d) for d in deps)
-        earlier[task.name] = task
-    if links:
-        through = Task.depends_on.through
-        through.objects.bulk_create(
-            through(from_task_id=source, to_task_id=target) for source, target in sorted(links)
-        )
-    passes.request_pass()
+    capped = estate.quota is not None and estate.quota.max_queued_tasks is not None
+    with transaction.atomic() if capped or any(resolved) else contextlib.nullcontext():
+        # Last, so the lock it may take is held only for the count, the INSERTs and the commit.
+        if errors := _queue_errors(tenant, estate.quota, len(specs)):
+            raise SubmitError(errors)
+        _insert(created, now=now, reason=reason, actor=by or owner)
+        # A name in ``after`` means the latest task of that name earlier in the batch.
+        earlier: dict[str, Task] = {}
+        links: set[tuple[int, int]] = set()
+        for task, deps in zip(created, resolved, strict=True):
+            links.update((task.pk, earlier[d].pk if isinstance(d, str) else d) for d in deps)
+            earlier[task.name] = task
+        if links:
+            through = Task.depends_on.through
+            through.objects.bulk_create(
+                through(from_task_id=source, to_task_id=target) for source, target in sorted(links)
+            )
+        passes.request_pass()
     return created
 
 

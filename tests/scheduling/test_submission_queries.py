@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduling.spec import TaskSpec
 from scheduling.submission import SubmitError, task_submit, tasks_submit
+from tenants.models import Quota
 
 pytestmark = pytest.mark.django_db
 
@@ -47,3 +48,26 @@ def test_a_name_means_the_latest_task_of_that_name_and_unknown_ones_are_refused(
         "no task nope in this tenant",
         "no task #99999 in this tenant",
     ]
+
+
+def test_a_plain_submission_is_one_write_with_no_transaction_of_its_own(lab, workstation):
+    """Its INSERT is atomic by itself: a transaction would only add BEGIN and COMMIT (here, in
+    the test's transaction, a savepoint). Dependency links or a queue cap make the writes
+    several, and those run in one transaction."""
+    plain = statements_sql(lab, sweep(3, []))
+    assert not any("SAVEPOINT" in sql for sql in plain)
+    assert sum("INSERT INTO" in sql for sql in plain) == 1  # the tasks with their events
+
+    linked = statements_sql(lab, sweep(3, ["lr-0"]))
+    assert any("SAVEPOINT" in sql for sql in linked)
+
+    Quota.objects.update_or_create(tenant=lab, pool=None, defaults={"max_queued_tasks": 100})
+    capped = statements_sql(lab, sweep(3, []))
+    lock = next(i for i, sql in enumerate(capped) if "pg_advisory_xact_lock" in sql)
+    assert any("SAVEPOINT" in sql for sql in capped[:lock])
+
+
+def statements_sql(lab, specs) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        tasks_submit(tenant=lab, specs=specs)
+    return [query["sql"] for query in queries]
