@@ -7,6 +7,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
@@ -589,6 +591,18 @@ def test_the_task_list_costs_the_same_queries_for_1_or_20_tasks(
                         node=NodeFactory() if i % 3 else None)  # fmt: skip
 
     assert_constant_queries(alice, TASKS, grow)
+
+
+def test_the_task_list_reads_only_the_columns_it_shows(alice, owner, workstation):
+    TaskFactory(tenant=owner.tenant, owner=owner.user, node=workstation, env={"A": "1"})
+    with CaptureQueriesContext(connection) as seen:
+        assert alice.get(TASKS).json()["results"][0]["node"] == workstation.name
+    (listing,) = [
+        q["sql"] for q in seen if 'FROM "scheduling_task"' in q["sql"] and "LIMIT" in q["sql"]
+    ]
+    for column in ("env", "spec", "command", "workdir"):
+        assert f'"scheduling_task"."{column}"' not in listing
+    assert '"auth_user"."password"' not in listing
 
 
 def test_the_event_list_costs_the_same_queries_for_1_or_20_events(alice, owner, teammate):
