@@ -344,17 +344,17 @@ def _listeners_of_connection() -> _Listeners | None:
 
 def _send_postgres(layer: Any, messages: Mapping[str, dict]) -> None:
     listeners = _listeners_of_connection()
-    keys = {layer._group_key(group): message for group, message in messages.items()}
+    by_key = {layer._group_key(group): message for group, message in messages.items()}
     if listeners is not None and listeners.groups is not None:
-        keys = {key: message for key, message in keys.items() if key in listeners.groups}
-        if not keys:
+        by_key = {key: message for key, message in by_key.items() if key in listeners.groups}
+        if not by_key:
             return  # nobody in any of these groups: no statement at all
-    blobs = [layer.serialize(message) for message in keys.values()]
+    blobs = [layer.serialize(message) for message in by_key.values()]
     joins = listeners.joins if listeners is not None else 0
     # Bound on the server: Django's client-side binding escapes every byte of the messages in
     # Python, which was most of what publishing cost the node agent and the scheduler.
     with server_bound_cursor() as cursor:
-        cursor.execute(_INSERT, [EXPIRY_S, list(keys), blobs])
+        cursor.execute(_INSERT, [EXPIRY_S, list(by_key), blobs])
         (groups,) = cursor.fetchone()
     if listeners is not None and listeners.joins == joins:
         listeners.groups = frozenset(groups)
