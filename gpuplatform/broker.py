@@ -16,7 +16,9 @@ re-delivery after ``retry`` and acknowledgement are django-q2's own. It adds two
 - ``dequeue``, finding nothing ready, waits on a ``LISTEN`` connection until a notification
   comes, or until the earliest row of its queue falls due (a delayed wake-up pass, a task
   handed out again after ``retry``), or ``IDLE_S`` at most (so the pusher sees a stop request
-  and a notification lost with a dropped connection costs at most that).
+  and a notification lost with a dropped connection costs at most that). After a claim that
+  left no row ready it waits the same way before it claims again: a job costs one claim, not
+  a second that finds the queue empty.
 
 An idle cluster so costs two small queries every ``IDLE_S``, and a queued task starts within
 about a millisecond of its commit.
@@ -24,8 +26,8 @@ about a millisecond of its commit.
 Each operation is one statement on the process's own connection, bound on the server (so
 prepared after a few runs): an enqueue inserts the row and notifies in one statement, a dequeue
 claims the ready rows with one ``UPDATE ... FOR UPDATE SKIP LOCKED`` (oldest first, where
-django-q2 reads them in no order and claims each with a statement of its own) which, finding
-none, also says when the earliest row falls due; an acknowledgement is one ``DELETE``.
+django-q2 reads them in no order and claims each with a statement of its own) which also says
+when the earliest of the others falls due; an acknowledgement is one ``DELETE``.
 django-q2's ORM broker calls ``close_old_connections()`` before every query it makes, which
 with ``CONN_HEALTH_CHECKS`` adds a ``SELECT 1`` to each: a launch paid eight round trips to the
 broker on its way from the scheduler to the node (an enqueue, a claim of two statements and an
@@ -68,8 +70,8 @@ _INSERT = """
     WITH row AS (INSERT INTO django_q_ormq (key, payload, lock) VALUES (%s, %s, %s) RETURNING id)
     SELECT id, pg_notify(%s, '') FROM row
 """
-# Claims the ready rows; when there are none, says instead when the earliest row falls due
-# (NULL: the queue is empty), which a pusher about to wait needs: one round trip, not two.
+# Claims the ready rows, and says when the earliest of the others falls due (NULL: none is
+# left), which a pusher about to wait needs: one round trip, not two (the row without an id).
 _CLAIM = """
     WITH claimed AS (
         UPDATE django_q_ormq SET lock = %(until)s
@@ -79,7 +81,7 @@ _CLAIM = """
     SELECT id, payload, NULL::timestamptz FROM claimed
      UNION ALL
     SELECT NULL, NULL, min(lock) FROM django_q_ormq
-     WHERE key = %(key)s HAVING NOT EXISTS (SELECT 1 FROM claimed)
+     WHERE key = %(key)s AND id NOT IN (SELECT id FROM claimed)
 """
 
 
@@ -105,6 +107,9 @@ class NotifyingOrm(ORM):
         super().__init__(list_key=list_key or Conf.CLUSTER_NAME)
         self._listener: psycopg.Connection | None = None
         self._stat_saved: dict[str, float] = {}
+        # After a claim that left no row ready: wait before the next one, until this time.
+        self._wait_first = False
+        self._due: datetime | None = None
 
     def enqueue(self, task: str) -> int:
         return self.insert(task, timezone.now())
@@ -115,6 +120,12 @@ class NotifyingOrm(ORM):
         return self._one(_INSERT, [self.list_key, task, lock, channel_for(self.list_key)])[0]
 
     def dequeue(self):
+        if self._wait_first:
+            # The last claim left no row ready: a new one comes with a notification (one that
+            # came meanwhile ends the wait at once), or falls due. Claiming again straight away
+            # found nothing nearly every time: one empty claim per job handed out.
+            self._wait_first = False
+            self.wait(self._due)
         now = timezone.now()
         rows = self._execute(
             _CLAIM,
@@ -126,9 +137,12 @@ class NotifyingOrm(ORM):
             },
         )
         claimed = [(pk, payload) for pk, payload, _ in rows if pk is not None]
+        due = next((when for pk, _, when in rows if pk is None), None)
         if claimed:
+            # Only when none of the rows left is ready: the claim took at most ``bulk``.
+            self._wait_first, self._due = due is None or due > now, due
             return sorted(claimed)  # RETURNING keeps no order
-        self.wait(rows[0][2] if rows else None)
+        self.wait(due)
         return None
 
     def delete(self, task_id) -> None:  # django-q2's acknowledge and fail call this
@@ -150,8 +164,8 @@ class NotifyingOrm(ORM):
         for attempt in (1, 2):
             try:
                 # Bound on the server, so prepared after a few runs (settings._PREPARED): in a
-                # node's cluster each job costs a claim, a claim that finds nothing and an
-                # acknowledgement, and quoting their parameters in Python was a tenth of it.
+                # node's cluster each job costs a claim and an acknowledgement, and quoting
+                # their parameters in Python was a tenth of it.
                 with server_bound_cursor(using=Conf.ORM) as cursor:
                     cursor.execute(statement, params)
                     return cursor.fetchall() if cursor.description else []

@@ -153,6 +153,25 @@ def test_a_dequeue_that_finds_nothing_ready_learns_when_to_look_again_in_the_sam
         broker.close_listener()
 
 
+def test_after_a_claim_the_next_look_waits_for_a_notification_before_claiming(monkeypatch):
+    broker = NotifyingOrm(list_key="node-a")
+    broker.enqueue("first")
+    claims: list[str] = []
+    execute = broker._execute
+    monkeypatch.setattr(
+        broker, "_execute", lambda sql, params: claims.append(sql) or execute(sql, params)
+    )
+    assert [payload for _, payload in broker.dequeue()] == ["first"]
+    thread, got = dequeue_in_thread(broker)
+    wait_until_listening(broker)
+    time.sleep(0.3)
+    assert len(claims) == 1, "it claimed again before any notification"
+    NotifyingOrm(list_key="node-a").enqueue("second")
+    thread.join(BOUND_S)
+    assert [payload for _, payload in got] == ["second"]
+    assert len(claims) == 2  # one claim per job, none that finds the queue empty
+
+
 def test_a_dequeue_outside_a_transaction_survives_a_dropped_session():
     broker = NotifyingOrm(list_key="node-a")
     broker.enqueue("after the drop")
