@@ -58,12 +58,45 @@ class TextYamlParser(YamlParser):
 
 
 class TaskListOut(serializers.ListSerializer):
-    """Looks up the pending tasks' places in line in one query for the whole list."""
+    """Looks up the pending tasks' places in line in one query for the whole list. A list of
+    TaskOut itself (the task list) is built directly (``task_row``): DRF's field-by-field
+    machinery (a lookup, a check and a call per field and task) was half of a list's CPU."""
 
     def to_representation(self, data):
         tasks = list(data.all() if isinstance(data, Manager) else data)
         Task.attach_places(tasks)
+        if type(self.child) is TaskOut:
+            return [task_row(task) for task in tasks]
         return super().to_representation(tasks)
+
+
+_MOMENT = serializers.DateTimeField()  # how DRF writes a datetime (ISO 8601, UTC as Z)
+
+
+def _moment(value) -> str | None:
+    return None if value is None else _MOMENT.to_representation(value)
+
+
+def task_row(task: Task) -> dict:
+    """What TaskOut makes of ``task``, field for field (tests/api compares the two)."""
+    return {
+        "id": task.pk,
+        "name": task.name,
+        "state": task.state,
+        "reason": task.reason_text,
+        "queue": task.queue,
+        "priority": task.priority,
+        "task_class": str(task.task_class),
+        "gpus": _gpus(task),
+        "gpu_memory_mb": task.gpu_memory_mb,
+        "node": task.node.name if task.node_id is not None else None,
+        "owner": task.owner.username if task.owner_id is not None else None,
+        "attempt": task.attempt,
+        "exit_code": task.exit_code,
+        "submitted_at": _moment(task.submitted_at),
+        "started_at": _moment(task.started_at),
+        "finished_at": _moment(task.finished_at),
+    }
 
 
 class TaskOut(serializers.ModelSerializer):

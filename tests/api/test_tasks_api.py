@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from scheduling import scheduler, services
-from scheduling.api import TaskSubmitted, submitted_data
+from scheduling.api import TaskOut, TaskSubmitted, submitted_data
 from scheduling.models import (
     GPU,
     Allocation,
@@ -603,6 +603,27 @@ def test_the_task_list_reads_only_the_columns_it_shows(alice, owner, workstation
     for column in ("env", "spec", "command", "workdir"):
         assert f'"scheduling_task"."{column}"' not in listing
     assert '"auth_user"."password"' not in listing
+
+
+def test_the_task_list_writes_each_task_as_its_serializer_does(alice, owner, workstation):
+    """The list is built without DRF's field machinery (task_row): field for field the same."""
+    now = timezone.now()
+    TaskFactory(tenant=owner.tenant, owner=owner.user, node=workstation, state="running",
+                started_at=now, gpu_memory_mb=4096)  # fmt: skip
+    TaskFactory(tenant=owner.tenant, owner=None, state="failed", exit_code=3,
+                started_at=now, finished_at=now, gpus_min=1, gpus_max=4)  # fmt: skip
+    specs = [TaskSpec(name=f"whole-{i}", command="true", gpus_min=4, gpus_max=4) for i in range(3)]
+    tasks_submit(tenant=owner.tenant, specs=specs, owner=owner.user)
+    scheduler.schedule_pass()  # one takes the node, the others wait in line with their places
+    listed = alice.get(TASKS).json()["results"]
+    tasks = list(Task.objects.filter(tenant=owner.tenant))
+    Task.attach_places(tasks)
+    render = JSONRenderer().render
+    one_by_one = {task.pk: json.loads(render(TaskOut(task).data)) for task in tasks}
+    assert len(listed) == len(one_by_one) == 5
+    for row in listed:
+        assert row == one_by_one[row["id"]]
+    assert sum("in line" in row["reason"] for row in listed) == 2
 
 
 def test_the_event_list_costs_the_same_queries_for_1_or_20_events(alice, owner, teammate):
