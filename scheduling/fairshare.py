@@ -100,13 +100,18 @@ def usage_queries(now: datetime, half_life_s: float) -> tuple[Query, Query, Quer
 def usage_from(rows: Sequence[list[tuple]], now: datetime, half_life_s: float) -> dict[int, float]:
     """``usage`` from the rows of ``usage_queries``; the full scan while the counters are kept
     for another half-life (until the next pass rebuilds them)."""
-    kept_for, closed, running = rows
-    if kept_for != [(float(half_life_s),)]:
+    if not counters_kept(rows, half_life_s):
         return usage_by_scan(now, half_life_s)
+    _, closed, running = rows
     found: dict[int, float] = {}
     for tenant_id, value in (*closed, *running):
         found[tenant_id] = found.get(tenant_id, 0.0) + float(value or 0.0)
     return found
+
+
+def counters_kept(rows: Sequence[list[tuple]], half_life_s: float) -> bool:
+    """Whether the rows of ``usage_queries`` say the counters are kept for ``half_life_s``."""
+    return rows[0] == [(float(half_life_s),)]
 
 
 def usage(now: datetime, half_life_s: float) -> dict[int, float]:

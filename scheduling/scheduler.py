@@ -95,15 +95,17 @@ def _schedule_pass() -> PassResult:
     with transaction.atomic():
         now = timezone.now()
         half_life = estate.config().scheduling.fair_share_half_life_s
-        rows = _read_for_pass(now, half_life)
+        links, rows = _read_for_pass(now, half_life)
         # Rare: counters kept for another half-life are rebuilt, and tasks whose dependencies
         # failed fail; the snapshot is then read again, after those writes.
-        rebuilt = fairshare.keep_counters_for(now, half_life) if rows.counters_stale else False
-        result.failed = fail_broken_dependencies(rows.links)
+        rebuilt = not fairshare.counters_kept(rows.usage, half_life) and (
+            fairshare.keep_counters_for(now, half_life)
+        )
+        result.failed = fail_broken_dependencies(links)
         digests: dict[int, int] = {}
         snapshot = build_snapshot(
-            now, digests, dependency_links=_after_failing(rows.links, result.failed),
-            rows=None if rebuilt or result.failed else rows.snapshot,
+            now, digests, dependency_links=_after_failing(links, result.failed),
+            rows=None if rebuilt or result.failed else rows,
         )  # fmt: skip
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
         # Stamped after the snapshot: an allocation released while it was taken must not
@@ -150,26 +152,17 @@ def _take_pass_lock() -> None:
         cursor.execute(_LOCK, [PASS_LOCK])
 
 
-@dataclass
-class _PassRows:
-    links: list[tuple[int, int, str, str]]  # _dependency_links()
-    snapshot: SnapshotRows
-    counters_stale: bool  # the fair-share counters are kept for another half-life
-
-
-def _read_for_pass(now: datetime, half_life: float) -> _PassRows:
-    """The pass's lock, then everything it reads, in one round trip (``fetch_together``):
-    read one after another, a pass's ten reads waited 22 ms for the server and the scheduler
-    to be scheduled in turn, against 2.5 ms of their CPU (throughput bench, 2 busy cores)."""
+def _read_for_pass(
+    now: datetime, half_life: float
+) -> tuple[list[tuple[int, int, str, str]], SnapshotRows]:
+    """The pass's lock, then everything it reads (its dependency links and its snapshot's
+    rows), in one round trip (``fetch_together``): read one after another, a pass's ten reads
+    waited 22 ms for the server and the scheduler to be scheduled in turn, against 2.5 ms of
+    their CPU (throughput bench, 2 busy cores)."""
     _, links, *read = fetch_together(
         Query(_LOCK, [PASS_LOCK]), _links_query(), *snapshot_queries(now, half_life)
     )
-    snapshot = SnapshotRows.of(read)
-    return _PassRows(
-        links=links,
-        snapshot=snapshot,
-        counters_stale=snapshot.usage[0] != [(float(half_life),)],
-    )
+    return links, SnapshotRows.of(read)
 
 
 # --- Dependencies ------------------------------------------------------------------------------

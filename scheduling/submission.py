@@ -190,6 +190,10 @@ def _quota_errors(spec: TaskSpec, quota: Quota | None, prefix: str) -> dict[str,
 QUEUE_LOCK_NAMESPACE = zlib.crc32(b"gpuplatform.submission.queue") - 2**31
 
 
+def _queue_capped(quota: Quota | None) -> bool:
+    return quota is not None and quota.max_queued_tasks is not None
+
+
 def _queue_errors(tenant: Tenant, quota: Quota | None, adding: int) -> dict[str, list[str]]:
     """The max_queued_tasks check, made safe against concurrent submissions of the tenant.
 
@@ -201,7 +205,7 @@ def _queue_errors(tenant: Tenant, quota: Quota | None, adding: int) -> dict[str,
     without the cap take no lock at all, and no submission locks a row that anything else
     (the scheduler, the tenant's other requests) waits on.
     """
-    if quota is None or quota.max_queued_tasks is None:
+    if not _queue_capped(quota):
         return {}
     with connection.cursor() as cursor:
         cursor.execute(
@@ -404,8 +408,8 @@ def tasks_submit(
     if by is not None and by != owner:
         whose = owner.get_username() if owner is not None else "nobody"
         reason = f"submitted by {by.get_username()} for {whose}"
-    capped = estate.quota is not None and estate.quota.max_queued_tasks is not None
-    with transaction.atomic() if capped or any(resolved) else contextlib.nullcontext():
+    several = _queue_capped(estate.quota) or any(resolved)  # a lock, or dependency links
+    with transaction.atomic() if several else contextlib.nullcontext():
         # Last, so the lock it may take is held only for the count, the INSERTs and the commit.
         if errors := _queue_errors(tenant, estate.quota, len(specs)):
             raise SubmitError(errors)
