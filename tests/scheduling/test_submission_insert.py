@@ -1,0 +1,68 @@
+"""A submission's INSERT sends the columns its tasks share once and the others per task: what
+it stores, and what it hands back, must be what each task's own spec says."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling.models import Task, TaskEvent
+from scheduling.spec import TaskSpec
+from scheduling.submission import _same, task_submit, tasks_submit
+
+pytestmark = pytest.mark.django_db
+
+
+def stored(task: Task) -> dict:
+    return {f.attname: getattr(task, f.attname) for f in Task._meta.concrete_fields}
+
+
+def test_shared_and_own_columns_are_stored_as_each_spec_says(lab, owner, workstation):
+    specs = [
+        TaskSpec(name="a", command="python train.py", env={"LR": "0.1"}, priority=70),
+        TaskSpec(name="b", command="python train.py", env={"LR": "0.2"}, gpus_min=2, gpus_max=2),
+        TaskSpec(name="c", command="python eval.py", queue="serial", timeout_s=60, retries=2),
+    ]
+    created = tasks_submit(tenant=lab, specs=specs, owner=owner.user)
+
+    assert [t.name for t in created] == ["a", "b", "c"]
+    for task, spec in zip(created, specs, strict=True):
+        in_db = Task.objects.get(pk=task.pk)
+        assert stored(task) == stored(in_db)
+        assert (in_db.command, in_db.env, in_db.spec) == (spec.command, spec.env, spec.as_dict())
+        assert (in_db.priority, in_db.gpus_max, in_db.queue) == (
+            spec.priority,
+            spec.gpus_max,
+            spec.queue,
+        )
+        assert (in_db.tenant_id, in_db.owner_id) == (lab.pk, owner.user.pk)
+        assert in_db.reason == "submitted; waiting for the scheduler"
+        assert not task._state.adding
+    events = TaskEvent.objects.filter(task__in=created).values_list("task_id", "to_state")
+    assert sorted(events) == sorted((t.pk, "pending") for t in created)
+
+
+def test_one_task_is_stored_whole(lab, workstation):
+    spec = TaskSpec(name="solo", command="sleep 1", env={"A": "1"}, workdir="runs")
+    task = task_submit(tenant=lab, spec=spec)
+    assert stored(task) == stored(Task.objects.get(pk=task.pk))
+    assert task.spec == spec.as_dict() and task.owner is None
+
+
+def test_the_tasks_handed_back_know_their_tenant_and_owner_without_a_query(
+    lab, owner, workstation, django_assert_num_queries
+):
+    created = tasks_submit(
+        tenant=lab, specs=[TaskSpec(name=f"t{i}", command="true") for i in range(3)],
+        owner=owner.user,
+    )  # fmt: skip
+    with django_assert_num_queries(0):
+        assert {(t.tenant.name, t.owner.username) for t in created} == {
+            (lab.name, owner.user.username)
+        }
+
+
+def test_values_that_compare_equal_but_write_differently_are_not_shared():
+    assert _same([{"x": "1"}, {"x": "1"}])
+    assert not _same([{"x": 1}, {"x": True}])
+    assert not _same([[1.0], [1]])
+    assert _same([3, 3]) and not _same([3, 4])
