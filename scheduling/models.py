@@ -142,8 +142,14 @@ class TaskClass(models.TextChoices):
 TASK_STATE_CHOICES = [(s.value, s.value.replace("_", " ")) for s in TaskState]
 
 
+# A foreign key that leads one of its model's composite indexes (a task's tenant, an event's or
+# an attempt's task) has no index of its own (db_index=False): the composite one serves every
+# lookup by it, and an index fewer is one entry fewer to write in every INSERT and in every
+# update that changes an indexed column (a task's state, several times a task).
 class Task(models.Model):
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="tasks")
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="tasks", db_index=False
+    )
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
@@ -302,7 +308,9 @@ class StopRequest(models.TextChoices):
 class TaskAttempt(models.Model):
     """One run of a task on its node: the supervisor, the process, and how it ended."""
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attempts")
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )
     number = models.PositiveIntegerField()
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="attempts")
     gpu_uuids = models.JSONField(default=list, blank=True)
@@ -374,7 +382,7 @@ class Allocation(models.Model):
 class TaskEvent(models.Model):
     """One transition of a task's state: the audit trail."""
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
     at = models.DateTimeField(default=timezone.now)
     from_state = models.CharField(max_length=16, blank=True)
     to_state = models.CharField(max_length=16)
