@@ -13,8 +13,9 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 
+from gpuplatform.db import close_old_connections
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
 from scheduling.inventory import GpuBackend, GpuInfo, open_backend

@@ -11,6 +11,13 @@ class SchedulingConfig(AppConfig):
         # After every migrate (a fresh install, an upgrade) and every flush, as Django itself
         # does for content types and permissions: the backstop schedules exist exactly once.
         post_migrate.connect(_ensure_backstops, sender=self)
+        # A django-q2 worker closes old connections before each job (a pass, a launch); the
+        # connection it keeps is then checked without Django's SELECT 1 (gpuplatform.db).
+        from django_q.signals import pre_execute
+
+        from gpuplatform.db import check_kept_connections
+
+        pre_execute.connect(check_kept_connections, dispatch_uid="check_kept_connections")
 
 
 def _ensure_backstops(sender, using: str = "default", apps=global_apps, **kwargs) -> None:

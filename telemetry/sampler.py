@@ -10,8 +10,9 @@ import logging
 import threading
 import time
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, connection
 
+from gpuplatform.db import close_old_connections
 from live import events as live
 from scheduling.inventory import BackendUnavailable, GpuBackend
 from scheduling.models import Node

@@ -1,14 +1,18 @@
-"""gpuplatform.db: reads sent together in one round trip, in the caller's transaction."""
+"""gpuplatform.db: reads sent together in one round trip, in the caller's transaction; kept
+connections checked without one."""
 
 from __future__ import annotations
 
+import select
 import tempfile
 
+import django.db
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
+from django_q.signals import pre_execute
 
-from gpuplatform.db import Query, fetch_together, server_bound_cursor
+from gpuplatform.db import Query, close_old_connections, fetch_together, server_bound_cursor
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
@@ -74,3 +78,52 @@ def test_statements_are_logged_as_written_also_once_psycopg_prepared_them():
             "SELECT 2",
             "SELECT %s::int + 1",
         ]
+
+
+def select_2() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 2")
+
+
+def sent(during) -> list[str]:
+    return [message for direction, message in protocol_messages(during) if direction == "F"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_connection_is_checked_without_a_round_trip():
+    select_2()
+    alone = sent(select_2)
+
+    def next_round() -> None:
+        close_old_connections()
+        select_2()
+
+    assert sent(next_round) == alone  # Django's own check sends a SELECT 1 first
+    assert connection.health_check_done
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_the_server_ended_is_replaced_before_its_next_use():
+    connection.ensure_connection()
+    ended = connection.connection.info.backend_pid
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [ended])
+    finally:
+        other.close()
+    readable, _, _ = select.select([connection.connection.fileno()], [], [], 10)
+    assert readable  # the server's goodbye
+
+    close_old_connections()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != ended
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_django_q_worker_checks_its_connection_before_each_job():
+    select_2()
+    django.db.close_old_connections()  # what a django-q2 worker does before each job
+    pre_execute.send(sender="django_q", func=select_2, task={})
+    assert connection.health_check_done

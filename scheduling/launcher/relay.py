@@ -33,8 +33,9 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 
+from gpuplatform.db import close_old_connections
 from scheduling.launcher.messages import ExitReport, StartReport
 
 logger = logging.getLogger(__name__)
