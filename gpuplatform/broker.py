@@ -27,7 +27,10 @@ Each operation is one statement on the process's own connection, bound on the se
 prepared after a few runs): an enqueue inserts the row and notifies in one statement, a dequeue
 claims the ready rows with one ``UPDATE ... FOR UPDATE SKIP LOCKED`` (oldest first, where
 django-q2 reads them in no order and claims each with a statement of its own) which also says
-when the earliest of the others falls due; an acknowledgement is one ``DELETE``.
+when the earliest of the others falls due; an acknowledgement is one ``DELETE``. Claims and
+acknowledgements commit without waiting for the WAL to reach the disk
+(``gpuplatform.db.no_flush_wait``: losing one in a crash of PostgreSQL hands a job out again,
+which django-q2's at-least-once delivery allows).
 django-q2's ORM broker calls ``close_old_connections()`` before every query it makes, which
 with ``CONN_HEALTH_CHECKS`` adds a ``SELECT 1`` to each: a launch paid eight round trips to the
 broker on its way from the scheduler to the node (an enqueue, a claim of two statements and an
@@ -50,7 +53,7 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from psycopg import sql
 
-from gpuplatform.db import server_bound_cursor
+from gpuplatform.db import no_flush_wait, server_bound_cursor
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ _INSERT = """
 """
 # Claims the ready rows, and says when the earliest of the others falls due (NULL: none is
 # left), which a pusher about to wait needs: one round trip, not two (the row without an id).
+# The row without an id also carries ``no_flush_wait`` (evaluated once: an aggregate's row).
 _CLAIM = """
     WITH claimed AS (
         UPDATE django_q_ormq SET lock = %(until)s
@@ -80,8 +84,11 @@ _CLAIM = """
         RETURNING id, payload)
     SELECT id, payload, NULL::timestamptz FROM claimed
      UNION ALL
-    SELECT NULL, NULL, min(lock) FROM django_q_ormq
+    SELECT NULL, {no_flush_wait}, min(lock) FROM django_q_ormq
      WHERE key = %(key)s AND id NOT IN (SELECT id FROM claimed)
+"""
+_ACKNOWLEDGE = """
+    WITH acknowledged AS (DELETE FROM django_q_ormq WHERE id = %s) SELECT {no_flush_wait}
 """
 
 
@@ -128,7 +135,7 @@ class NotifyingOrm(ORM):
             self.wait(self._due)
         now = timezone.now()
         rows = self._execute(
-            _CLAIM,
+            _CLAIM.format(no_flush_wait=no_flush_wait(Conf.ORM)),
             {
                 "until": now + timedelta(seconds=Conf.RETRY),
                 "key": self.list_key,
@@ -146,7 +153,7 @@ class NotifyingOrm(ORM):
         return None
 
     def delete(self, task_id) -> None:  # django-q2's acknowledge and fail call this
-        self._execute("DELETE FROM django_q_ormq WHERE id = %s", [task_id])
+        self._execute(_ACKNOWLEDGE.format(no_flush_wait=no_flush_wait(Conf.ORM)), [task_id])
 
     def set_stat(self, key: str, value: str, timeout: int) -> None:
         """Save a cluster's statistics every STAT_EVERY_S at most (see there)."""

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
+from gpuplatform.db import no_flush_wait
+
 PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 # How long a refused key stays remembered after its last refusal.
 REMEMBER_S = 5.0
@@ -53,6 +55,22 @@ class Verdict:
     next_at: float  # epoch seconds of the key's next slot
 
 
+# One step of a key's pace. A step lost in a crash of PostgreSQL costs the key one request's
+# pace: its commit does not wait for the disk (gpuplatform.db.no_flush_wait), one flush of the
+# WAL fewer per API request.
+_STEP = """
+    WITH taken AS (
+        INSERT INTO tenants_ratelimit AS r (key, tat, refused) VALUES (%(key)s, %(first)s, 0)
+        ON CONFLICT (key) DO UPDATE SET
+          refused = CASE WHEN GREATEST(r.tat, %(now)s) - %(now)s <= %(tol)s
+                         THEN 0 ELSE r.refused + 1 END,
+          tat = CASE WHEN GREATEST(r.tat, %(now)s) - %(now)s <= %(tol)s
+                     THEN GREATEST(r.tat, %(now)s) + %(interval)s ELSE r.tat END
+        RETURNING tat, refused)
+    SELECT tat, refused, {no_flush_wait} FROM taken
+"""
+
+
 def consume(key: str, rate: str, now: float | None = None) -> Verdict:
     """Take one request from ``key``'s allowance, atomically, in PostgreSQL (one statement)."""
     limit, period = parse_rate(rate)
@@ -63,17 +81,11 @@ def consume(key: str, rate: str, now: float | None = None) -> Verdict:
     now = time.time() if now is None else now
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO tenants_ratelimit AS r (key, tat, refused) VALUES (%(key)s, %(first)s, 0) "
-            "ON CONFLICT (key) DO UPDATE SET "
-            "refused = CASE WHEN GREATEST(r.tat, %(now)s) - %(now)s <= %(tol)s "
-            "  THEN 0 ELSE r.refused + 1 END, "
-            "tat = CASE WHEN GREATEST(r.tat, %(now)s) - %(now)s <= %(tol)s "
-            "  THEN GREATEST(r.tat, %(now)s) + %(interval)s ELSE r.tat END "
-            "RETURNING tat, refused",
+            _STEP.format(no_flush_wait=no_flush_wait()),
             {"key": key, "now": now, "first": now + interval, "tol": tolerance,
              "interval": interval},
         )  # fmt: skip
-        tat, refused = cursor.fetchone()
+        tat, refused, _ = cursor.fetchone()
     next_at = tat - tolerance
     if refused:
         return Verdict(False, max(0.0, next_at - now), next_at)

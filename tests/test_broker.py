@@ -203,3 +203,25 @@ def test_saved_statistics_outlive_the_pause_between_saves(monkeypatch):
     monkeypatch.setattr(broker_module.ORM, "set_stat", lambda self, *args: saved.append(args))
     NotifyingOrm("stats").set_stat("q:stat:a", "value", 3)
     assert saved == [("q:stat:a", "value", 3 * broker_module.STAT_EVERY_S)]
+
+
+def test_claims_and_acknowledgements_do_not_wait_for_the_disk_but_a_callers_transaction_does():
+    broker = NotifyingOrm(list_key="node-a")
+    broker.enqueue("job")
+    with CaptureQueriesContext(connections["default"]) as queries:
+        ((pk, _),) = broker.dequeue()
+        broker.acknowledge(pk)
+    assert all("synchronous_commit" in q["sql"] for q in queries.captured_queries)
+    assert current_synchronous_commit() == "on"  # for that statement's transaction alone
+
+    with transaction.atomic():
+        broker.enqueue("job")
+        ((pk, _),) = broker.dequeue()
+        broker.acknowledge(pk)
+        assert current_synchronous_commit() == "on"
+
+
+def current_synchronous_commit() -> str:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return cursor.fetchone()[0]

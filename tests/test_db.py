@@ -12,7 +12,13 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django_q.signals import pre_execute
 
-from gpuplatform.db import Query, close_old_connections, fetch_together, server_bound_cursor
+from gpuplatform.db import (
+    Query,
+    close_old_connections,
+    fetch_together,
+    no_flush_wait,
+    server_bound_cursor,
+)
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +133,22 @@ def test_a_django_q_worker_checks_its_connection_before_each_job():
     django.db.close_old_connections()  # what a django-q2 worker does before each job
     pre_execute.send(sender="django_q", func=select_2, task={})
     assert connection.health_check_done
+
+
+def synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('synchronous_commit')")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_flush_wait_is_for_its_statements_own_transaction_alone():
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {no_flush_wait()}, current_setting('synchronous_commit')")
+        assert cursor.fetchone()[1] == "off"
+    assert synchronous_commit() == "on"  # the session's, and so the next statement's
+
+    with transaction.atomic():  # a caller's transaction keeps waiting for the disk
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {no_flush_wait()}")
+        assert synchronous_commit() == "on"

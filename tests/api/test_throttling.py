@@ -10,7 +10,7 @@ import asyncio
 import ipaddress
 import time
 
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from gpuplatform import throttle
@@ -31,6 +31,21 @@ def test_the_pace_allows_a_burst_then_one_request_per_interval(db, settings):
     assert throttle.consume("k", rate, now + 0.1).allowed
     assert not throttle.consume("k", rate, now + 0.1).allowed
     assert throttle.consume("other", rate, now).allowed
+
+
+def test_a_step_of_the_pace_does_not_wait_for_the_disk_but_a_callers_transaction_does(
+    transactional_db,
+):
+    with CaptureQueriesContext(connection) as queries:
+        assert throttle.consume("k", "10/s").allowed
+    assert "synchronous_commit" in queries.captured_queries[0]["sql"]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")  # that statement's transaction alone
+        assert cursor.fetchone()[0] == "on"
+        with transaction.atomic():
+            throttle.consume("k", "10/s")
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == "on"
 
 
 def test_a_refused_request_costs_no_body_parsing_and_no_view_query(owner, settings):
