@@ -318,9 +318,9 @@ def _insert_sql(varying: tuple[str, ...]) -> str:
     row type, so the columns and their types come from the table, and the task columns from the
     model (any field it gains is written too). Django's bulk_create spent about 0.15 ms of the
     web process's CPU per task preparing each value of each row (about 150 ms for a 1,000-task
-    batch, more than half of the request) and 0.7 ms for one task. Sending a sweep's shared
-    columns once rather than per task took its JSON from about 1 KB a task to the spec and name
-    (1,000 tasks of ``true``: 1.0 MB to 0.5 MB; PostgreSQL parsed 1.0 MB in about 40 ms).
+    batch, more than half of the request) and 0.7 ms for one task. Sending the columns a
+    batch's tasks share once rather than per task leaves each task's spec and name (1,000 tasks
+    of ``true``: 1.0 MB of JSON to 0.5 MB; PostgreSQL parsed 1.0 MB in about 40 ms).
     Ids are taken in the array's order (ORDER BY ordinality), so sorted they match the tasks."""
     fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
     table, events = Task._meta.db_table, TaskEvent._meta.db_table
@@ -354,7 +354,8 @@ def _insert(template: Task, own: list[dict[str, object]], *, reason: str, actor)
     with connection.cursor() as cursor:
         cursor.execute(
             _insert_sql(tuple(column[name] for name in varying)),
-            {"rows": json.dumps(rows), "common": json.dumps(common, default=_json_default),
+            {"rows": json.dumps(rows, default=_json_default),
+             "common": json.dumps(common, default=_json_default),
              "at": template.submitted_at, "state": TaskState.PENDING.value, "reason": reason,
              "actor": actor.pk if actor is not None else None},
         )  # fmt: skip
