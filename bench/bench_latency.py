@@ -212,6 +212,9 @@ def _s(later: datetime | float | None, earlier: datetime | float | None) -> floa
     return later - earlier
 
 
+START_TICK_S = 0.01  # psutil's process start times: clock ticks (USER_HZ 100)
+
+
 def create_time_offset() -> float:
     """psutil's process start times (what supervisor_started holds) are boot time plus clock
     ticks, and /proc/stat gives boot time in whole seconds: their offset from the wall clock."""
@@ -268,6 +271,16 @@ def timelines(task_ids: list[int], offset: float) -> list[dict[str, object]]:
         )
         supervisor = attempt.get("supervisor_started")
         supervisor = supervisor - offset if supervisor is not None else None
+        created = attempt.get("created_at")
+        # A supervisor whose last attempt is over waits for work (the spawner's idle pool): one
+        # that took this task had started before the launch, so its start time splits nothing.
+        # Its time from launch to running is a stage of its own; psutil's start times come in
+        # 10 ms ticks, so a start up to a tick before the launch still counts as forked for it.
+        waited = (
+            supervisor is not None
+            and created is not None
+            and supervisor < created.timestamp() - START_TICK_S
+        )
         out.append(
             {
                 "task": task_id,
@@ -280,8 +293,9 @@ def timelines(task_ids: list[int], offset: float) -> list[dict[str, object]]:
                 "pass_rest": _s(launches.get(task_id), scheduled),
                 "pass_ms": placing and placing[2],
                 "launch_wait": _s(attempt.get("created_at"), launches.get(task_id)),
-                "spawn": _s(supervisor, attempt.get("created_at")),
-                "supervisor": _s(task["started_at"], supervisor),
+                "spawn": None if waited else _s(supervisor, created),
+                "supervisor": None if waited else _s(task["started_at"], supervisor),
+                "idle_supervisor": _s(task["started_at"], created) if waited else None,
             }
         )
     return out
@@ -324,6 +338,7 @@ STAGES = (  # label, key, depth
     ("launch enqueued -> launch began (node's queue)", "launch_wait", 1),
     ("launch began -> supervisor process (setsid)", "spawn", 1),
     ("supervisor process -> running (its start-up)", "supervisor", 1),
+    ("or: launch began -> running (an idle supervisor)", "idle_supervisor", 1),
     ("submit -> running", "total", 0),
 )
 
@@ -451,7 +466,12 @@ def main() -> dict:
         breakdown[key] = figures
         cells = (_fmt(figures[k]) for k in ("p50", "p90", "max", "mean"))
         table_rows.append(["  " * depth + label, *cells])
-    print("where the time goes (each stage's own percentiles; the means of a level add up)")
+    forked = len(_column(rows, "spawn"))
+    print(
+        "where the time goes (each stage's own percentiles; the means of a level add up, the "
+        f"launch's last stages over their own tasks: {forked} forked a supervisor, "
+        f"{len(_column(rows, 'idle_supervisor'))} were taken by one kept idle)"
+    )
     print(table(["stage", "p50", "p90", "max", "mean"], table_rows))
     print()
     print(f"process start-up here, as a supervisor starts (median of {STARTUP_RUNS})")
