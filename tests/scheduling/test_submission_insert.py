@@ -48,6 +48,14 @@ def test_one_task_is_stored_whole(lab, workstation):
     assert task.spec == spec.as_dict() and task.owner is None
 
 
+def test_identical_specs_share_every_column_and_still_make_a_task_each(lab, workstation):
+    spec = TaskSpec(name="same", command="true", env={"A": "1"})
+    created = tasks_submit(tenant=lab, specs=[spec, spec, spec])
+    assert len({t.pk for t in created}) == 3
+    for task in created:
+        assert stored(task) == stored(Task.objects.get(pk=task.pk))
+
+
 def test_the_tasks_handed_back_know_their_tenant_and_owner_without_a_query(
     lab, owner, workstation, django_assert_num_queries
 ):
