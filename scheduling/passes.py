@@ -46,9 +46,16 @@ BACKSTOPS = (
 )
 
 
-def request_pass() -> None:
-    """Queue a pass once the current transaction commits (so the pass sees its writes)."""
-    transaction.on_commit(_enqueue)
+def request_pass(claimed: tuple[int, bool] | None = None) -> None:
+    """Queue a pass once the current transaction commits (so the pass sees its writes).
+
+    ``claimed``: what the flag's claim found in a statement of the caller's that has already
+    committed (CLAIM_CTE, CLAIMED): the pass is then queued now if that claim took the flag,
+    with no statement of its own."""
+    if claimed is not None:
+        queue_if_claimed(*claimed)
+    else:
+        transaction.on_commit(_enqueue)
 
 
 def _enqueue() -> None:
@@ -60,6 +67,22 @@ def _enqueue() -> None:
     with connection.cursor() as cursor:
         cursor.execute(_REQUEST_SQL)
         claimed, exists = cursor.fetchone()
+    queue_if_claimed(claimed, exists)
+
+
+# The flag's claim, for a statement of a caller's own that commits by itself (no transaction
+# around it): a plain submission's INSERT claims it in its own commit, one round trip fewer than
+# ``request_pass``'s statement after it. Its select list then takes CLAIMED, and the caller
+# passes what they say to ``request_pass``.
+CLAIM_CTE = """claimed AS (UPDATE scheduling_schedulerstate SET pass_queued = true
+                           WHERE id = 1 AND NOT pass_queued RETURNING id)"""
+CLAIMED = """(SELECT count(*) FROM claimed),
+             EXISTS (SELECT 1 FROM scheduling_schedulerstate WHERE id = 1)"""
+_REQUEST_SQL = f"WITH {CLAIM_CTE} SELECT {CLAIMED}"
+
+
+def queue_if_claimed(claimed: int, exists: bool) -> None:
+    """After a statement with CLAIM_CTE committed: queue a pass if it claimed the flag."""
     if not exists:
         SchedulerState.objects.get_or_create(pk=1)
         claimed = SchedulerState.objects.filter(pk=1, pass_queued=False).update(pass_queued=True)
@@ -70,14 +93,6 @@ def _enqueue() -> None:
     async_task(
         "scheduling.tasks.run_pass", task_name="scheduling-pass", cluster=scheduler_cluster()
     )
-
-
-_REQUEST_SQL = """
-    WITH claimed AS (UPDATE scheduling_schedulerstate SET pass_queued = true
-                      WHERE id = 1 AND NOT pass_queued RETURNING id)
-    SELECT (SELECT count(*) FROM claimed),
-           EXISTS (SELECT 1 FROM scheduling_schedulerstate WHERE id = 1)
-"""
 
 
 _BOOK_SQL = """

@@ -310,7 +310,7 @@ def _same(values: list[object]) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _insert_sql(varying: tuple[str, ...]) -> str:
+def _insert_sql(varying: tuple[str, ...], claim: bool) -> str:
     """Tasks and their "submitted" events in one statement: the columns in ``varying`` from one
     JSON object per task, the rest from one object for the whole batch.
 
@@ -321,7 +321,9 @@ def _insert_sql(varying: tuple[str, ...]) -> str:
     batch, more than half of the request) and 0.7 ms for one task. Sending the columns a
     batch's tasks share once rather than per task leaves each task's spec and name (1,000 tasks
     of ``true``: 1.0 MB of JSON to 0.5 MB; PostgreSQL parsed 1.0 MB in about 40 ms).
-    Ids are taken in the array's order (ORDER BY ordinality), so sorted they match the tasks."""
+    Ids are taken in the array's order (ORDER BY ordinality), so sorted they match the tasks.
+    With ``claim``, the statement also claims the pass flag (``passes.CLAIM_CTE``) and each row
+    says what the claim found (``passes.CLAIMED``)."""
     fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
     table, events = Task._meta.db_table, TaskEvent._meta.db_table
     columns = ", ".join(f'"{f.column}"' for f in fields)
@@ -332,14 +334,17 @@ def _insert_sql(varying: tuple[str, ...]) -> str:
         f'WITH ORDINALITY AS r, json_populate_record(NULL::"{table}", %(common)s) AS c '
         "ORDER BY r.ordinality RETURNING id), "
         f'e AS (INSERT INTO "{events}" (task_id, at, from_state, to_state, reason, attempt, '
-        "actor_id) SELECT id, %(at)s, '', %(state)s, %(reason)s, 0, %(actor)s FROM t) "
-        "SELECT id FROM t"
+        "actor_id) SELECT id, %(at)s, '', %(state)s, %(reason)s, 0, %(actor)s FROM t)"
+        f"{f', {passes.CLAIM_CTE} SELECT id, {passes.CLAIMED}' if claim else ' SELECT id'} FROM t"
     )
 
 
-def _insert(template: Task, own: list[dict[str, object]], *, reason: str, actor) -> list[Task]:
+def _insert(
+    template: Task, own: list[dict[str, object]], *, reason: str, actor, claim: bool
+) -> tuple[list[Task], tuple[int, bool] | None]:
     """INSERT a task per ``own`` (its columns from its spec; the others ``template``'s), each
-    with a "submitted" event, and return them as loaded from the database.
+    with a "submitted" event; the tasks as loaded from the database, and with ``claim`` what
+    the pass flag's claim in the same statement found (for ``passes.queue_if_claimed``).
 
     The tasks are built positionally, as a query's rows are (``Model.from_db``): keyword
     arguments cost Django about 27 us a task against 10, and a 1,000-task batch built them
@@ -353,13 +358,14 @@ def _insert(template: Task, own: list[dict[str, object]], *, reason: str, actor)
     rows = [{column[name]: row[name] for name in varying} for row in own]
     with connection.cursor() as cursor:
         cursor.execute(
-            _insert_sql(tuple(column[name] for name in varying)),
+            _insert_sql(tuple(column[name] for name in varying), claim),
             {"rows": json.dumps(rows, default=_json_default),
              "common": json.dumps(common, default=_json_default),
              "at": template.submitted_at, "state": TaskState.PENDING.value, "reason": reason,
              "actor": actor.pk if actor is not None else None},
         )  # fmt: skip
-        ids = sorted(row[0] for row in cursor.fetchall())
+        rows = cursor.fetchall()
+    ids = sorted(row[0] for row in rows)
     tasks = []
     for pk, row in zip(ids, own, strict=True):
         values = batch | row
@@ -367,7 +373,7 @@ def _insert(template: Task, own: list[dict[str, object]], *, reason: str, actor)
         task = Task.from_db(connection.alias, None, [values[f.attname] for f in concrete])
         task.tenant, task.owner = template.tenant, template.owner  # cached, as they were given
         tasks.append(task)
-    return tasks
+    return tasks, (rows[0][1], rows[0][2]) if claim else None
 
 
 def tasks_submit(
@@ -444,11 +450,15 @@ def tasks_submit(
         whose = owner.get_username() if owner is not None else "nobody"
         reason = f"submitted by {by.get_username()} for {whose}"
     several = _queue_capped(estate.quota) or any(resolved)  # a lock, or dependency links
+    # A statement that commits by itself also claims the pass flag in that commit: one round
+    # trip fewer than request_pass's after it (a plain POST's five were: token, rate limit,
+    # estate, INSERT, pass request).
+    alone = not several and not connection.in_atomic_block
     with transaction.atomic() if several else contextlib.nullcontext():
         # Last, so the lock it may take is held only for the count, the INSERTs and the commit.
         if errors := _queue_errors(tenant, estate.quota, len(specs)):
             raise SubmitError(errors)
-        created = _insert(template, own, reason=reason, actor=by or owner)
+        created, claimed = _insert(template, own, reason=reason, actor=by or owner, claim=alone)
         # A name in ``after`` means the latest task of that name earlier in the batch.
         earlier: dict[str, Task] = {}
         links: set[tuple[int, int]] = set()
@@ -460,7 +470,9 @@ def tasks_submit(
             through.objects.bulk_create(
                 through(from_task_id=source, to_task_id=target) for source, target in sorted(links)
             )
-        passes.request_pass()
+    # After the commit (or in a caller's transaction, once it commits), or at once when the
+    # INSERT claimed the flag in its own commit.
+    passes.request_pass(claimed)
     return created
 
 

@@ -47,7 +47,7 @@ WORKER = textwrap.dedent(
     from django.utils import timezone
 
     # Only the passes this loop runs: no extra pass on each commit (tests run django-q2 sync).
-    passes.request_pass = lambda: None
+    passes.request_pass = lambda claimed=None: None
     seed, count, ready, go = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     rng = random.Random(seed)
     open(ready, "w").close()
@@ -170,7 +170,7 @@ def run_workers(tmp_path) -> tuple[list[subprocess.CompletedProcess], int]:
 @pytest.mark.django_db(transaction=True)
 def test_four_processes_running_passes_never_over_allocate_a_gpu(monkeypatch, tmp_path):
     # Submitting would run a pass right here on commit (django-q2 is synchronous in tests).
-    monkeypatch.setattr(passes, "request_pass", lambda: None)
+    monkeypatch.setattr(passes, "request_pass", lambda claimed=None: None)
     node = NodeFactory(name="box", last_heartbeat=timezone.now())
     make_gpus(node, count=8, memory_mb=GPU_MB)
     rng = random.Random(20261122)

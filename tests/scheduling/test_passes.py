@@ -131,3 +131,38 @@ def test_the_backstop_schedules_run_only_on_the_scheduler_s_cluster():
 
     passes.backstops_ensure()
     assert set(Schedule.objects.values_list("cluster", flat=True)) == {"gpuplatform"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_plain_submission_claims_the_flag_in_its_own_insert(queued, lab, workstation):
+    """Committing by itself, the INSERT also claims the flag: no request statement after it.
+    In a transaction (dependency links here) the request still follows the commit."""
+    from scheduling.spec import TaskSpec
+    from scheduling.submission import task_submit, tasks_submit
+
+    def submit(specs) -> list[str]:
+        with CaptureQueriesContext(connection) as statements:
+            tasks_submit(tenant=lab, specs=specs)
+        return [query["sql"] for query in statements.captured_queries]
+
+    first = submit([TaskSpec(name="new-db", command="true")])  # the flag's row is made here
+    assert len(queued) == 1 and SchedulerState.objects.get(pk=1).pass_queued
+
+    busy = submit([TaskSpec(name="busy", command="true")])
+    assert len(queued) == 1  # a pass is queued already
+    assert [sql for sql in busy if "pass_queued" in sql] == [
+        sql for sql in busy if "INSERT INTO" in sql
+    ]
+
+    passes.mark_started()
+    idle = submit([TaskSpec(name="idle", command="true")])
+    assert len(queued) == 2 and SchedulerState.objects.get(pk=1).pass_queued
+    assert sum("pass_queued" in sql for sql in idle) == 1
+
+    task_submit(tenant=lab, spec=TaskSpec(name="prep", command="true"))  # a pass is queued
+    passes.mark_started()
+    linked = submit([TaskSpec(name="after", command="true", after=["prep"])])
+    assert len(queued) == 3
+    request = next(i for i, sql in enumerate(linked) if "pass_queued" in sql)
+    assert "INSERT INTO" not in linked[request] and request > 0
+    assert first  # made the row, whatever it took

@@ -31,7 +31,7 @@ CAP = 13  # odd, so a batch of two can end exactly one short of it
 @pytest.fixture
 def no_passes(monkeypatch):
     # Passes would move tasks out of the queue while the submitters fill it.
-    monkeypatch.setattr(passes, "request_pass", lambda: None)
+    monkeypatch.setattr(passes, "request_pass", lambda claimed=None: None)
 
 
 def _submitter(tenant_pk: int, index: int, start: threading.Barrier, outcomes: Counter,
