@@ -344,7 +344,7 @@ def _insert(
 ) -> tuple[list[Task], tuple[int, bool] | None]:
     """INSERT a task per ``own`` (its columns from its spec; the others ``template``'s), each
     with a "submitted" event; the tasks as loaded from the database, and with ``claim`` what
-    the pass flag's claim in the same statement found (for ``passes.queue_if_claimed``).
+    the pass flag's claim in the same statement found (for ``passes.request_pass``).
 
     The tasks are built positionally, as a query's rows are (``Model.from_db``): keyword
     arguments cost Django about 27 us a task against 10, and a 1,000-task batch built them
@@ -364,8 +364,8 @@ def _insert(
              "at": template.submitted_at, "state": TaskState.PENDING.value, "reason": reason,
              "actor": actor.pk if actor is not None else None},
         )  # fmt: skip
-        rows = cursor.fetchall()
-    ids = sorted(row[0] for row in rows)
+        returned = cursor.fetchall()
+    ids = sorted(row[0] for row in returned)
     tasks = []
     for pk, row in zip(ids, own, strict=True):
         values = batch | row
@@ -373,7 +373,7 @@ def _insert(
         task = Task.from_db(connection.alias, None, [values[f.attname] for f in concrete])
         task.tenant, task.owner = template.tenant, template.owner  # cached, as they were given
         tasks.append(task)
-    return tasks, (rows[0][1], rows[0][2]) if claim else None
+    return tasks, (returned[0][1], returned[0][2]) if claim else None
 
 
 def tasks_submit(
