@@ -53,7 +53,7 @@ def request_pass(claimed: tuple[int, bool] | None = None) -> None:
     committed (CLAIM_CTE, CLAIMED): the pass is then queued now if that claim took the flag,
     with no statement of its own."""
     if claimed is not None:
-        queue_if_claimed(*claimed)
+        _queue_if_claimed(*claimed)
     else:
         transaction.on_commit(_enqueue)
 
@@ -67,7 +67,7 @@ def _enqueue() -> None:
     with connection.cursor() as cursor:
         cursor.execute(_REQUEST_SQL)
         claimed, exists = cursor.fetchone()
-    queue_if_claimed(claimed, exists)
+    _queue_if_claimed(claimed, exists)
 
 
 # The flag's claim, for a statement of a caller's own that commits by itself (no transaction
@@ -81,7 +81,7 @@ CLAIMED = """(SELECT count(*) FROM claimed),
 _REQUEST_SQL = f"WITH {CLAIM_CTE} SELECT {CLAIMED}"
 
 
-def queue_if_claimed(claimed: int, exists: bool) -> None:
+def _queue_if_claimed(claimed: int, exists: bool) -> None:
     """After a statement with CLAIM_CTE committed: queue a pass if it claimed the flag."""
     if not exists:
         SchedulerState.objects.get_or_create(pk=1)
