@@ -44,7 +44,7 @@ from gpuplatform.dburl import current_database_url
 from scheduling import passes
 from scheduling.launcher import lifecycle, procs, reports
 from scheduling.launcher.procs import ProcessId
-from scheduling.models import Node, SchedulerState, Task, TaskAttempt
+from scheduling.models import Node, PassRequest, Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.states import TERMINAL
 from scheduling.submission import task_submit
@@ -147,7 +147,7 @@ def idle(task_id: int) -> bool:
     gone."""
     if any(row.name() != "scheduling-wake-up" for row in OrmQ.objects.all()):
         return False
-    if SchedulerState.objects.filter(pk=1, pass_queued=True).exists():
+    if PassRequest.objects.filter(pk=1, queued=True).exists():
         return False
     return not supervisor_alive(task_id, unlaunched=False)
 

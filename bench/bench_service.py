@@ -17,7 +17,7 @@ from django.db import connection
 
 from bench.common import clear_tasks, table, verdict
 from scheduling.inventory import simulated_uuid
-from scheduling.models import GPU, Allocation, Node, Pool, SchedulerState
+from scheduling.models import GPU, Allocation, Node, PassRequest, Pool
 from scheduling.scheduler import schedule_pass
 from scheduling.spec import TaskSpec
 from scheduling.submission import task_submit, tasks_submit
@@ -80,7 +80,7 @@ def hold_passes() -> None:
     Under GPUPLATFORM_TESTING django-q2 runs synchronously: each submission's pass request
     would run a whole pass inline and the timed pass below would find nothing to place.
     """
-    SchedulerState.objects.update_or_create(pk=1, defaults={"pass_queued": True})
+    PassRequest.objects.update_or_create(pk=1, defaults={"queued": True})
 
 
 def one_round(tenants: list[Tenant], rng: random.Random) -> dict:

@@ -71,7 +71,14 @@ def clear_tasks(*extra_tables: str) -> None:
     """Empty every task table (and ``extra_tables``) between benchmark rounds."""
     from django.db import connection
 
-    from scheduling.models import Allocation, SchedulerState, Task, TaskAttempt, TaskEvent
+    from scheduling.models import (
+        Allocation,
+        PassRequest,
+        SchedulerState,
+        Task,
+        TaskAttempt,
+        TaskEvent,
+    )
 
     tables = [
         Allocation._meta.db_table,
@@ -80,6 +87,7 @@ def clear_tasks(*extra_tables: str) -> None:
         Task.depends_on.through._meta.db_table,
         Task._meta.db_table,
         SchedulerState._meta.db_table,
+        PassRequest._meta.db_table,
         *extra_tables,
     ]
     with connection.cursor() as cursor:

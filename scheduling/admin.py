@@ -21,6 +21,7 @@ from scheduling.models import (
     GpuState,
     Node,
     NodeState,
+    PassRequest,
     Pool,
     SchedulerState,
     Task,
@@ -441,6 +442,10 @@ class SchedulerStateAdmin(ReadOnlyAdmin):
     def last_pass_took(self, state: SchedulerState) -> str | None:
         # A float's repr (193.39962000003652) is noise; a tenth of a millisecond is plenty.
         return None if state.last_pass_ms is None else f"{state.last_pass_ms:.1f} ms"
+
+    @admin.display(description="pass queued", boolean=True)
+    def pass_queued(self, state: SchedulerState) -> bool:
+        return PassRequest.objects.filter(pk=1, queued=True).exists()
 
     @admin.action(description="Run a scheduling pass now")
     def run_pass_now(self, request, queryset):

@@ -406,12 +406,29 @@ class SchedulerStateManager(models.Manager):
         return super().get_queryset().defer("line")
 
 
-class SchedulerState(models.Model):
-    """The one row that coalesces scheduling passes and tells operators how they go."""
+class PassRequest(models.Model):
+    """The one row that coalesces requests for a scheduling pass (``passes.request_pass``).
 
-    pass_queued = models.BooleanField(
+    A row of its own, not a column of ``SchedulerState``: the node agents' end reports claim
+    it in the statement that frees GPUs, while holding their tasks' locks, and a pass writes
+    ``SchedulerState`` while holding the locks of the tasks it places. On one row the two
+    would wait for each other. Only statements that hold no lock another of them waits for
+    touch this one (a pass clears it before its transaction, see ``passes.mark_started``)."""
+
+    queued = models.BooleanField(
         default=False, help_text="A pass is queued and not yet started: no need to queue another."
     )
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="passrequest_singleton")]
+
+    def __str__(self) -> str:
+        return "a pass is queued" if self.queued else "no pass queued"
+
+
+class SchedulerState(models.Model):
+    """The one row that tells operators how scheduling passes go, and books time-based ones."""
+
     wake_at = models.DateTimeField(
         null=True,
         blank=True,

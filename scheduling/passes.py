@@ -34,7 +34,7 @@ from django_q.models import Schedule
 from django_q.tasks import async_task
 
 from gpuplatform.broker import NotifyingOrm
-from scheduling.models import SchedulerState
+from scheduling.models import PassRequest, SchedulerState
 
 logger = logging.getLogger(__name__)
 
@@ -74,18 +74,25 @@ def _enqueue() -> None:
 # around it): a plain submission's INSERT claims it in its own commit, one round trip fewer than
 # ``request_pass``'s statement after it. Its select list then takes CLAIMED, and the caller
 # passes what they say to ``request_pass``.
-CLAIM_CTE = """claimed AS (UPDATE scheduling_schedulerstate SET pass_queued = true
-                           WHERE id = 1 AND NOT pass_queued RETURNING id)"""
+_CLAIM = """claimed AS (UPDATE scheduling_passrequest SET queued = true
+                        WHERE id = 1 AND NOT queued AND ({when}) RETURNING id)"""
+CLAIM_CTE = _CLAIM.format(when="true")
 CLAIMED = """(SELECT count(*) FROM claimed),
-             EXISTS (SELECT 1 FROM scheduling_schedulerstate WHERE id = 1)"""
+             EXISTS (SELECT 1 FROM scheduling_passrequest WHERE id = 1)"""
 _REQUEST_SQL = f"WITH {CLAIM_CTE} SELECT {CLAIMED}"
+
+
+def claim_cte(when: str) -> str:
+    """CLAIM_CTE claiming the flag only where ``when`` (an SQL condition, which may read the
+    statement's other CTEs) holds."""
+    return _CLAIM.format(when=when)
 
 
 def _queue_if_claimed(claimed: int, exists: bool) -> None:
     """After a statement with CLAIM_CTE committed: queue a pass if it claimed the flag."""
     if not exists:
-        SchedulerState.objects.get_or_create(pk=1)
-        claimed = SchedulerState.objects.filter(pk=1, pass_queued=False).update(pass_queued=True)
+        PassRequest.objects.get_or_create(pk=1)
+        claimed = PassRequest.objects.filter(pk=1, queued=False).update(queued=True)
     if not claimed:
         return  # queued already, or another process claimed it between our read and update
     # Named, never implied: a supervisor forked from a node's launch worker inherits
@@ -153,7 +160,7 @@ def mark_started() -> None:
     """Called by a pass before it reads, in a statement of its own that commits at once:
     requests committed from now on need a pass of their own."""
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE scheduling_schedulerstate SET pass_queued = false WHERE id = 1")
+        cursor.execute("UPDATE scheduling_passrequest SET queued = false WHERE id = 1")
 
 
 def backstops_ensure(*, schedule_model: type[Schedule] = Schedule, using: str = "default") -> int:

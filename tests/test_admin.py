@@ -27,6 +27,7 @@ from scheduling.models import (
     GpuState,
     Node,
     NodeState,
+    PassRequest,
     SchedulerState,
     Task,
     TaskEvent,
@@ -667,8 +668,10 @@ def test_the_scheduler_state_shows_the_pass_time_rounded(client, operator):
     SchedulerState.objects.update_or_create(
         pk=1, defaults={"passes": 7, "last_pass_ms": 193.39962000003652}
     )
+    PassRequest.objects.update_or_create(pk=1, defaults={"queued": True})
 
     for page in (url(SchedulerState, "changelist"), url(SchedulerState, "change", 1)):
         html = client.get(page).content.decode()
         assert "193.4 ms" in html, page
         assert "193.3996" not in html, page
+        assert 'alt="True"' in html, page  # a pass is queued (its own row: PassRequest)

@@ -11,7 +11,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from gpuplatform.db import server_bound_cursor
@@ -88,7 +88,10 @@ _STARTED = """
 
 # Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
 # GPUs are released (the trigger of migration 0010 adds their use to the fair-share counters).
-_SUCCEEDED = """
+# When it released some and ``claim`` is set (it commits by itself), it also claims the pass
+# flag (``passes.claim_cte``): a third of the agents' statements were that claim, made right
+# after this one (throughput bench, PostgreSQL's statement log).
+_SUCCEEDED = f"""
     WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
                           AS r(task_id, number, note)),
     locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
@@ -102,16 +105,17 @@ _SUCCEEDED = """
        RETURNING a.id, a.task_id, r.note),
     k AS (UPDATE scheduling_task k
              SET state = 'succeeded', reason = concat_ws('; ', 'exited with 0', NULLIF(a.note, '')),
-                 wait = '{}', wait_digest = 0, updated_at = %(now)s, exit_code = 0,
+                 wait = '{{}}', wait_digest = 0, updated_at = %(now)s, exit_code = 0,
                  finished_at = %(now)s
             FROM a WHERE k.id = a.task_id
        RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
     freed AS (UPDATE scheduling_allocation f SET released_at = %(now)s
                 FROM k WHERE f.task_id = k.id AND f.released_at IS NULL),
     e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
-          SELECT id, %(now)s, 'running', 'succeeded', reason, attempt FROM k)
-    SELECT attempt_id, id, tenant_id, name, reason, node_id FROM k
-"""
+          SELECT id, %(now)s, 'running', 'succeeded', reason, attempt FROM k),
+    {passes.claim_cte("%(claim)s AND EXISTS (SELECT 1 FROM k)")}
+    SELECT attempt_id, id, tenant_id, name, reason, node_id, {passes.CLAIMED} FROM k
+"""  # noqa: S608 - constant text
 
 
 def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
@@ -146,6 +150,7 @@ def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:
     plain = [r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem)]
     outcomes: dict[tuple[int, int], str] = {}
     if plain:
+        alone = not connection.in_atomic_block  # the statement commits by itself
         with server_bound_cursor() as cursor:
             cursor.execute(
                 _SUCCEEDED,
@@ -154,12 +159,15 @@ def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:
                     "numbers": [r.attempt_no for r in plain],
                     "notes": [r.note for r in plain],
                     "now": timezone.now(),
+                    "claim": alone,
                 },
             )
-            done = cursor.fetchall()
+            rows = cursor.fetchall()
+        done = [row[:6] for row in rows]
         if done:
             live.publish_tasks(_row_tasks(done, TaskState.SUCCEEDED))
-            passes.request_pass()  # their GPUs are free
+            # Their GPUs are free: committed by itself, the statement claimed the flag.
+            passes.request_pass(rows[0][6:] if alone else None)
         numbers = {report.task_id: report.attempt_no for report in plain}
         outcomes.update(((row[1], numbers[row[1]]), "succeeded") for row in done)
     for report in reports:

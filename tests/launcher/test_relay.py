@@ -9,15 +9,15 @@ import socket
 import threading
 
 import psycopg
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from gpuplatform.dburl import current_database_url
-from scheduling import scheduler
+from scheduling import passes, scheduler
 from scheduling.launcher import lifecycle, relay, reports
 from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.launcher.procs import ProcessId
-from scheduling.models import Task, TaskAttempt, TaskEvent, TenantUsage
+from scheduling.models import PassRequest, Task, TaskAttempt, TaskEvent, TenantUsage
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
@@ -257,3 +257,38 @@ def test_every_report_is_sent_as_dataclasses_asdict_would_give_it():
     ):
         assert report.as_dict() == dataclasses.asdict(report)
         assert json.dumps(report.as_dict()) == json.dumps(dataclasses.asdict(report)), "same order"
+
+
+def test_plain_ends_claim_the_pass_flag_in_their_own_statement(launcher, node, lab, monkeypatch):
+    """The statement that frees the GPUs also asks for the pass that places them again: no
+    request statement after it. In a caller's transaction the request follows the commit, and
+    ends that free nothing (a repeated report) ask for nothing."""
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    queued = []
+    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: queued.append(kwargs))
+    tasks, attempts = placed_attempts(lab, node, 4)
+    gone = ProcessId(4_194_303, 0.0)
+    reports.attempts_started([StartReport(a.pk, gone, gone) for a in attempts])
+
+    def end(*ended: Task) -> list[str]:
+        with CaptureQueriesContext(connection) as statements:
+            reports.attempts_finished([ExitReport(t.pk, 1, 0) for t in ended])
+        return [query["sql"] for query in statements.captured_queries]
+
+    passes.mark_started()  # the pass that placed them has begun: the flag is clear
+    queued.clear()  # (the one the submissions asked for)
+    assert len(end(tasks[0])) == 1
+    assert len(queued) == 1 and PassRequest.objects.get(pk=1).queued
+
+    assert len(end(tasks[1])) == 1  # a pass is queued already
+    assert len(queued) == 1
+
+    passes.mark_started()
+    end(tasks[1])  # a repeated report frees nothing (its outcome is read as before)
+    assert len(queued) == 1 and not PassRequest.objects.get(pk=1).queued
+
+    with transaction.atomic():
+        linked = end(tasks[2])
+        assert not queued[1:] and not PassRequest.objects.get(pk=1).queued
+    assert len(linked) == 1 and len(queued) == 2  # asked for once the caller committed
+    assert PassRequest.objects.get(pk=1).queued

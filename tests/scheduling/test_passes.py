@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import passes, scheduler
-from scheduling.models import SchedulerState
+from scheduling.models import PassRequest
 from tests.launcher.conftest import wait_for
 
 
@@ -36,7 +36,7 @@ def test_requests_before_the_pass_starts_queue_one_pass(queued):
     passes.mark_started()
     passes.request_pass()
     assert len(queued) == 2
-    assert SchedulerState.objects.get(pk=1).pass_queued
+    assert PassRequest.objects.get(pk=1).queued
 
 
 @pytest.mark.django_db(transaction=True)
@@ -52,7 +52,7 @@ def test_a_request_costs_one_statement_queued_or_not(queued):
     assert len(first.captured_queries) > 1
     assert len(idle.captured_queries) == 2  # mark_started's, then the request's
     assert len(busy.captured_queries) == 1
-    assert SchedulerState.objects.get(pk=1).pass_queued
+    assert PassRequest.objects.get(pk=1).queued
 
 
 def in_thread(func) -> threading.Thread:
@@ -146,23 +146,23 @@ def test_a_plain_submission_claims_the_flag_in_its_own_insert(queued, lab, works
         return [query["sql"] for query in statements.captured_queries]
 
     first = submit([TaskSpec(name="new-db", command="true")])  # the flag's row is made here
-    assert len(queued) == 1 and SchedulerState.objects.get(pk=1).pass_queued
+    assert len(queued) == 1 and PassRequest.objects.get(pk=1).queued
 
     busy = submit([TaskSpec(name="busy", command="true")])
     assert len(queued) == 1  # a pass is queued already
-    assert [sql for sql in busy if "pass_queued" in sql] == [
+    assert [sql for sql in busy if "scheduling_passrequest" in sql] == [
         sql for sql in busy if "INSERT INTO" in sql
     ]
 
     passes.mark_started()
     idle = submit([TaskSpec(name="idle", command="true")])
-    assert len(queued) == 2 and SchedulerState.objects.get(pk=1).pass_queued
-    assert sum("pass_queued" in sql for sql in idle) == 1
+    assert len(queued) == 2 and PassRequest.objects.get(pk=1).queued
+    assert sum("scheduling_passrequest" in sql for sql in idle) == 1
 
     task_submit(tenant=lab, spec=TaskSpec(name="prep", command="true"))  # a pass is queued
     passes.mark_started()
     linked = submit([TaskSpec(name="after", command="true", after=["prep"])])
     assert len(queued) == 3
-    request = next(i for i, sql in enumerate(linked) if "pass_queued" in sql)
+    request = next(i for i, sql in enumerate(linked) if "scheduling_passrequest" in sql)
     assert "INSERT INTO" not in linked[request] and request > 0
-    assert any("INSERT INTO" in sql and "pass_queued" in sql for sql in first)  # claimed
+    assert any("INSERT INTO" in sql and "scheduling_passrequest" in sql for sql in first)  # claimed

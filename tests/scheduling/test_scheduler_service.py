@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from scheduling import passes, scheduler, services
 from scheduling.launcher import reports
-from scheduling.models import Allocation, SchedulerState, Task, TaskAttempt, TaskEvent
+from scheduling.models import Allocation, PassRequest, SchedulerState, Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import SubmitError, task_submit, tasks_submit
@@ -361,7 +361,7 @@ def test_a_burst_of_submissions_queues_one_pass(lab, workstation, monkeypatch,
                                                 django_capture_on_commit_callbacks):  # fmt: skip
     queued = []
     monkeypatch.setattr(passes, "async_task", lambda *a, **k: queued.append(a))
-    SchedulerState.objects.update_or_create(pk=1, defaults={"pass_queued": False})
+    PassRequest.objects.update_or_create(pk=1, defaults={"queued": False})
     with django_capture_on_commit_callbacks(execute=True):
         for i in range(200):
             submit(lab, f"t{i}")
