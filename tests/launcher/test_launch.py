@@ -340,10 +340,11 @@ def test_a_task_whose_gpu_fails_under_it_is_requeued_not_failed(launcher, node, 
     assert task.retries == 0 and task.state in ("pending", "scheduled", "running")
 
 
-def test_a_pass_queues_its_launches_per_node_and_a_launch_reads_them_in_one_query(
+def test_a_pass_queues_its_launches_per_node_and_a_launch_takes_one_statement(
     node, lab, monkeypatch, settings, tmp_path
 ):
-    """No process starts here: what the pass hands the node, and what the launch reads."""
+    """No process starts here: what the pass hands the node, and what the launch reads and
+    records."""
     settings.LAUNCH_TASKS = True
     settings.TASK_LOG_DIR = str(tmp_path / "logs")
     monkeypatch.delenv("Q_CLUSTER_NAME", raising=False)
@@ -361,14 +362,21 @@ def test_a_pass_queues_its_launches_per_node_and_a_launch_reads_them_in_one_quer
     ]  # fmt: skip
     with CaptureQueriesContext(connection) as seen:
         assert lifecycle.launch_many([(t.pk, 1) for t in tasks]) == ["launched"] * 2
-    reads = [q["sql"] for q in seen.captured_queries if q["sql"].lstrip().startswith("SELECT")]
-    assert len(reads) == 1, reads
-    inserts = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("INSERT")]
-    assert len(inserts) == 1 and len(seen.captured_queries) == 2, "one for every attempt"
-    for task in tasks:
+    assert len(seen.captured_queries) == 1, "one statement reads and records every attempt"
+    for task, assignment in zip(tasks, spawned, strict=True):
+        attempt = attempt_of(task)
         held = task.allocations.filter(released_at=None).order_by("gpu__index")
-        assert attempt_of(task).gpu_uuids == [a.gpu.uuid for a in held]
-        assert len(attempt_of(task).gpu_uuids) == 2
+        assert attempt.gpu_uuids == [a.gpu.uuid for a in held] == assignment.gpu_uuids
+        assert len(attempt.gpu_uuids) == 2
+        assert attempt.log_path == str(paths.log_path(lab.name, task.pk, 1))
+        assert (assignment.attempt_id, assignment.log_path) == (attempt.pk, attempt.log_path)
+        assert (attempt.node, attempt.launched_by, attempt.stop_requested) == (node, "", "")
+        assert (attempt.outcome, attempt.pid, attempt.started_at) == ("", None, None)
+        assert attempt.created_at is not None
+        assert (assignment.task_id, assignment.attempt_no, assignment.node) == (
+            task.pk, 1, node.name
+        )  # fmt: skip
+        assert (assignment.tenant, assignment.command, assignment.env) == (lab.name, "true", {})
     assert len(spawned) == 2
     # A repeated delivery, with a pair asked twice, starts nothing more.
     again = [(t.pk, 1) for t in tasks] + [(tasks[0].pk, 1)]
@@ -406,6 +414,23 @@ def test_a_pass_queues_its_launches_in_its_own_transaction(node, lab, monkeypatc
     assert len(commits) == 1 and insert < seen.captured_queries.index(commits[0])
 
 
+def test_a_launch_on_another_node_s_cluster_records_nothing(launcher, node, lab, monkeypatch):
+    spawned = []
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    task = task_submit(tenant=lab, spec=TaskSpec(name="here", command="true", gpus_min=1))
+    scheduler.schedule_pass()
+
+    monkeypatch.setenv("Q_CLUSTER_NAME", "workstation-9")
+    assert lifecycle.launch_many([(task.pk, 1)]) == [
+        f"refused: this is workstation-9, the task was placed on {node.name}"
+    ]
+    assert not spawned and not TaskAttempt.objects.filter(task=task).exists()
+    monkeypatch.setenv("Q_CLUSTER_NAME", node.name)
+    assert lifecycle.launch_many([(task.pk, 1)]) == ["launched"]
+    assert len(spawned) == 1 and attempt_of(task).launched_by == node.name
+
+
 def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, monkeypatch):
     spawned = []
     monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
@@ -423,3 +448,22 @@ def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, 
     # What the launch read in plain SQL is what the models say.
     assert spawned[0] == Assignment.of(attempt_of(task))
     assert spawned[0].resources["pids"] == 50 and len(spawned[0].gpu_uuids) == 2
+
+
+def test_the_launch_statement_is_not_planned_again_at_every_call(launcher, node, lab, monkeypatch):
+    """PostgreSQL keeps the prepared launch statement's generic plan (see ``_LAUNCH``)."""
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda assignment: None)
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    specs = [TaskSpec(name=f"t{i}", command="true", gpus_min=1) for i in range(3)]
+    tasks = tasks_submit(tenant=lab, specs=specs)
+    scheduler.schedule_pass()
+    for _ in range(20):  # psycopg prepares it from the 6th; PostgreSQL plans 5 of those
+        TaskAttempt.objects.filter(task__in=tasks).delete()
+        assert lifecycle.launch_many([(t.pk, 1) for t in tasks]) == ["launched"] * 3
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%INSERT INTO scheduling_taskattempt%%'"
+        )
+        ((generic, custom),) = cursor.fetchall()
+    assert generic >= 10, f"planned {custom} of 15 prepared calls"
