@@ -412,8 +412,10 @@ class PassRequest(models.Model):
     A row of its own, not a column of ``SchedulerState``: the node agents' end reports claim
     it in the statement that frees GPUs, while holding their tasks' locks, and a pass writes
     ``SchedulerState`` while holding the locks of the tasks it places. On one row the two
-    would wait for each other. Only statements that hold no lock another of them waits for
-    touch this one (a pass clears it before its transaction, see ``passes.mark_started``)."""
+    would wait for each other. Here, a statement that claims or clears the flag holds no other
+    lock (a request; a pass, before its transaction: ``passes.mark_started``), or only locks
+    that no one waiting for this row holds (an end report's running tasks, a submission's new
+    rows)."""
 
     queued = models.BooleanField(
         default=False, help_text="A pass is queued and not yet started: no need to queue another."
