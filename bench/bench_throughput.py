@@ -797,6 +797,7 @@ def pass_times(log: str) -> list[tuple[int, float]]:
 def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
     postmaster = postmaster_of_this_connection()
     cpu_before = cpu_by_role(web_pid, procs, postmaster)
+    work_before = database_work()
     scheduler_log = next(p.log for p in procs if p.name == "scheduler")
     log_offset = scheduler_log.stat().st_size
     passes_before = passes_run()
@@ -826,6 +827,7 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
         time.sleep(min(1.0, max(THROUGHPUT_POLL_S, left / 1000)))
     stopped = time.time()
     cpu_after = cpu_by_role(web_pid, procs, postmaster)
+    work_after = database_work()
     passes = passes_run() - passes_before
     with open(scheduler_log, "rb") as log:
         log.seek(log_offset)
@@ -847,6 +849,7 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
     return {
         "completion": done,
         "cpu_ms_per_task": cpu_per_task(cpu_before, cpu_after, done.finished),
+        "db_per_task": work_per_task(work_before, work_after, done.finished),
         "left": left,
         "states": dict(states),
         "batches_per_s": batches,
@@ -861,6 +864,27 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
 def passes_run() -> int:
     """Scheduling passes so far (``SchedulerState.passes``, counted by every pass)."""
     return SchedulerState.objects.values_list("passes", flat=True).first() or 0
+
+
+def database_work() -> tuple[int, int]:
+    """The server's position in its write-ahead log (bytes) and its next transaction id. What
+    they grow by over a phase is a count, not a timing: every transaction that writes takes an
+    id (a read takes none) and every write goes through the log, so a slow or busy machine
+    moves them only through the work that depends on timing (how many passes ran, how many
+    reports the agents wrote together). Server-wide: another database's writes count too."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, txid_current()")
+        wal, xid = cursor.fetchone()
+    return int(wal), int(xid)
+
+
+def work_per_task(before: tuple[int, int], after: tuple[int, int], finished: int) -> dict:
+    """Write transactions and kB of WAL per finished task between two ``database_work()``
+    (the later one's own transaction id left out)."""
+    return {
+        "writes": (after[1] - before[1] - 1) / max(finished, 1),
+        "wal_kb": (after[0] - before[0]) / 1024 / max(finished, 1),
+    }
 
 
 def measure_platform(pool, tmp: Path) -> dict:
@@ -1007,6 +1031,11 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     print(f"CPU per finished task in the {TASKS:,}-task phase: {cpu['all']:.1f} ms of the "
           f"machine's {os.cpu_count()} CPUs ({parts}); {TARGET_PER_S:,.0f} tasks/s on them "
           f"leave {budget:.0f} ms")  # fmt: skip
+    work = t["db_per_task"]
+    print(f"PostgreSQL work per finished task in the {TASKS:,}-task phase: "
+          f"{work['writes']:.2f} write transactions, {work['wal_kb']:.1f} kB of WAL (counts, "
+          "not timings: only the number of passes moves them with the machine's speed; "
+          "server-wide)")  # fmt: skip
     if lat.lost:
         print(f"latency: {lat.lost} probe(s) left out (supervisor killed from outside)")
     print(f"API phase: statuses {api['statuses']}; {api['cancelled_after']} of its tasks, still "
