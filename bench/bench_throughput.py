@@ -866,24 +866,41 @@ def passes_run() -> int:
     return SchedulerState.objects.values_list("passes", flat=True).first() or 0
 
 
-def database_work() -> tuple[int, int]:
-    """The server's position in its write-ahead log (bytes) and its next transaction id. What
-    they grow by over a phase is a count, not a timing: every transaction that writes takes an
-    id (a read takes none) and every write goes through the log, so a slow or busy machine
-    moves them only through the work that depends on timing (how many passes ran, how many
-    reports the agents wrote together). Server-wide: another database's writes count too."""
+# PostgreSQL's backends publish their statistics at most once a second (PGSTAT_MIN_INTERVAL).
+STATS_SETTLE_S = 1.5
+
+
+def database_work(settle_s: float = STATS_SETTLE_S) -> tuple[int, int, int]:
+    """The server's position in its write-ahead log (bytes), its next transaction id, and the
+    transactions this database has ended (a statement outside a transaction is one), read once
+    the backends have published their statistics (``settle_s``).
+
+    What they grow by over a phase are counts, not timings: the machine's speed moves them only
+    through the work that depends on timing (how many passes ran, how many reports the agents
+    wrote together, the samplers' writes once a second). A transaction that writes takes an id,
+    one that only reads takes none. The log and the ids are the server's: another database's
+    writes count too."""
+    time.sleep(settle_s)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, txid_current()")
-        wal, xid = cursor.fetchone()
-    return int(wal), int(xid)
+        # A statement of its own: in the reading one, the backend's cached view stayed stale.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, txid_current(),"
+            "       xact_commit + xact_rollback"
+            "  FROM pg_stat_database WHERE datname = current_database()"
+        )
+        wal, xid, ended = cursor.fetchone()
+    return int(wal), int(xid), int(ended)
 
 
-def work_per_task(before: tuple[int, int], after: tuple[int, int], finished: int) -> dict:
-    """Write transactions and kB of WAL per finished task between two ``database_work()``
-    (the later one's own transaction id left out)."""
+def work_per_task(before: tuple[int, ...], after: tuple[int, ...], finished: int) -> dict:
+    """Transactions, those of them that wrote, and kB of WAL per finished task between two
+    ``database_work()``, less their own (two transactions, one of them writing)."""
+    per = max(finished, 1)
     return {
-        "writes": (after[1] - before[1] - 1) / max(finished, 1),
-        "wal_kb": (after[0] - before[0]) / 1024 / max(finished, 1),
+        "transactions": (after[2] - before[2] - 2) / per,
+        "writes": (after[1] - before[1] - 1) / per,
+        "wal_kb": (after[0] - before[0]) / 1024 / per,
     }
 
 
@@ -1033,9 +1050,8 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
           f"leave {budget:.0f} ms")  # fmt: skip
     work = t["db_per_task"]
     print(f"PostgreSQL work per finished task in the {TASKS:,}-task phase: "
-          f"{work['writes']:.2f} write transactions, {work['wal_kb']:.1f} kB of WAL (counts, "
-          "not timings: only the number of passes moves them with the machine's speed; "
-          "server-wide)")  # fmt: skip
+          f"{work['transactions']:.2f} transactions ({work['writes']:.2f} of them writing), "
+          f"{work['wal_kb']:.1f} kB of WAL (counts, not timings: see database_work)")  # fmt: skip
     if lat.lost:
         print(f"latency: {lat.lost} probe(s) left out (supervisor killed from outside)")
     print(f"API phase: statuses {api['statuses']}; {api['cancelled_after']} of its tasks, still "
