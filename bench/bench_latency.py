@@ -292,7 +292,7 @@ def timelines(task_ids: list[int], offset: float) -> list[dict[str, object]]:
                 "pass_wait": _s(scheduled, placing and placing[0]),
                 "pass_rest": _s(launches.get(task_id), scheduled),
                 "pass_ms": placing and placing[2],
-                "launch_wait": _s(attempt.get("created_at"), launches.get(task_id)),
+                "launch_wait": _s(created, launches.get(task_id)),
                 "spawn": None if waited else _s(supervisor, created),
                 "supervisor": None if waited else _s(task["started_at"], supervisor),
                 "idle_supervisor": _s(task["started_at"], created) if waited else None,

@@ -50,7 +50,7 @@ def request_pass(claimed: tuple[int, bool] | None = None) -> None:
     """Queue a pass once the current transaction commits (so the pass sees its writes).
 
     ``claimed``: what the flag's claim found in a statement of the caller's that has already
-    committed (CLAIM_CTE, CLAIMED): the pass is then queued now if that claim took the flag,
+    committed (``claim_cte``, CLAIMED): the pass is then queued now if that claim took the flag,
     with no statement of its own."""
     if claimed is not None:
         _queue_if_claimed(*claimed)
@@ -71,25 +71,26 @@ def _enqueue() -> None:
 
 
 # The flag's claim, for a statement of a caller's own that commits by itself (no transaction
-# around it): a plain submission's INSERT claims it in its own commit, one round trip fewer than
-# ``request_pass``'s statement after it. Its select list then takes CLAIMED, and the caller
-# passes what they say to ``request_pass``.
-_CLAIM = """claimed AS (UPDATE scheduling_passrequest SET queued = true
-                        WHERE id = 1 AND NOT queued AND ({when}) RETURNING id)"""
-CLAIM_CTE = _CLAIM.format(when="true")
+# around it), one round trip fewer than ``request_pass``'s statement after it: a plain
+# submission's INSERT, the node agents' statement that records plain ends. The statement takes
+# ``claim_cte()`` among its CTEs and CLAIMED in its select list, and the caller passes what they
+# say to ``request_pass``.
 CLAIMED = """(SELECT count(*) FROM claimed),
              EXISTS (SELECT 1 FROM scheduling_passrequest WHERE id = 1)"""
-_REQUEST_SQL = f"WITH {CLAIM_CTE} SELECT {CLAIMED}"
 
 
-def claim_cte(when: str) -> str:
-    """CLAIM_CTE claiming the flag only where ``when`` (an SQL condition, which may read the
-    statement's other CTEs) holds."""
-    return _CLAIM.format(when=when)
+def claim_cte(when: str = "true") -> str:
+    """The CTE ``claimed`` that takes the flag if it is free and ``when`` (an SQL condition,
+    which may read the statement's other CTEs) holds."""
+    return f"""claimed AS (UPDATE scheduling_passrequest SET queued = true
+                           WHERE id = 1 AND NOT queued AND ({when}) RETURNING id)"""  # noqa: S608 - our SQL
+
+
+_REQUEST_SQL = f"WITH {claim_cte()} SELECT {CLAIMED}"
 
 
 def _queue_if_claimed(claimed: int, exists: bool) -> None:
-    """After a statement with CLAIM_CTE committed: queue a pass if it claimed the flag."""
+    """After a statement with ``claim_cte`` committed: queue a pass if it claimed the flag."""
     if not exists:
         PassRequest.objects.get_or_create(pk=1)
         claimed = PassRequest.objects.filter(pk=1, queued=False).update(queued=True)

@@ -322,7 +322,7 @@ def _insert_sql(varying: tuple[str, ...], claim: bool) -> str:
     batch's tasks share once rather than per task leaves each task's spec and name (1,000 tasks
     of ``true``: 1.0 MB of JSON to 0.5 MB; PostgreSQL parsed 1.0 MB in about 40 ms).
     Ids are taken in the array's order (ORDER BY ordinality), so sorted they match the tasks.
-    With ``claim``, the statement also claims the pass flag (``passes.CLAIM_CTE``) and each row
+    With ``claim``, the statement also claims the pass flag (``passes.claim_cte``) and each row
     says what the claim found (``passes.CLAIMED``)."""
     fields = [f for f in Task._meta.concrete_fields if not f.primary_key]
     table, events = Task._meta.db_table, TaskEvent._meta.db_table
@@ -335,7 +335,7 @@ def _insert_sql(varying: tuple[str, ...], claim: bool) -> str:
         "ORDER BY r.ordinality RETURNING id), "
         f'e AS (INSERT INTO "{events}" (task_id, at, from_state, to_state, reason, attempt, '
         "actor_id) SELECT id, %(at)s, '', %(state)s, %(reason)s, 0, %(actor)s FROM t)"
-        f"{f', {passes.CLAIM_CTE} SELECT id, {passes.CLAIMED}' if claim else ' SELECT id'} FROM t"
+        f"{f', {passes.claim_cte()} SELECT id, {passes.CLAIMED}' if claim else ' SELECT id'} FROM t"
     )
 
 
