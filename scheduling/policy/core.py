@@ -65,6 +65,7 @@ from scheduling.policy.model import (
     Preemption,
     RunningView,
     Snapshot,
+    Successor,
     TenantView,
     Wait,
     card_share,
@@ -327,6 +328,7 @@ class Pass:
         for task in deferred:
             self.consider(task)
         self.decision.wake_at = None if self.wake_at == INF else self.wake_at
+        self.decision.successors = self.nominate(eligible)
         return self.decision
 
     def wake(self, at: float) -> None:
@@ -491,6 +493,49 @@ class Pass:
             "fitting_now": free,
         }
         return Wait(WAIT_CAPACITY, f"needs {what}{where}; {free} {noun} now", details)
+
+    # -- successors --
+
+    def nominate(self, eligible: list[PendingView]) -> list[Successor]:
+        """The tasks left waiting for GPUs, in the order this policy would start them as GPUs
+        free up, each with the GPUs it may take: at most one per schedulable GPU.
+
+        The order is the pass's own (``ordered``: starving first, priority, fair share, age),
+        with each successor charged to its tenant as if it had started, so quotas hold however
+        many of them start before the next pass and fair share turns as they do. No successor
+        may take a GPU held for a blocked task (a backfill reservation, a preemption's victims)
+        but its own. Called last: it charges the books. Nothing is nominated while a class may
+        take back borrowed GPUs (that order is the lenders' and changes with every placement),
+        and the list ends at the first task only a pass can place (an elastic or a shared one):
+        none behind it may overtake it."""
+        if self.entitled:
+            return []
+        waits = self.decision.waits
+        for_gpus = (WAIT_CAPACITY, WAIT_RESERVED)
+        waiting = [t for t in eligible if t.id in waits and waits[t.id].code in for_gpus]
+        held: dict[int, int] = {}  # GPU id -> the task it is held for
+        for reservation in self.reservations:
+            held.update(dict.fromkeys(reservation.gpu_ids, reservation.task_id))
+        successors: list[Successor] = []
+        limit = len(self.capacity.gpus)
+        for task in self.ordered(waiting):
+            if len(successors) >= limit:
+                break
+            if not task.exclusive or task.gpus_min != task.gpus_max or not task.gpus_min:
+                break
+            if self.tenant(task.tenant).pool_limits or self.quota_problem(task, None):
+                continue  # pool quotas depend on where it lands: a pass decides
+            by_node = [[g for g in matching
+                        if not g.foreign_mb and held.get(g.id, task.id) == task.id]
+                       for _, matching in self.capacity.candidates(task)]  # fmt: skip
+            usable = [gpus for gpus in by_node if len(gpus) >= task.gpus_min]
+            if not usable:
+                continue
+            ids = tuple(g.id for gpus in usable for g in gpus)
+            successors.append(Successor(task.id, task.gpus_min, ids))
+            some = tuple((g.id, g.memory_mb) for g in usable[0][: task.gpus_min])
+            self.books.charge(task.tenant, task.task_class, some, True)
+        return successors
 
     # -- backfill reservation --
 

@@ -171,6 +171,16 @@ class Preemption:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Successor:
+    """A waiting task that would start as soon as GPUs it may take free up, before the next
+    pass (``Decision.successors``): ``gpus`` whole GPUs on one node, among ``gpu_ids``."""
+
+    task_id: int
+    gpus: int
+    gpu_ids: tuple[int, ...]
+
+
 # Why a task waits, in one word (``Wait.code``).
 WAIT_QUEUE = "queue"  # its serial queue runs or holds an earlier task
 WAIT_HELD = "held"  # held for a person (repeated infrastructure failures)
@@ -217,6 +227,11 @@ class Decision:
     # starvation, a class's right to reclaim): the caller runs the policy again then, so no
     # time-based wait depends on some unrelated event (or the backstop) to be noticed.
     wake_at: float | None = None
+    # Waiting tasks in the order they would start as GPUs free up, each with the GPUs it may
+    # take, quotas counted as if every one before it had started: the caller may hand a
+    # finished task's GPUs to the first that fits before it runs the policy again
+    # (``Pass.nominate``). Empty where the policy cannot promise that order.
+    successors: list[Successor] = field(default_factory=list)
 
     @cached_property
     def waiting(self) -> dict[int, str]:

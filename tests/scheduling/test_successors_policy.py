@@ -1,0 +1,78 @@
+"""The policy's successors: who takes a finished task's GPUs before the next pass, and where."""
+
+from __future__ import annotations
+
+from scheduling.policy import ONLINE, Limits, PolicySettings, TenantView, schedule
+
+from .test_policy import NOW, gpus, running, snap, task
+
+
+def full(cluster, tenant: str = "other", **kwargs):
+    return [running(tenant, [gpu], **kwargs) for gpu in cluster]
+
+
+def test_successors_take_turns_by_fair_share_as_if_each_had_started():
+    cluster = gpus(nodes=2, per_node=2)
+    vision = [task("vision") for _ in range(3)]
+    nlp = [task("nlp") for _ in range(3)]
+    # vision already used more than nlp: nlp goes first, then they alternate.
+    tenants = [TenantView("vision", recent_gpus=1.5), TenantView("nlp", recent_gpus=0.0)]
+    decision = schedule(snap(cluster, vision + nlp, full(cluster), tenants))
+    assert not decision.placements
+    order = [s.task_id for s in decision.successors]
+    assert order == [nlp[0].id, nlp[1].id, vision[0].id, nlp[2].id]  # one per GPU
+    # The first holds the backfill reservation (the GPU that frees first): the others may take
+    # every GPU but that one.
+    first, *others = decision.successors
+    assert first.gpu_ids == tuple(g.id for g in cluster)
+    assert all(len(s.gpu_ids) == 3 and set(s.gpu_ids) < set(first.gpu_ids) for s in others)
+
+
+def test_successors_never_add_up_past_a_quota():
+    cluster = gpus(per_node=4)
+    holders = [running("vision", [cluster[0]]), *full(cluster[1:], "nlp")]
+    waiting = [task("vision"), task("vision"), task("nlp")]
+    tenants = [TenantView("vision", limits=Limits(gpus=2))]
+    decision = schedule(snap(cluster, waiting, holders, tenants))
+    # vision holds 1 of 2: one more of its tasks may start, the other waits for a pass.
+    assert [s.task_id for s in decision.successors] == [waiting[0].id, waiting[2].id]
+
+
+def test_no_successor_may_take_gpus_held_for_a_blocked_task_but_that_task():
+    cluster = gpus(nodes=2, per_node=2)
+    big, small = task("vision", gpus=2), task("nlp")
+    decision = schedule(snap(cluster, [big, small], full(cluster)))
+    assert decision.waits[big.id].code == "reserved"
+    successors = {s.task_id: s for s in decision.successors}
+    node = decision.waits[big.id].details["node"]
+    held = {g.id for g in cluster if g.node == node}
+    assert successors[big.id].gpus == 2
+    assert set(successors[big.id].gpu_ids) == {g.id for g in cluster}
+    assert successors[small.id].gpus == 1
+    assert set(successors[small.id].gpu_ids) == {g.id for g in cluster} - held
+
+
+def test_the_list_ends_at_a_task_only_a_pass_can_place():
+    cluster = gpus(per_node=2)
+    first = task("vision")
+    elastic = task("vision", gpus=(1, 2))
+    after = task("vision")
+    decision = schedule(snap(cluster, [first, elastic, after], full(cluster)))
+    assert [s.task_id for s in decision.successors] == [first.id]
+
+
+def test_a_task_whose_node_has_too_few_matching_gpus_is_not_a_successor():
+    cluster = gpus(nodes=2, per_node=2)
+    too_big = task("vision", gpus=3)
+    pinned = task("vision", node="node-1")
+    decision = schedule(snap(cluster, [too_big, pinned], full(cluster)))
+    assert [(s.task_id, s.gpu_ids) for s in decision.successors] == [(pinned.id, (100, 101))]
+
+
+def test_nothing_is_nominated_while_a_class_may_take_back_borrowed_gpus():
+    cluster = gpus(per_node=4)
+    holders = full(cluster, "nlp", started_at=NOW - 10)
+    online = task("vision", task_class=ONLINE, submitted_at=NOW - 600)
+    decision = schedule(snap(cluster, [online], holders), PolicySettings(reclaim_after_s=60))
+    assert decision.preemptions  # it takes back what batch borrowed
+    assert decision.successors == []
