@@ -428,6 +428,32 @@ class PassRequest(models.Model):
         return "a pass is queued" if self.queued else "no pass queued"
 
 
+class Successor(models.Model):
+    """A waiting task a pass would start next, and the GPUs it may take
+    (``policy.Decision.successors``): a node agent that records a task's plain end hands its
+    GPUs to the first successor that fits them, in the same transaction (``handoff``), so a
+    GPU does not wait for the next pass. Each pass writes a list of its own (a new
+    ``generation``); agents take from the newest (``scheduler.list_successors``)."""
+
+    generation = models.PositiveBigIntegerField(help_text="The list it belongs to.")
+    task = models.ForeignKey("Task", on_delete=models.CASCADE, related_name="+")
+    rank = models.PositiveIntegerField(help_text="Its place in the list, from 1.")
+    listed = models.PositiveIntegerField(help_text="How many the pass listed.")
+    gpus = models.PositiveSmallIntegerField(help_text="Whole GPUs it takes, on one node.")
+    gpu_ids = ArrayField(models.BigIntegerField(), help_text="The GPUs it may take.")
+    fenced = models.BooleanField(
+        help_text="Its tenant has a quota: a pass takes the row before it reads anything."
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["generation", "task"], name="successor_once_per_list")
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.rank} of {self.listed} in list {self.generation}: task {self.task_id}"
+
+
 class SchedulerState(models.Model):
     """The one row that tells operators how scheduling passes go, and books time-based ones."""
 

@@ -38,6 +38,7 @@ from scheduling.policy import (
     GpuView,
     Limits,
     PendingView,
+    Placement,
     RunningView,
     Snapshot,
     TenantView,
@@ -113,6 +114,7 @@ def _schedule_pass() -> PassResult:
         result.placed = apply_placements(decision, timezone.now())
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision, digests)
+        list_successors(decision)
         # The policy says when a wait ends by time alone (backoff, starvation, reclaim); at
         # most one such pass a second, so tasks crossing starvation_after one after another
         # (a backlog submitted over hours) do not keep the scheduler busy with a pass each.
@@ -159,10 +161,60 @@ def _read_for_pass(
     rows), in one round trip (``fetch_together``): read one after another, a pass's ten reads
     waited 22 ms for the server and the scheduler to be scheduled in turn, against 2.5 ms of
     their CPU (throughput bench, 2 busy cores)."""
-    _, links, *read = fetch_together(
-        Query(_LOCK, [PASS_LOCK]), _links_query(), *snapshot_queries(now, half_life)
+    _, _, links, *read = fetch_together(
+        Query(_LOCK, [PASS_LOCK]),
+        Query(_FORGET_SPENT),
+        _links_query(),
+        *snapshot_queries(now, half_life),
     )
     return links, SnapshotRows.of(read)
+
+
+# A pass and the node agents' hand-offs (``launcher.handoff``) are kept apart where it matters.
+# Agents take from the newest list only. A pass, before it reads anything, deletes the older
+# lists and the successors of tenants with a quota (``fenced``): a hand-off holds its rows
+# until it commits, so this waits for every hand-off under way from them, and the snapshot
+# sees its placements; a later one finds them locked or gone. So no pass places a tenant's
+# tasks on a count of its usage that a hand-off changes meanwhile. The other successors of the
+# newest list stay usable while the pass runs (a GPU freed and handed on in one transaction is
+# never free in any snapshot; a task placed by both is placed by the first: each placement
+# needs the task still pending), and the pass's own list, a new generation, takes over when it
+# commits. It only inserts rows: it never waits for an agent while it holds what the agent's
+# hand-off needs (the tasks it placed, its tenants' usage counters). Waiting for the agents
+# there, the passes and the agents deadlocked; deleting the whole list before reading left the
+# agents nothing to hand for most of each pass (throughput bench).
+_FORGET_SPENT = """
+    DELETE FROM scheduling_successor
+     WHERE fenced OR generation < (SELECT max(generation) FROM scheduling_successor)
+"""
+
+
+def list_successors(decision: Decision) -> None:
+    """Store the decision's successors (``models.Successor``) as the newest list, for the node
+    agents to take from once the pass commits."""
+    if not (successors := decision.successors):
+        return
+    with server_bound_cursor() as cursor:
+        cursor.execute(
+            _LIST_SUCCESSORS,
+            {
+                "tasks": [s.task_id for s in successors],
+                "gpus": [s.gpus for s in successors],
+                "sets": ["{" + ",".join(map(str, s.gpu_ids)) + "}" for s in successors],
+                "fenced": [s.fenced for s in successors],
+                "listed": len(successors),
+            },
+        )
+
+
+_LIST_SUCCESSORS = """
+    INSERT INTO scheduling_successor (generation, task_id, rank, listed, gpus, gpu_ids, fenced)
+    SELECT (SELECT COALESCE(max(generation), 0) + 1 FROM scheduling_successor),
+           task_id, rank, %(listed)s, gpus, gpu_ids::bigint[], fenced
+      FROM unnest(%(tasks)s::bigint[], %(gpus)s::integer[], %(sets)s::text[],
+                  %(fenced)s::boolean[])
+           WITH ORDINALITY AS s(task_id, gpus, gpu_ids, fenced, rank)
+"""
 
 
 # --- Dependencies ------------------------------------------------------------------------------
@@ -469,29 +521,9 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
     """
     if not decision.placements:
         return []
-    states.check(TaskState.PENDING, TaskState.SCHEDULED)  # the bulk path of task_transition
-    shares = [(p.task_id, gpu_id, mb, p.exclusive) for p in decision.placements
-              for gpu_id, mb in p.gpus]  # fmt: skip
+    query = place_query(decision.placements, now)
     with server_bound_cursor() as cursor:
-        cursor.execute(
-            _PLACE,
-            {
-                "scheduled": TaskState.SCHEDULED,
-                "pending": TaskState.PENDING,
-                "now": now,
-                "ids": [p.task_id for p in decision.placements],
-                "nodes": [p.node for p in decision.placements],
-                "reasons": [
-                    f"placed on {p.node} (GPU ids "
-                    f"{', '.join(str(gpu_id) for gpu_id, _ in p.gpus) or 'none'})"
-                    for p in decision.placements
-                ],
-                "s_task": [task_id for task_id, *_ in shares],
-                "s_gpu": [gpu_id for _, gpu_id, _, _ in shares],
-                "s_mb": [mb for _, _, mb, _ in shares],
-                "s_exclusive": [exclusive for *_, exclusive in shares],
-            },
-        )
+        cursor.execute(query.sql, query.params)
         returned = {task_id: row for task_id, *row in cursor.fetchall()}
     placed, launches = [], []
     for p in decision.placements:
@@ -503,6 +535,32 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
     lifecycle.dispatch_launches(launches)  # in this transaction, before the live events
     live.publish_placements(placed)
     return list(returned)
+
+
+def place_query(placements: list[Placement], now: datetime) -> Query:
+    """``_PLACE`` for these placements, stamped ``now``."""
+    states.check(TaskState.PENDING, TaskState.SCHEDULED)  # the bulk path of task_transition
+    shares = [(p.task_id, gpu_id, mb, p.exclusive) for p in placements
+              for gpu_id, mb in p.gpus]  # fmt: skip
+    return Query(
+        _PLACE,
+        {
+            "scheduled": TaskState.SCHEDULED,
+            "pending": TaskState.PENDING,
+            "now": now,
+            "ids": [p.task_id for p in placements],
+            "nodes": [p.node for p in placements],
+            "reasons": [
+                f"placed on {p.node} (GPU ids "
+                f"{', '.join(str(gpu_id) for gpu_id, _ in p.gpus) or 'none'})"
+                for p in placements
+            ],
+            "s_task": [task_id for task_id, *_ in shares],
+            "s_gpu": [gpu_id for _, gpu_id, _, _ in shares],
+            "s_mb": [mb for _, _, mb, _ in shares],
+            "s_exclusive": [exclusive for *_, exclusive in shares],
+        },
+    )
 
 
 # Each placed task still pending becomes scheduled on its node, with an allocation per GPU

@@ -28,7 +28,7 @@ from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from gpuplatform.broker import QueueBatch
-from gpuplatform.db import server_bound_cursor
+from gpuplatform.db import Query, server_bound_cursor
 from scheduling import passes, services
 from scheduling.launcher import cgroups, paths, procs, spawner, supervisor, tracking
 from scheduling.launcher.environ import platform_environment
@@ -101,23 +101,40 @@ def launch_many(pairs: list[tuple[int, int]]) -> list[str]:
     the attempts that may start (``_LAUNCH``), then a supervisor is started for each attempt
     it recorded."""
     cluster = os.environ.get("Q_CLUSTER_NAME", "")
+    query = launch_query(pairs, cluster)
     with server_bound_cursor() as cursor:
-        cursor.execute(
-            _LAUNCH,
-            {
-                "tasks": [task_id for task_id, _ in pairs],
-                "numbers": [attempt_no for _, attempt_no in pairs],
-                "cluster": cluster,
-                "logs": str(Path(settings.TASK_LOG_DIR)),  # as paths.log_path writes it
-                "now": timezone.now(),
-            },
-        )
-        rows = {(row[0], row[14]): row for row in cursor.fetchall()}
+        cursor.execute(query.sql, query.params)
+        rows = cursor.fetchall()
+    results, recorded = launch_assignments(pairs, rows, cluster)
+    start_supervisors(recorded)
+    return results
+
+
+def launch_query(pairs: list[tuple[int, int]], cluster: str) -> Query:
+    """``_LAUNCH`` for these (task id, attempt number) on ``cluster`` ('': any node)."""
+    return Query(
+        _LAUNCH,
+        {
+            "tasks": [task_id for task_id, _ in pairs],
+            "numbers": [attempt_no for _, attempt_no in pairs],
+            "cluster": cluster,
+            "logs": str(Path(settings.TASK_LOG_DIR)),  # as paths.log_path writes it
+            "now": timezone.now(),
+        },
+    )
+
+
+def launch_assignments(
+    pairs: list[tuple[int, int]], rows: list[tuple], cluster: str
+) -> tuple[list[str], list[Assignment]]:
+    """What ``launch_query`` read: what became of each pair, in order, and the assignments of
+    the attempts it recorded (to ``start_supervisors``)."""
+    by_pair = {(row[0], row[14]): row for row in rows}
     results: list[str] = []
     recorded: list[Assignment] = []
     seen: set[tuple[int, int]] = set()
     for task_id, attempt_no in pairs:
-        row = rows.get((task_id, attempt_no))
+        row = by_pair.get((task_id, attempt_no))
         if row is None or row[1] != TaskState.SCHEDULED or row[2] != attempt_no:
             results.append("stale: the task moved on")
             continue
@@ -149,13 +166,30 @@ def launch_many(pairs: list[tuple[int, int]]) -> list[str]:
                 gpu_uuids=gpu_uuids,
             )
         )
-    Path(settings.TASK_LOG_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+    return results, recorded
+
+
+def start_supervisors(recorded: list[Assignment]) -> None:
+    """A supervisor for each recorded attempt, its log's directories made first."""
     for assignment in recorded:
-        log = Path(assignment.log_path)
-        log.parent.parent.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
-        log.parent.mkdir(mode=0o700, exist_ok=True)
+        prepare_logs(assignment)
         spawn_supervisor(assignment)
-    return results
+
+
+def prepare_logs(assignment: Assignment) -> Path:
+    """Make the directories of the attempt's log; returns its supervisor's own log (its
+    sink, made only if it has something to say)."""
+    log = Path(assignment.log_path)
+    log.parent.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # TASK_LOG_DIR
+    log.parent.parent.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
+    log.parent.mkdir(mode=0o700, exist_ok=True)
+    return supervisor_sink(assignment)
+
+
+def supervisor_sink(assignment: Assignment) -> Path:
+    """Where the supervisor of ``assignment`` logs."""
+    out = paths.attempt_dir(assignment.tenant, assignment.task_id)
+    return out / f"supervisor-{assignment.attempt_no}.log"
 
 
 # Each task asked for with what its supervisor needs (``messages.Assignment``): its node, its
@@ -213,8 +247,7 @@ def spawn_supervisor(assignment: Assignment) -> None:
     more, instead of the second a fresh interpreter spends importing);
     ``SUPERVISOR_START=exec`` starts a new interpreter.
     """
-    out = paths.attempt_dir(assignment.tenant, assignment.task_id)
-    sink = out / f"supervisor-{assignment.attempt_no}.log"
+    sink = supervisor_sink(assignment)
     if settings.SUPERVISOR_START == "fork":
         try:
             spawner.request(assignment, str(sink))

@@ -101,6 +101,9 @@ class ExitReport:
     timed_out: bool = False
     problem: str = ""
     note: str = ""
+    # The supervisor can take the next attempt on the GPUs this one frees, in the agent's
+    # answer (``handoff``): it is one of the spawner's and may serve another.
+    ready: bool = False
 
     def as_dict(self) -> dict:
         return {
@@ -110,6 +113,7 @@ class ExitReport:
             "timed_out": self.timed_out,
             "problem": self.problem,
             "note": self.note,
+            "ready": self.ready,
         }
 
 

@@ -214,8 +214,11 @@ class Relay(threading.Thread):
         return message
 
     def _answer(self, pending: list[tuple[socket.socket, dict]]) -> None:
+        from scheduling.launcher import handoff, lifecycle  # Django's models: the agent's only
+
+        hand = handoff.HandOff(self.node_name)
         try:
-            replies = write_reports([message for _, message in pending])
+            replies = write_reports([message for _, message in pending], hand)
         except DatabaseError as exc:
             logger.warning("node %s: reports not written (%s): supervisors report", self.node_name,
                            exc)  # fmt: skip
@@ -227,15 +230,21 @@ class Relay(threading.Thread):
             try:
                 conn.sendall(json.dumps(reply).encode())
             except OSError:
-                pass  # it gave up waiting and reported itself: the write above was idempotent
+                # It gave up waiting and reported itself (the write above was idempotent); an
+                # attempt it was to take goes to the spawner.
+                if "next" in reply:
+                    hand.rest.append(handoff.Assignment.from_dict(reply["next"]["assignment"]))
             finally:
                 conn.close()
+        # After the answers: a supervisor told to go idle is back in the spawner's pool sooner.
+        lifecycle.start_supervisors(hand.rest)
 
 
-def write_reports(messages: list[dict]) -> list[dict]:
-    """One statement for the starts, one for the plain ends (any other end on its own), one
-    query for the fences; an answer
-    per message, in order."""
+def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
+    """One statement for the starts, one transaction for the plain ends (any other end on its
+    own), whose GPUs are handed on to the next tasks with ``hand_off`` (a node agent's
+    ``handoff.HandOff``), one query for the fences; an answer per message, in order: a ready
+    supervisor's answer may name its next attempt (``next``, signed)."""
     from scheduling.launcher import reports
 
     def of(kind: str) -> list[dict]:
@@ -245,7 +254,8 @@ def write_reports(messages: list[dict]) -> list[dict]:
     exits = [ExitReport(**fields) for fields in of("finished")]
     fences = [fields["attempt_id"] for fields in of("fence")]
     started = reports.attempts_started(starts) if starts else {}
-    outcomes = reports.attempts_finished(exits) if exits else {}
+    outcomes = reports.attempts_finished(exits, hand_off=hand_off) if exits else {}
+    given = hand_off.given if hand_off is not None else {}
     wanted = reports.still_wanted(fences) if fences else {}
 
     def answer(kind: str, fields: dict) -> dict:
@@ -254,6 +264,10 @@ def write_reports(messages: list[dict]) -> list[dict]:
         if kind == "fence":
             return {"ok": True, "wanted": wanted.get(fields["attempt_id"], False)}
         key = (fields["task_id"], fields["attempt_no"])
-        return {"ok": True, "outcome": outcomes.get(key, "unknown")}
+        reply = {"ok": True, "outcome": outcomes.get(key, "unknown")}
+        if fields["task_id"] in given:
+            assignment, sink = given[fields["task_id"]]
+            reply["next"] = signed({"assignment": assignment.as_dict(), "sink": sink})
+        return reply
 
     return [answer(m["kind"], m["report"]) for m in messages]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -20,6 +21,9 @@ from scheduling import passes, services
 from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.models import GPU, GpuState, StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TaskState
+
+if TYPE_CHECKING:
+    from scheduling.launcher.handoff import HandOff
 
 # Ends the reason of a task whose cancel is under way (see lifecycle.task_cancel).
 STOPPING = "; stopping"
@@ -128,6 +132,30 @@ def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
     ]
 
 
+def _plain_ends(plain: list[ExitReport]) -> list[tuple]:
+    """Record plain ends in one statement (``_SUCCEEDED``), which also claims the pass flag
+    when it commits by itself; returns the ended tasks (its first six columns)."""
+    alone = not connection.in_atomic_block  # the statement commits by itself
+    with server_bound_cursor() as cursor:
+        cursor.execute(_SUCCEEDED, succeeded_params(plain, timezone.now(), claim=alone))
+        rows = cursor.fetchall()
+    if rows:
+        # Their GPUs are free: committed by itself, the statement claimed the flag.
+        passes.request_pass(rows[0][6:] if alone else None)
+    return [row[:6] for row in rows]
+
+
+def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
+    """``_SUCCEEDED``'s parameters for these plain ends, stamped ``now``."""
+    return {
+        "tasks": [r.task_id for r in plain],
+        "numbers": [r.attempt_no for r in plain],
+        "notes": [r.note for r in plain],
+        "now": now,
+        "claim": claim,
+    }
+
+
 def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
     """Fencing: an attempt whose task moved on (lost, requeued, cancelled) must stop."""
     rows = TaskAttempt.objects.filter(pk__in=attempt_ids).values(
@@ -143,31 +171,25 @@ def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
     return wanted
 
 
-def attempts_finished(reports: list[ExitReport]) -> dict[tuple[int, int], str]:
+def attempts_finished(
+    reports: list[ExitReport], *, hand_off: HandOff | None = None
+) -> dict[tuple[int, int], str]:
     """``attempt_finished`` for many attempts: the common case, a running task that exited
     with 0, in one statement for all of them (``_SUCCEEDED``); any other end one by one.
-    Returns each outcome by (task id, attempt number)."""
+    ``hand_off`` (a node agent's, whose supervisors these are): their GPUs are handed to the
+    last pass's successors in the same transaction (``handoff``). Returns each outcome by
+    (task id, attempt number)."""
     plain = [r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem)]
     outcomes: dict[tuple[int, int], str] = {}
     if plain:
-        alone = not connection.in_atomic_block  # the statement commits by itself
-        with server_bound_cursor() as cursor:
-            cursor.execute(
-                _SUCCEEDED,
-                {
-                    "tasks": [r.task_id for r in plain],
-                    "numbers": [r.attempt_no for r in plain],
-                    "notes": [r.note for r in plain],
-                    "now": timezone.now(),
-                    "claim": alone,
-                },
-            )
-            rows = cursor.fetchall()
-        done = [row[:6] for row in rows]
+        if hand_off is not None:
+            from scheduling.launcher import handoff  # it imports lifecycle, which imports us
+
+            done = handoff.plain_ends(plain, hand_off)
+        else:
+            done = _plain_ends(plain)
         if done:
             live.publish_tasks(_row_tasks(done, TaskState.SUCCEEDED))
-            # Their GPUs are free: committed by itself, the statement claimed the flag.
-            passes.request_pass(rows[0][6:] if alone else None)
         numbers = {report.task_id: report.attempt_no for report in plain}
         outcomes.update(((row[1], numbers[row[1]]), "succeeded") for row in done)
     for report in reports:

@@ -177,6 +177,11 @@ class Supervisor:
         # Set by ``finish``: the attempt ended plainly and the agent recorded it, so this process
         # may supervise another (``become``).
         self.reusable = False
+        # Set by ``become``: it may serve another attempt after this one, and so offers to take
+        # one in the agent's answer to its end (``handoff``), which ``finish`` keeps here as
+        # (assignment, sink): believed only signed with the platform's key.
+        self.takes_next = False
+        self.next_work: tuple[Assignment, str] | None = None
         it = assignment
         self.exit_file = paths.exit_path(it.tenant, it.task_id, it.attempt_no)
 
@@ -395,8 +400,12 @@ class Supervisor:
             logger.error(
                 "cannot write the exit file %s; the database is the only record", exit_file
             )
-        report = ExitReport(it.task_id, it.attempt_no, exit_code, timed_out, problem, note)
+        ready = self.takes_next and exit_code == 0 and not (problem or timed_out or self.stop_asked)
+        report = ExitReport(it.task_id, it.attempt_no, exit_code, timed_out, problem, note, ready)
         reply = relay.send(it.node, report)  # through the node agent
+        work = (reply or {}).get("next")
+        if isinstance(work, dict) and relay.genuine(work):
+            self.next_work = Assignment.from_dict(work["assignment"]), str(work["sink"])
 
         def write():
             from scheduling.launcher import reports
@@ -567,10 +576,15 @@ def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
         root.setLevel(logging.INFO)
         for served in range(1, settings.SUPERVISOR_REUSE + 1):
             supervisor = Supervisor(assignment)
+            supervisor.takes_next = pooled and served < settings.SUPERVISOR_REUSE
             code = supervisor.run()
-            if not (pooled and supervisor.reusable) or served == settings.SUPERVISOR_REUSE:
+            # The agent's answer named the next attempt: it is ours to run, and nobody else's.
+            work = supervisor.next_work
+            if work is None and (
+                not (pooled and supervisor.reusable) or served == settings.SUPERVISOR_REUSE
+            ):
                 break
-            work = _idle(assignment.node)
+            work = work or _idle(assignment.node)
             if work is None:
                 break
             assignment, sink = work

@@ -523,7 +523,8 @@ class Pass:
                 break
             if not task.exclusive or task.gpus_min != task.gpus_max or not task.gpus_min:
                 break
-            if self.tenant(task.tenant).pool_limits or self.quota_problem(task, None):
+            view = self.tenant(task.tenant)
+            if view.pool_limits or self.quota_problem(task, None):
                 continue  # pool quotas depend on where it lands: a pass decides
             by_node = [[g for g in matching
                         if not g.foreign_mb and held.get(g.id, task.id) == task.id]
@@ -532,7 +533,7 @@ class Pass:
             if not usable:
                 continue
             ids = tuple(g.id for gpus in usable for g in gpus)
-            successors.append(Successor(task.id, task.gpus_min, ids))
+            successors.append(Successor(task.id, task.gpus_min, ids, view.limits != NO_LIMITS))
             some = tuple((g.id, g.memory_mb) for g in usable[0][: task.gpus_min])
             self.books.charge(task.tenant, task.task_class, some, True)
         return successors

@@ -174,11 +174,14 @@ class Preemption:
 @dataclass(frozen=True, slots=True)
 class Successor:
     """A waiting task that would start as soon as GPUs it may take free up, before the next
-    pass (``Decision.successors``): ``gpus`` whole GPUs on one node, among ``gpu_ids``."""
+    pass (``Decision.successors``): ``gpus`` whole GPUs on one node, among ``gpu_ids``.
+    ``fenced``: its tenant has a quota, which holds only if no pass places the tenant's tasks
+    while it starts (the caller keeps the two apart)."""
 
     task_id: int
     gpus: int
     gpu_ids: tuple[int, ...]
+    fenced: bool = False
 
 
 # Why a task waits, in one word (``Wait.code``).

@@ -1,0 +1,225 @@
+"""A plain end's GPUs go straight to the last pass's successors, in the transaction that frees
+them; a pass waits for a hand-off under way; a pass is asked for when GPUs went to nobody."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from gpuplatform.dburl import current_database_url
+from scheduling import passes, scheduler
+from scheduling.launcher import handoff, lifecycle, reports
+from scheduling.launcher.messages import ExitReport, StartReport
+from scheduling.launcher.procs import ProcessId
+from scheduling.models import Allocation, Successor, Task, TaskAttempt, TaskEvent
+from scheduling.policy import Placement
+from scheduling.states import TaskState
+from tenants.models import Quota
+from tests.launcher.conftest import state_of, wait_for
+from tests.launcher.test_relay import blocked_on_a_lock, submit
+from tests.launcher.test_spawner import running_spawner
+
+GONE = ProcessId(4_194_303, 0.0)  # no such process: the fixture's clean-up kills nothing
+
+
+def running_and_waiting(lab, node, monkeypatch, running: int, waiting: int):
+    """``running`` tasks placed by a pass and reported started (attempts made by hand), then
+    ``waiting`` more, listed by a second pass as its successors. Nothing really starts: the
+    pass's launches are dropped, the hand-off's are left in its ``HandOff``; the passes asked
+    for are counted."""
+    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    queued: list = []
+    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: queued.append(kwargs))
+    first = [submit(lab, "true", name=f"r{i}") for i in range(running)]
+    scheduler.schedule_pass()
+    attempts = [
+        TaskAttempt.objects.create(task=t, number=1, node=node, gpu_uuids=[], log_path="")
+        for t in first
+    ]
+    reports.attempts_started([StartReport(a.pk, GONE, GONE) for a in attempts])
+    later = [submit(lab, "true", name=f"w{i}") for i in range(waiting)]
+    scheduler.schedule_pass()
+    queued.clear()
+    return first, later, queued
+
+
+def end(node, *tasks: Task, ready: bool = False) -> handoff.HandOff:
+    """Plain ends of ``tasks`` as ``node``'s agent records them; what it handed on."""
+    hand = handoff.HandOff(node.name)
+    outcomes = reports.attempts_finished(
+        [ExitReport(t.pk, 1, 0, ready=ready) for t in tasks], hand_off=hand
+    )
+    assert outcomes == {(t.pk, 1): "succeeded" for t in tasks}
+    return hand
+
+
+def gpu_of(task: Task) -> int:
+    return Allocation.objects.get(task=task, attempt=1).gpu_id
+
+
+def test_a_plain_end_hands_its_gpu_to_the_first_successor(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 3)
+    assert list(Successor.objects.order_by("rank").values_list("task_id", flat=True)) == [
+        t.pk for t in later
+    ]
+    freed = gpu_of(first[0])
+
+    hand = end(node, first[0])
+
+    successor = Task.objects.get(pk=later[0].pk)
+    assert (successor.state, successor.node_id, successor.attempt) == ("scheduled", node.pk, 1)
+    event = TaskEvent.objects.get(task=successor, to_state="scheduled")
+    assert event.reason == f"placed on {node.name} (GPU ids {freed})"
+    assert Allocation.objects.get(task=successor, released_at__isnull=True).gpu_id == freed
+    attempt = TaskAttempt.objects.get(task=successor, number=1)
+    assert attempt.launched_by == node.name
+    assert attempt.gpu_uuids == [Allocation.objects.get(task=successor).gpu.uuid]
+    # Its supervisor did not offer to take it: the spawner starts it.
+    assert hand.given == {}
+    assert [(a.task_id, a.attempt_no, a.attempt_id) for a in hand.rest] == [
+        (successor.pk, 1, attempt.pk)
+    ]
+    # It left the list; the others wait on it. Two of three are left: no pass is needed.
+    assert set(Successor.objects.values_list("task_id", flat=True)) == {t.pk for t in later[1:]}
+    assert queued == []
+
+
+def test_a_ready_supervisor_is_given_the_attempt_on_its_gpus(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 3)
+    hand = end(node, first[0], first[1], ready=True)
+    assert hand.rest == []
+    assert set(hand.given) == {first[0].pk, first[1].pk}
+    taken = {gpu_of(t): t for t in later[:2]}
+    for ended in first[:2]:
+        assignment, sink = hand.given[ended.pk]
+        assert taken[gpu_of(ended)].pk == assignment.task_id, "the one on its GPU"
+        assert sink.endswith(f"/{assignment.task_id}/supervisor-1.log")
+
+
+def test_gpus_that_no_successor_takes_ask_for_a_pass(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 1)
+    hand = end(node, *first[:2])
+
+    assert state_of(later[0], "scheduled")() == "scheduled"
+    assert len(hand.rest) == 1
+    assert len(queued) == 1, "one freed GPU went to nobody: a pass places it"
+    assert not Successor.objects.exists()
+
+
+def test_a_successor_cancelled_meanwhile_is_skipped(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 2)
+    Task.objects.filter(pk=later[0].pk).update(state=TaskState.CANCELLED)
+
+    hand = end(node, *first[:2])
+
+    assert state_of(later[0], "cancelled")() == "cancelled"
+    assert state_of(later[1], "scheduled")() == "scheduled"
+    assert [a.task_id for a in hand.rest] == [later[1].pk]
+    # The GPU held for the cancelled task (the first waiting one) went to nobody: a pass.
+    assert len(queued) == 1
+
+
+def test_ends_on_another_node_or_without_one_hand_nothing(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 2)
+    hand = handoff.HandOff("another-node")
+    reports.attempts_finished([ExitReport(first[0].pk, 1, 0)], hand_off=hand)
+    reports.attempts_finished([ExitReport(first[1].pk, 1, 0)])  # a supervisor writing itself
+    assert [state_of(t, "pending")() for t in later] == ["pending", "pending"]
+    assert (hand.given, hand.rest) == ({}, [])
+    assert len(queued) == 1  # the first end asked for a pass; the second found it queued
+
+
+@pytest.mark.parametrize("quota", [None, 8], ids=["no quota", "a quota"])
+def test_a_pass_beside_a_hand_off_under_way(launcher, node, lab, monkeypatch, quota):
+    """With a quota, the pass waits for the hand-off before it reads (its count of the
+    tenant's GPUs must include the placement); without one, it does not wait. Either way each
+    GPU and each task is placed once."""
+    if quota:
+        Quota.objects.create(tenant=lab, max_gpus=quota)
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 2)
+    assert set(Successor.objects.values_list("fenced", flat=True)) == {bool(quota)}
+    freed, also = gpu_of(first[0]), gpu_of(first[1])
+    # An agent's transaction, stopped after its hand-off's writes, before its commit: it ended
+    # two tasks and handed one GPU on.
+    other = psycopg.connect(current_database_url(), autocommit=False)
+    try:
+        now = reports.timezone.now()
+        ends = [ExitReport(t.pk, 1, 0) for t in first[:2]]
+        other.execute(reports._SUCCEEDED, reports.succeeded_params(ends, now, claim=False))
+        other.execute(handoff._CANDIDATES, {"tasks": [first[0].pk], "now": now, "node": node.name})
+        place = scheduler.place_query(
+            [Placement(later[0].pk, node.name, ((freed, 24576),), exclusive=True)], now
+        )
+        other.execute(place.sql, place.params)
+        result: dict = {}
+
+        def run_pass() -> None:
+            try:
+                result["placed"] = scheduler.schedule_pass().placed
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run_pass)
+        thread.start()
+        wait_for(lambda: blocked_on_a_lock(other) or result, timeout=10)
+        if quota:
+            assert not result, "the pass went on while a hand-off held its successor"
+        else:
+            thread.join(timeout=10)
+            assert result, "the pass waited for a hand-off of a tenant without quotas"
+        other.commit()
+        thread.join(timeout=10)
+    finally:
+        other.close()
+    if quota:  # it read after the hand-off: the other waiting task goes on the other GPU
+        assert result["placed"] == [later[1].pk]
+        assert (gpu_of(later[0]), gpu_of(later[1])) == (freed, also)
+    else:  # it read before: both GPUs were busy then, it placed nothing
+        assert result["placed"] == []
+        assert gpu_of(later[0]) == freed
+        assert Allocation.objects.filter(task__in=later, released_at__isnull=True).count() == 1
+
+
+def test_through_the_relay_tasks_follow_each_other_on_the_freed_gpus(listening, node, lab):
+    with transaction.atomic():  # one pass once they are all in: 4 run, 4 are listed
+        tasks = [submit(lab, "true", name=f"t{i}") for i in range(10)]
+    for task in tasks:
+        wait_for(state_of(task, "succeeded"))
+    launched_by = TaskAttempt.objects.filter(task__in=tasks).values_list("launched_by", flat=True)
+    assert node.name in launched_by, "some were started by the agent's hand-off"
+
+
+@pytest.fixture
+def spawner(launcher, node):
+    with running_spawner(node) as proc:
+        yield proc
+
+
+def test_a_ready_supervisor_runs_the_next_attempt_it_was_answered_with(
+    spawner, listening, node, lab, monkeypatch
+):
+    hands: list[handoff.HandOff] = []
+
+    class Recorded(handoff.HandOff):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            hands.append(self)
+
+    monkeypatch.setattr(handoff, "HandOff", Recorded)
+    with transaction.atomic():  # one pass once they are all in: 4 run, 4 are listed
+        tasks = [submit(lab, "sleep 0.2", name=f"t{i}") for i in range(8)]
+    for task in tasks:
+        wait_for(state_of(task, "succeeded"))
+    given = {
+        (ended, assignment.task_id)
+        for hand in hands
+        for ended, (assignment, _) in hand.given.items()
+    }
+    assert given, "some supervisors were answered with their next attempt"
+    for ended, following in given:
+        before, after = (TaskAttempt.objects.get(task_id=pk) for pk in (ended, following))
+        assert before.supervisor_pid == after.supervisor_pid, "the same process ran both"
+        assert before.gpu_uuids == after.gpu_uuids, "on the GPU the first one freed"
