@@ -9,10 +9,9 @@ next as GPUs free up, in its own order, each with the GPUs it may take and with 
 as if all of them had started. The node agent that records plain ends (``reports``) then, in
 the same transaction:
 
-1. releases the ended tasks' GPUs (``reports._SUCCEEDED``), reads those of them that are
-   still fit to use (``_FREED``: on its node, available, held whole, no foreign process), and
-   locks the first successors that may take one (``_CANDIDATES``, ``SKIP LOCKED``), in one
-   round trip;
+1. releases the ended tasks' GPUs (``reports._SUCCEEDED``) and locks the first successors
+   that may take one of them still fit to use (``_FREED``: on its node, available, held whole,
+   no foreign process), in one round trip (``_CANDIDATES``, ``SKIP LOCKED``);
 2. gives each successor, in rank order, the first freed GPUs it may take
    (``match``), places them as a pass places (``scheduler.place_query``), records their
    attempts as a launch job does (``lifecycle.launch_query``) and deletes their rows;
@@ -83,13 +82,12 @@ def plain_ends(plain: list[ExitReport], hand: HandOff) -> list[tuple]:
     node = hand.node
     where = {"tasks": tasks, "now": now, "node": node}
     with transaction.atomic():
-        ended, freed, locked, ((left,),) = fetch_together(
+        ended, locked = fetch_together(
             Query(reports._SUCCEEDED, reports.succeeded_params(plain, now, claim=False)),
-            Query(_FREED, where),
             Query(_CANDIDATES, where),
-            Query(_LEFT),
         )
-        listed = locked[0][5] if locked else 0
+        # Each row also carries the list's length and what is left of it, and the freed GPUs.
+        listed, left, freed = locked[0][5:] if locked else (0, 0, [])
         candidates = [Candidate(*row[:3], frozenset(row[3]), row[4]) for row in locked]
         placements, unused = match(candidates, [(gpu, mb) for gpu, mb, _ in freed], node)
         # No pass is needed only when every GPU fit to use went to a successor and at least
@@ -176,7 +174,7 @@ def _place(
 # statement's own time) that a task may take whole now, in index order, with their memory and
 # the task that held them.
 _FREED = """
-    SELECT a.gpu_id, a.memory_mb, a.task_id
+    SELECT a.gpu_id, a.memory_mb, a.task_id, g.index
       FROM scheduling_allocation a
       JOIN scheduling_gpu g ON g.id = a.gpu_id
       JOIN scheduling_node n ON n.id = g.node_id
@@ -188,25 +186,23 @@ _FREED = """
      ORDER BY g.index
 """
 
-_NEWEST = "(SELECT max(generation) FROM scheduling_successor)"
-
 # The first successors of the newest list, by rank, that may take one of those GPUs and are
 # still pending, locked (those another agent or a pass holds are skipped): at most one per
-# freed GPU.
+# freed GPU. Each with how many the list had and has left, and the freed GPUs (as _FREED).
 _CANDIDATES = f"""
     WITH freed AS ({_FREED})
-    SELECT s.id, s.task_id, s.gpus, s.gpu_ids, t.attempt, s.listed
+    SELECT s.id, s.task_id, s.gpus, s.gpu_ids, t.attempt, s.listed,
+           (SELECT count(*) FROM scheduling_successor o WHERE o.generation = s.generation),
+           ARRAY(SELECT ARRAY[gpu_id, memory_mb, task_id] FROM freed ORDER BY index)
       FROM scheduling_successor s
       JOIN scheduling_task t ON t.id = s.task_id
-     WHERE s.generation = {_NEWEST} AND s.gpu_ids && ARRAY(SELECT gpu_id FROM freed)
+     WHERE s.generation = (SELECT max(generation) FROM scheduling_successor)
+       AND s.gpu_ids && ARRAY(SELECT gpu_id FROM freed)
        AND t.state = 'pending' AND t.hold_reason = ''
      ORDER BY s.rank
      LIMIT (SELECT count(*) FROM freed)
        FOR UPDATE OF s SKIP LOCKED
 """  # noqa: S608 - constant text
-
-# How many successors the newest list has left.
-_LEFT = f"SELECT count(*) FROM scheduling_successor WHERE generation = {_NEWEST}"  # noqa: S608
 
 # The placed successors leave the list; the pass flag is claimed when ``claim`` says so.
 _TAKEN = f"""
