@@ -191,16 +191,21 @@ _FORGET_SPENT = """
 
 def list_successors(decision: Decision) -> None:
     """Store the decision's successors (``models.Successor``) as the newest list, for the node
-    agents to take from once the pass commits."""
+    agents to take from once the pass commits. Each distinct set of GPUs is sent once (most
+    successors may take the same GPUs)."""
     if not (successors := decision.successors):
         return
+    sets: dict[tuple[int, ...], int] = {}
+    for successor in successors:
+        sets.setdefault(successor.gpu_ids, len(sets) + 1)
     with server_bound_cursor() as cursor:
         cursor.execute(
             _LIST_SUCCESSORS,
             {
                 "tasks": [s.task_id for s in successors],
                 "gpus": [s.gpus for s in successors],
-                "sets": ["{" + ",".join(map(str, s.gpu_ids)) + "}" for s in successors],
+                "set_of": [sets[s.gpu_ids] for s in successors],
+                "sets": ["{" + ",".join(map(str, ids)) + "}" for ids in sets],
                 "fenced": [s.fenced for s in successors],
                 "listed": len(successors),
             },
@@ -208,12 +213,15 @@ def list_successors(decision: Decision) -> None:
 
 
 _LIST_SUCCESSORS = """
+    WITH sets AS (SELECT n, ids::integer[] AS ids
+                    FROM unnest(%(sets)s::text[]) WITH ORDINALITY AS u(ids, n))
     INSERT INTO scheduling_successor (generation, task_id, rank, listed, gpus, gpu_ids, fenced)
     SELECT (SELECT COALESCE(max(generation), 0) + 1 FROM scheduling_successor),
-           task_id, rank, %(listed)s, gpus, gpu_ids::bigint[], fenced
-      FROM unnest(%(tasks)s::bigint[], %(gpus)s::integer[], %(sets)s::text[],
+           s.task_id, s.rank, %(listed)s, s.gpus, sets.ids, s.fenced
+      FROM unnest(%(tasks)s::bigint[], %(gpus)s::integer[], %(set_of)s::integer[],
                   %(fenced)s::boolean[])
-           WITH ORDINALITY AS s(task_id, gpus, gpu_ids, fenced, rank)
+           WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, rank)
+      JOIN sets ON sets.n = s.set_of
 """
 
 

@@ -197,7 +197,7 @@ _CANDIDATES = f"""
       FROM scheduling_successor s
       JOIN scheduling_task t ON t.id = s.task_id
      WHERE s.generation = (SELECT max(generation) FROM scheduling_successor)
-       AND s.gpu_ids && ARRAY(SELECT gpu_id FROM freed)
+       AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed)
        AND t.state = 'pending' AND t.hold_reason = ''
      ORDER BY s.rank
      LIMIT (SELECT count(*) FROM freed)

@@ -20,12 +20,18 @@ def test_successors_take_turns_by_fair_share_as_if_each_had_started():
     decision = schedule(snap(cluster, vision + nlp, full(cluster), tenants))
     assert not decision.placements
     order = [s.task_id for s in decision.successors]
-    assert order == [nlp[0].id, nlp[1].id, vision[0].id, nlp[2].id]  # one per GPU
+    assert order == [nlp[0].id, nlp[1].id, vision[0].id, nlp[2].id, vision[1].id, vision[2].id]
     # The first holds the backfill reservation (the GPU that frees first): the others may take
     # every GPU but that one.
     first, *others = decision.successors
     assert first.gpu_ids == tuple(g.id for g in cluster)
     assert all(len(s.gpu_ids) == 3 and set(s.gpu_ids) < set(first.gpu_ids) for s in others)
+
+
+def test_a_pass_lists_at_most_four_successors_per_gpu():
+    cluster = gpus(per_node=2)
+    decision = schedule(snap(cluster, [task() for _ in range(10)], full(cluster)))
+    assert len(decision.successors) == 8
 
 
 def test_successors_never_add_up_past_a_quota():
