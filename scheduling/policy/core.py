@@ -41,6 +41,7 @@ the next time-based change is due (``Decision.wake_at``).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections import defaultdict
@@ -520,8 +521,14 @@ class Pass:
         waits = self.decision.waits
         for_gpus = (WAIT_CAPACITY, WAIT_RESERVED)
         waiting = [t for t in eligible if t.id in waits and waits[t.id].code in for_gpus]
+        order = self.ordered(waiting)
+        first = next(order, None)
         held: dict[int, int] = {}  # GPU id -> the task it is held for
         for reservation in self.reservations:
+            # The first successor takes the first GPU it may take that frees up: held for it
+            # alone, one GPU would only stand idle once it has started elsewhere.
+            if first is not None and reservation.task_id == first.id and first.gpus_max == 1:
+                continue
             held.update(dict.fromkeys(reservation.gpu_ids, reservation.task_id))
         holders = set(held.values())
         # What a task may take depends on its constraints and size, and on whether it holds a
@@ -529,7 +536,7 @@ class Pass:
         kinds: dict[tuple, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
         successors: list[Successor] = []
         limit = min(SUCCESSORS_PER_GPU * len(self.capacity.gpus), SUCCESSORS_MAX)
-        for task in self.ordered(waiting):
+        for task in itertools.chain([first] if first is not None else [], order):
             if len(successors) >= limit:
                 break
             if not task.exclusive or task.gpus_min != task.gpus_max or not task.gpus_min:

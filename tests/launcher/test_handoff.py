@@ -118,7 +118,7 @@ def test_a_successor_cancelled_meanwhile_is_skipped(launcher, node, lab, monkeyp
     assert state_of(later[0], "cancelled")() == "cancelled"
     assert state_of(later[1], "scheduled")() == "scheduled"
     assert [a.task_id for a in hand.rest] == [later[1].pk]
-    # The GPU held for the cancelled task (the first waiting one) went to nobody: a pass.
+    # Two GPUs freed, one successor left: the other GPU went to nobody, a pass places it.
     assert len(queued) == 1
 
 
