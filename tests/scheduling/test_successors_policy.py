@@ -27,10 +27,10 @@ def test_successors_take_turns_by_fair_share_as_if_each_had_started():
     assert all(s.gpu_ids == tuple(g.id for g in cluster) for s in decision.successors)
 
 
-def test_a_pass_lists_at_most_four_successors_per_gpu():
+def test_a_pass_lists_at_most_eight_successors_per_gpu():
     cluster = gpus(per_node=2)
-    decision = schedule(snap(cluster, [task() for _ in range(10)], full(cluster)))
-    assert len(decision.successors) == 8
+    decision = schedule(snap(cluster, [task() for _ in range(20)], full(cluster)))
+    assert len(decision.successors) == 16
 
 
 def test_successors_never_add_up_past_a_quota():
