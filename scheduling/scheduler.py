@@ -111,7 +111,11 @@ def _schedule_pass() -> PassResult:
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
         # Stamped after the snapshot: an allocation released while it was taken must not
         # appear to overlap the one that replaces it.
+        unlist_placed(decision)
         result.placed = apply_placements(decision, timezone.now())
+        if len(result.placed) < len(decision.placements):
+            # Some were cancelled or handed GPUs meanwhile: the GPUs chosen for them are free.
+            passes.request_pass()
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision, digests)
         list_successors(decision)
@@ -187,6 +191,19 @@ _FORGET_SPENT = """
     DELETE FROM scheduling_successor
      WHERE fenced OR generation < (SELECT max(generation) FROM scheduling_successor)
 """
+
+
+def unlist_placed(decision: Decision) -> None:
+    """Take the tasks this pass places off the newest list before placing them: a hand-off
+    under way with one of them is waited for here (its placement then stands, and this pass's
+    is skipped), and none starts after. Placed without this, an agent handing one on waited for
+    the pass to commit (about as long as the pass) and then found the task placed."""
+    if decision.placements:
+        with server_bound_cursor() as cursor:
+            cursor.execute(_UNLIST, [[p.task_id for p in decision.placements]])
+
+
+_UNLIST = "DELETE FROM scheduling_successor WHERE task_id = ANY(%s::bigint[])"
 
 
 def list_successors(decision: Decision) -> None:

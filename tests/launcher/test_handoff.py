@@ -223,3 +223,14 @@ def test_a_ready_supervisor_runs_the_next_attempt_it_was_answered_with(
         before, after = (TaskAttempt.objects.get(task_id=pk) for pk in (ended, following))
         assert before.supervisor_pid == after.supervisor_pid, "the same process ran both"
         assert before.gpu_uuids == after.gpu_uuids, "on the GPU the first one freed"
+
+
+def test_a_pass_takes_what_it_places_off_the_list_first(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 3)
+    reports.attempts_finished([ExitReport(first[0].pk, 1, 0)])  # no agent: nothing handed on
+    assert scheduler.schedule_pass().placed == [later[0].pk]
+    assert not Successor.objects.filter(task=later[0]).exists(), "in no list, old or new"
+    newest = Successor.objects.order_by("-generation").values_list("generation", flat=True)[0]
+    assert set(Successor.objects.filter(generation=newest).values_list("task_id", flat=True)) == {
+        t.pk for t in later[1:]
+    }
