@@ -112,3 +112,19 @@ def test_reading_the_counters_does_not_read_the_history(estate):
     history = [q["sql"] for q in queries if "released_at IS NOT NULL" in q["sql"]]
     assert len(queries) == 3 and not history
     assert all("released_at >" not in q["sql"] for q in queries)
+
+
+def test_an_allocation_deleted_before_the_commit_that_released_it_is_not_counted(estate):
+    gpus, tenants = estate
+    now = timezone.now()
+    fairshare.keep_counters_for(now - timedelta(days=2), HALF_LIFE)
+    task = TaskFactory(tenant=tenants[0])
+    allocation = Allocation.objects.create(
+        task=task, attempt=1, gpu=gpus[0], memory_mb=gpus[0].memory_mb,
+        started_at=now - timedelta(hours=1),
+    )  # fmt: skip
+    Allocation.objects.filter(pk=allocation.pk).update(released_at=now)
+    task.delete()  # its allocations with it, in the same transaction
+    committed()  # the counters' triggers run now, as at a commit, and find them gone
+    assert not TenantUsage.objects.filter(tenant=tenants[0]).exists()
+    assert fairshare.usage_by_scan(now, HALF_LIFE) == {}
