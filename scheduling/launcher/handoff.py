@@ -15,8 +15,9 @@ the same transaction:
 2. gives each successor, in rank order, the first freed GPUs it may take
    (``match``), places them as a pass places (``scheduler.place_query``), records their
    attempts as a launch job does (``lifecycle.launch_query``) and deletes their rows;
-3. after the commit, starts their supervisors through the node's spawner, as a launch job
-   would.
+3. after the commit, answers the supervisor whose task freed a successor's GPUs with that
+   attempt, if it offered to take one (``ExitReport.ready``): it runs it at once, with no
+   fork and no spawner; any other attempt goes to the node's spawner, as a launch job's would.
 
 Why this keeps the pass's promises: agents take from the newest list only, and a pass, before
 it reads anything, deletes the older lists and the successors of tenants with a quota
@@ -24,9 +25,10 @@ it reads anything, deletes the older lists and the successors of tenants with a 
 snapshot sees their placements and no later hand-off takes one. The quotas of a list count
 every one of its successors as started, and between two passes only hand-offs place, and only
 listed tasks. A successor without a quota may still start while a pass runs: its GPU was never
-free in the pass's snapshot, and a task that both place is placed by the first (a placement
-needs the task still pending). A listed task cancelled or placed meanwhile is skipped by the
-same condition.
+free in the pass's snapshot, and a task that both would place is taken off the list by the
+pass before it places it (``scheduler.unlist_placed``), waiting for a hand-off under way; a
+placement needs the task still pending, so the second one is skipped. A listed task cancelled
+meanwhile is skipped by the same condition.
 
 A pass is requested as before when GPUs freed here went to nobody, and when fewer than half of
 the list is left, so the next list is ready before this one runs out.
@@ -148,6 +150,8 @@ def _place(
             _TAKEN, {"rows": [c.row for c in candidates if c.task_id in attempts], "claim": claim}
         ),
     )
+    if len(placed) < len(placements) and not claim:
+        passes.request_pass()  # cancelled, or placed by a pass meanwhile: their GPUs are free
     gpus = {p.task_id: [gpu for gpu, _ in p.gpus] for p in placements}
     events = [(task_id, tenant, node_id, gpus[task_id]) for task_id, _, tenant, node_id in placed]
     _, recorded = lifecycle.launch_assignments(pairs, launched, node)

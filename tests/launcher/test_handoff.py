@@ -234,3 +234,20 @@ def test_a_pass_takes_what_it_places_off_the_list_first(launcher, node, lab, mon
     assert set(Successor.objects.filter(generation=newest).values_list("task_id", flat=True)) == {
         t.pk for t in later[1:]
     }
+
+
+def test_a_successor_taken_between_the_lock_and_its_placement_asks_for_a_pass(
+    launcher, node, lab, monkeypatch
+):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 4)
+    place_query = scheduler.place_query
+
+    def cancelled_first(placements, now):  # as if it were cancelled at that moment
+        Task.objects.filter(pk=later[0].pk).update(state=TaskState.CANCELLED)
+        return place_query(placements, now)
+
+    monkeypatch.setattr(scheduler, "place_query", cancelled_first)
+    hand = end(node, first[0])
+    assert (hand.given, hand.rest) == ({}, [])
+    assert state_of(later[0], "cancelled")() == "cancelled"
+    assert len(queued) == 1, "its GPU is free: a pass places it"
