@@ -24,6 +24,7 @@ from scheduling.models import (
     PassRequest,
     Pool,
     SchedulerState,
+    Successor,
     Task,
     TaskAttempt,
     TaskEvent,
@@ -425,6 +426,26 @@ class TaskEventAdmin(ReadOnlyAdmin):
     date_hierarchy = "at"
 
     # The audit trail is append-only (ReadOnlyAdmin).
+
+
+@admin.register(Successor)
+class SuccessorAdmin(ReadOnlyAdmin):
+    """The passes' lists of successors (``launcher.handoff``): who takes the next GPUs that
+    free up, newest list first. Read-only: each pass writes its own."""
+
+    list_display = ["rank", "task", "gpus", "may_take", "fenced", "generation", "listed"]
+    list_select_related = ["task"]
+    ordering = ["-generation", "rank"]
+    fields = ["generation", "rank", "listed", "task", "gpus", "may_take", "fenced"]
+    readonly_fields = fields
+
+    @admin.display(description="may take")
+    def may_take(self, successor: Successor) -> str:
+        return (
+            f"{len(successor.gpu_ids)} GPU(s): "
+            + ", ".join(map(str, successor.gpu_ids[:16]))
+            + (", ..." if len(successor.gpu_ids) > 16 else "")
+        )
 
 
 @admin.register(SchedulerState)

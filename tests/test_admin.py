@@ -29,6 +29,7 @@ from scheduling.models import (
     NodeState,
     PassRequest,
     SchedulerState,
+    Successor,
     Task,
     TaskEvent,
 )
@@ -78,6 +79,10 @@ def estate(owner, workstation):
     QuotaFactory(tenant=owner.tenant)
     QuotaFactory(tenant=owner.tenant, pool=workstation.pool, max_priority=90)
     SchedulerState.objects.get_or_create(pk=1)  # transactional tests may have flushed it
+    waiting = TaskFactory(tenant=owner.tenant, owner=owner.user, name="next-up")
+    Successor.objects.create(
+        generation=1, task=waiting, rank=1, listed=1, gpus=1, gpu_ids=[gpu.pk], fenced=False
+    )
     alert_raise(kind="gpu_memory_overuse", severity="warning", message="qwen-sft over",
                 gpu=gpu, task=task)  # fmt: skip
     Group.objects.create(name="operators").user_set.add(owner.user)
@@ -112,6 +117,7 @@ def test_every_app_of_ours_is_in_the_admin():
         "scheduling.Allocation",
         "scheduling.TaskEvent",
         "scheduling.SchedulerState",
+        "scheduling.Successor",
         "tenants.Tenant",
         "tenants.Membership",
         "tenants.Quota",
@@ -181,6 +187,9 @@ MAKE_ROW: dict[str, Callable[[], object]] = {
     "scheduling.Task": _task,
     "scheduling.Allocation": _allocation,
     "scheduling.TaskEvent": lambda: TaskEventFactory(task=_task(), actor=UserFactory()),
+    "scheduling.Successor": lambda: Successor.objects.create(
+        generation=next(_n), task=_task(), rank=1, listed=1, gpus=1, gpu_ids=[1], fenced=False
+    ),
     "tenants.Tenant": lambda: MembershipFactory().tenant,
     "tenants.Membership": _membership,
     "tenants.Quota": lambda: QuotaFactory(pool=PoolFactory(name=f"pool-{next(_n)}")),
