@@ -111,7 +111,6 @@ def _schedule_pass() -> PassResult:
         decision = schedule(snapshot, estate.config().scheduling.policy_settings())
         # Stamped after the snapshot: an allocation released while it was taken must not
         # appear to overlap the one that replaces it.
-        unlist_placed(decision)
         result.placed = apply_placements(decision, timezone.now())
         if len(result.placed) < len(decision.placements):
             # Some were cancelled or handed GPUs meanwhile: the GPUs chosen for them are free.
@@ -193,16 +192,10 @@ _FORGET_SPENT = """
 """
 
 
-def unlist_placed(decision: Decision) -> None:
-    """Take the tasks this pass places off the newest list before placing them: a hand-off
-    under way with one of them is waited for here (its placement then stands, and this pass's
-    is skipped), and none starts after. Placed without this, an agent handing one on waited for
-    the pass to commit (about as long as the pass) and then found the task placed."""
-    if decision.placements:
-        with server_bound_cursor() as cursor:
-            cursor.execute(_UNLIST, [[p.task_id for p in decision.placements]])
-
-
+# The tasks a pass places leave the newest list before they are placed (in the same round
+# trip): a hand-off under way with one of them is waited for (its placement then stands, and
+# the pass's is skipped), and none starts after. Placed without this, an agent handing one on
+# waited for the pass to commit (about as long as the pass) and then found the task placed.
 _UNLIST = "DELETE FROM scheduling_successor WHERE task_id = ANY(%s::bigint[])"
 
 
@@ -541,15 +534,17 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
     """Pending -> scheduled for every placement, with its allocations and events, in bulk.
 
     The UPDATE only touches tasks still pending, so a task cancelled since the snapshot is
-    simply skipped (the snapshot was taken under the pass lock, but cancels do not take it).
+    simply skipped (the snapshot was taken under the pass lock, but cancels do not take it),
+    as is one a node agent handed GPUs meanwhile (``_UNLIST``, first, in the same round trip).
     The launches are queued for the nodes in the pass's transaction, from what it wrote.
     """
     if not decision.placements:
         return []
-    query = place_query(decision.placements, now)
-    with server_bound_cursor() as cursor:
-        cursor.execute(query.sql, query.params)
-        returned = {task_id: row for task_id, *row in cursor.fetchall()}
+    _, rows = fetch_together(
+        Query(_UNLIST, [[p.task_id for p in decision.placements]]),
+        place_query(decision.placements, now),
+    )
+    returned = {task_id: row for task_id, *row in rows}
     placed, launches = [], []
     for p in decision.placements:
         if p.task_id not in returned:

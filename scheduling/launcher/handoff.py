@@ -44,7 +44,7 @@ from django.utils import timezone
 from gpuplatform.db import Query, fetch_together
 from live import events as live
 from scheduling import passes, scheduler
-from scheduling.launcher import lifecycle
+from scheduling.launcher import lifecycle, reports
 from scheduling.launcher.messages import Assignment, ExitReport
 from scheduling.policy import Placement
 
@@ -77,8 +77,6 @@ def plain_ends(plain: list[ExitReport], hand: HandOff) -> list[tuple]:
     """Record these plain ends of tasks on ``hand.node`` and hand their GPUs on; returns the
     ended tasks as ``reports._SUCCEEDED`` does (attempt id, task id, tenant id, name, reason,
     node id). Runs in a transaction of its own (or the caller's)."""
-    from scheduling.launcher import reports  # it imports this module where it hands off
-
     now = timezone.now()
     tasks = [r.task_id for r in plain]
     node = hand.node
@@ -150,8 +148,6 @@ def _place(
             _TAKEN, {"rows": [c.row for c in candidates if c.task_id in attempts], "claim": claim}
         ),
     )
-    if len(placed) < len(placements) and not claim:
-        passes.request_pass()  # cancelled, or placed by a pass meanwhile: their GPUs are free
     gpus = {p.task_id: [gpu for gpu, _ in p.gpus] for p in placements}
     events = [(task_id, tenant, node_id, gpus[task_id]) for task_id, _, tenant, node_id in placed]
     _, recorded = lifecycle.launch_assignments(pairs, launched, node)
@@ -161,16 +157,19 @@ def _place(
         for assignment in recorded:
             donor = donors[assignment.task_id]
             if donor in ready and donor not in hand.given:
-                hand.given[donor] = (assignment, str(lifecycle.prepare_logs(assignment)))
+                lifecycle.prepare_logs(assignment)
+                hand.given[donor] = (assignment, str(lifecycle.supervisor_sink(assignment)))
             else:
                 hand.rest.append(assignment)
         if took:
             passes.request_pass((took, exists))
 
     transaction.on_commit(after_commit)
-    if claim and not took:
-        # Someone else holds the flag, seen inside this transaction: the pass it queued may
-        # read before this commit. Asked again after it, a pass sees these writes.
+    # A pass is needed too when a placement was skipped (cancelled, or placed by a pass
+    # meanwhile): its GPUs are free. Unless this statement took the flag, it is asked for
+    # after the commit: a flag someone else holds, seen inside this transaction, belongs to a
+    # pass that may read before the commit.
+    if (claim or len(placed) < len(placements)) and not took:
         passes.request_pass()
 
 

@@ -176,18 +176,16 @@ def start_supervisors(recorded: list[Assignment]) -> None:
         spawn_supervisor(assignment)
 
 
-def prepare_logs(assignment: Assignment) -> Path:
-    """Make the directories of the attempt's log; returns its supervisor's own log (its
-    sink, made only if it has something to say)."""
+def prepare_logs(assignment: Assignment) -> None:
+    """Make the directories of the attempt's log (and its supervisor's)."""
     log = Path(assignment.log_path)
     log.parent.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # TASK_LOG_DIR
     log.parent.parent.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
     log.parent.mkdir(mode=0o700, exist_ok=True)
-    return supervisor_sink(assignment)
 
 
 def supervisor_sink(assignment: Assignment) -> Path:
-    """Where the supervisor of ``assignment`` logs."""
+    """Where the supervisor of ``assignment`` logs (made only if it has something to say)."""
     out = paths.attempt_dir(assignment.tenant, assignment.task_id)
     return out / f"supervisor-{assignment.attempt_no}.log"
 

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from gpuplatform.db import close_old_connections
-from scheduling.launcher.messages import ExitReport, StartReport
+from scheduling.launcher.messages import Assignment, ExitReport, StartReport
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class Relay(threading.Thread):
                 # It gave up waiting and reported itself (the write above was idempotent); an
                 # attempt it was to take goes to the spawner.
                 if "next" in reply:
-                    hand.rest.append(handoff.Assignment.from_dict(reply["next"]["assignment"]))
+                    hand.rest.append(Assignment.from_dict(reply["next"]["assignment"]))
             finally:
                 conn.close()
         # After the answers: a supervisor told to go idle is back in the spawner's pool sooner.

@@ -33,17 +33,7 @@ _GUARDED = _FUNCTION.replace(
     END IF;""",
 )
 
-_IMMEDIATE = """
-CREATE TRIGGER scheduling_allocation_released
-    AFTER UPDATE OF released_at ON scheduling_allocation
-    FOR EACH ROW WHEN (OLD.released_at IS NULL AND NEW.released_at IS NOT NULL)
-    EXECUTE FUNCTION scheduling_allocation_release_usage();
-
-CREATE TRIGGER scheduling_allocation_inserted_released
-    AFTER INSERT ON scheduling_allocation
-    FOR EACH ROW WHEN (NEW.released_at IS NOT NULL)
-    EXECUTE FUNCTION scheduling_allocation_release_usage();
-"""
+_IMMEDIATE = _0010.RELEASE[_0010.RELEASE.index("CREATE TRIGGER") :]  # as 0010 made them
 
 _DEFERRED = """
 CREATE CONSTRAINT TRIGGER scheduling_allocation_released
