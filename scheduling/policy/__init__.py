@@ -25,6 +25,7 @@ from scheduling.policy.model import (
     TenantView,
     Wait,
     card_share,
+    hand_on,
     occupied,
 )
 
@@ -52,6 +53,7 @@ __all__ = [
     "TenantView",
     "Wait",
     "card_share",
+    "hand_on",
     "occupied",
     "schedule",
     "schedule_fifo",

@@ -184,6 +184,26 @@ class Successor:
     fenced: bool = False
 
 
+def hand_on(
+    successors: Iterable, freed: list[tuple[int, int]], node: str
+) -> tuple[list[Placement], list[tuple[int, int]]]:
+    """Free whole GPUs of ``node`` (``freed``: (GPU id, MiB), in the order to take them) given
+    to ``successors`` (each with ``task_id``, ``gpus`` and ``gpu_ids``, as a ``Successor``
+    has), in their order: each takes the first freed GPUs it may take, if
+    enough are left for it. Returns the placements and the GPUs nobody took."""
+    left = list(freed)
+    placements = []
+    for successor in successors:
+        fits = [gpu for gpu in left if gpu[0] in successor.gpu_ids][: successor.gpus]
+        if len(fits) < successor.gpus:
+            continue
+        placements.append(Placement(successor.task_id, node, tuple(fits), exclusive=True))
+        left = [gpu for gpu in left if gpu not in fits]
+        if not left:
+            break
+    return placements, left
+
+
 # Why a task waits, in one word (``Wait.code``).
 WAIT_QUEUE = "queue"  # its serial queue runs or holds an earlier task
 WAIT_HELD = "held"  # held for a person (repeated infrastructure failures)

@@ -236,18 +236,62 @@ def test_a_pass_takes_what_it_places_off_the_list_first(launcher, node, lab, mon
     }
 
 
-def test_a_successor_taken_between_the_lock_and_its_placement_asks_for_a_pass(
-    launcher, node, lab, monkeypatch
-):
-    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 4)
+def cancelled_as_it_is_placed(monkeypatch, task: Task) -> None:
+    """``task`` is cancelled just before any placement, as if a hand-off or a cancel that
+    committed meanwhile had taken it."""
     place_query = scheduler.place_query
 
-    def cancelled_first(placements, now):  # as if it were cancelled at that moment
-        Task.objects.filter(pk=later[0].pk).update(state=TaskState.CANCELLED)
+    def cancelled_first(placements, now):
+        Task.objects.filter(pk=task.pk).update(state=TaskState.CANCELLED)
         return place_query(placements, now)
 
     monkeypatch.setattr(scheduler, "place_query", cancelled_first)
+
+
+def test_a_successor_taken_between_the_lock_and_its_placement_leaves_its_gpu_to_the_next(
+    launcher, node, lab, monkeypatch
+):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 4)
+    cancelled_as_it_is_placed(monkeypatch, later[0])
+    hand = end(node, first[0])
+    assert state_of(later[0], "cancelled")() == "cancelled"
+    assert state_of(later[1], "scheduled")() == "scheduled"
+    assert gpu_of(later[1]) == gpu_of(first[0]), "read again and handed on, in one transaction"
+    assert [a.task_id for a in hand.rest] == [later[1].pk]
+    assert queued == [], "no GPU is left free: no pass"
+
+
+def test_a_successor_taken_with_none_behind_it_asks_for_a_pass(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 1)
+    cancelled_as_it_is_placed(monkeypatch, later[0])
     hand = end(node, first[0])
     assert (hand.given, hand.rest) == ({}, [])
     assert state_of(later[0], "cancelled")() == "cancelled"
     assert len(queued) == 1, "its GPU is free: a pass places it"
+
+
+def test_a_pass_gives_a_skipped_placements_gpu_to_a_successor_no_agent_holds(
+    launcher, node, lab, monkeypatch
+):
+    """The pass's placement of the head of its order is skipped (an agent handed it GPUs
+    meanwhile): the GPU goes to the first listed task whose row no agent holds, in the same
+    pass, and not to another pass."""
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 4)
+    reports.attempts_finished([ExitReport(first[0].pk, 1, 0)])  # no agent: nothing handed on
+    queued.clear()
+    cancelled_as_it_is_placed(monkeypatch, later[0])
+    agent = psycopg.connect(current_database_url(), autocommit=False)
+    try:  # an agent under way with the second one's row
+        agent.execute(
+            "SELECT 1 FROM scheduling_successor WHERE task_id = %s FOR UPDATE", [later[1].pk]
+        )
+        placed = scheduler.schedule_pass().placed
+    finally:
+        agent.close()
+    assert placed == [later[2].pk]
+    assert gpu_of(later[2]) == gpu_of(first[0])
+    assert state_of(later[1], "pending")() == "pending"
+    assert queued == [], "no GPU is left free: no pass"
+    newest = Successor.objects.order_by("-generation").values_list("generation", flat=True)[0]
+    listed = Successor.objects.filter(generation=newest).order_by("rank")
+    assert list(listed.values_list("task_id", flat=True)) == [later[1].pk, later[3].pk]
