@@ -169,11 +169,12 @@ def launch_assignments(
     return results, recorded
 
 
-def start_supervisors(recorded: list[Assignment]) -> None:
-    """A supervisor for each recorded attempt, its log's directories made first."""
+def start_supervisors(recorded: list[Assignment], *, may_fork: bool = True) -> None:
+    """A supervisor for each recorded attempt, its log's directories made first. ``may_fork``:
+    False in a process that runs threads (the node agent's relay), see ``spawn_supervisor``."""
     for assignment in recorded:
         prepare_logs(assignment)
-        spawn_supervisor(assignment)
+        spawn_supervisor(assignment, may_fork=may_fork)
 
 
 def prepare_logs(assignment: Assignment) -> None:
@@ -237,21 +238,26 @@ _LAUNCH = """
 """
 
 
-def spawn_supervisor(assignment: Assignment) -> None:
+def spawn_supervisor(assignment: Assignment, *, may_fork: bool = True) -> None:
     """Start the supervisor fully detached: its own session, not our child once we return.
 
     By default the node's spawner forks it (``spawner``: a small process, so a fork costs a few
     milliseconds), or this process when no spawner listens (Django is loaded already: ~10 ms
-    more, instead of the second a fresh interpreter spends importing);
-    ``SUPERVISOR_START=exec`` starts a new interpreter.
+    more, instead of the second a fresh interpreter spends importing), unless ``may_fork`` is
+    False: a process with other threads (the node agent, whose relay hands attempts on) must
+    not fork, since the child would inherit locks those threads hold (logging's, a database
+    connection's) with nobody to release them; it starts a new interpreter then, as
+    ``SUPERVISOR_START=exec`` always does.
     """
     sink = supervisor_sink(assignment)
     if settings.SUPERVISOR_START == "fork":
         try:
             spawner.request(assignment, str(sink))
+            return
         except spawner.NotSent:
-            _fork_supervisor(assignment, sink)  # no spawner here (yet): this worker forks it
-        return
+            if may_fork:  # no spawner here (yet): this worker forks it
+                _fork_supervisor(assignment, sink)
+                return
     argv = [
         sys.executable,
         "-m",

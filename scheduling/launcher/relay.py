@@ -237,7 +237,7 @@ class Relay(threading.Thread):
             finally:
                 conn.close()
         # After the answers: a supervisor told to go idle is back in the spawner's pool sooner.
-        lifecycle.start_supervisors(hand.rest)
+        lifecycle.start_supervisors(hand.rest, may_fork=False)  # this process runs threads
 
 
 def write_reports(messages: list[dict], hand_off=None) -> list[dict]:

@@ -183,13 +183,30 @@ def test_a_pass_beside_a_hand_off_under_way(launcher, node, lab, monkeypatch, qu
         assert Allocation.objects.filter(task__in=later, released_at__isnull=True).count() == 1
 
 
-def test_through_the_relay_tasks_follow_each_other_on_the_freed_gpus(listening, node, lab):
+def test_through_the_relay_tasks_follow_each_other_on_the_freed_gpus(
+    listening, node, lab, monkeypatch
+):
+    """No spawner listens: the agent starts the supervisors of what it handed on as new
+    interpreters, never as forks of itself (it runs threads)."""
+    forked: list[int] = []
+    fork = lifecycle._fork_supervisor
+
+    def recorded(assignment, sink) -> None:
+        forked.append(assignment.task_id)
+        fork(assignment, sink)
+
+    monkeypatch.setattr(lifecycle, "_fork_supervisor", recorded)
     with transaction.atomic():  # one pass once they are all in: 4 run, 4 are listed
         tasks = [submit(lab, "true", name=f"t{i}") for i in range(10)]
     for task in tasks:
         wait_for(state_of(task, "succeeded"))
-    launched_by = TaskAttempt.objects.filter(task__in=tasks).values_list("launched_by", flat=True)
-    assert node.name in launched_by, "some were started by the agent's hand-off"
+    handed = set(
+        TaskAttempt.objects.filter(task__in=tasks, launched_by=node.name).values_list(
+            "task_id", flat=True
+        )
+    )
+    assert handed, "some were started by the agent's hand-off"
+    assert not handed & set(forked), "the agent forked itself"
 
 
 @pytest.fixture

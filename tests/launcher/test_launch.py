@@ -351,7 +351,7 @@ def test_a_pass_queues_its_launches_per_node_and_a_launch_takes_one_statement(
     queued = []
     monkeypatch.setattr(lifecycle, "async_task", lambda *args, **kw: queued.append((args, kw)))
     spawned = []
-    monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda a, **_: spawned.append(a))
     specs = [TaskSpec(name=f"t{i}", command="true", gpus_min=2, gpus_max=2) for i in range(2)]
     tasks = tasks_submit(tenant=lab, specs=specs)  # one pass places both (sync in tests)
 
@@ -416,7 +416,7 @@ def test_a_pass_queues_its_launches_in_its_own_transaction(node, lab, monkeypatc
 
 def test_a_launch_on_another_node_s_cluster_records_nothing(launcher, node, lab, monkeypatch):
     spawned = []
-    monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda a, **_: spawned.append(a))
     monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
     task = task_submit(tenant=lab, spec=TaskSpec(name="here", command="true", gpus_min=1))
     scheduler.schedule_pass()
@@ -433,7 +433,7 @@ def test_a_launch_on_another_node_s_cluster_records_nothing(launcher, node, lab,
 
 def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, monkeypatch):
     spawned = []
-    monkeypatch.setattr(lifecycle, "spawn_supervisor", spawned.append)
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda a, **_: spawned.append(a))
     monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
     spec = TaskSpec(name="twice", command="echo $A", workdir="runs/a", env={"A": "1"},
                     gpus_min=2, gpus_max=2, pids=50, timeout_s=60)  # fmt: skip
@@ -452,7 +452,7 @@ def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, 
 
 def test_the_launch_statement_is_not_planned_again_at_every_call(launcher, node, lab, monkeypatch):
     """PostgreSQL keeps the prepared launch statement's generic plan (see ``_LAUNCH``)."""
-    monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda assignment: None)
+    monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda assignment, **_: None)
     monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
     specs = [TaskSpec(name=f"t{i}", command="true", gpus_min=1) for i in range(3)]
     tasks = tasks_submit(tenant=lab, specs=specs)
