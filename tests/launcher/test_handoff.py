@@ -16,7 +16,9 @@ from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import Allocation, Successor, Task, TaskAttempt, TaskEvent
 from scheduling.policy import Placement
+from scheduling.spec import PRIORITIES, TaskSpec
 from scheduling.states import TaskState
+from scheduling.submission import task_submit
 from tenants.models import Quota
 from tests.launcher.conftest import state_of, wait_for
 from tests.launcher.test_relay import blocked_on_a_lock, submit
@@ -312,3 +314,42 @@ def test_a_pass_gives_a_skipped_placements_gpu_to_a_successor_no_agent_holds(
     newest = Successor.objects.order_by("-generation").values_list("generation", flat=True)[0]
     listed = Successor.objects.filter(generation=newest).order_by("rank")
     assert list(listed.values_list("task_id", flat=True)) == [later[1].pk, later[3].pk]
+
+
+def test_a_pass_that_lists_nothing_takes_the_list_away(launcher, node, lab, monkeypatch):
+    """An elastic task of higher priority comes first: only a pass can place it, so the pass
+    lists nothing, and the list before it must not hand the next freed GPU to a task behind
+    the elastic one."""
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 2)
+    Task.objects.filter(pk__in=[t.pk for t in first]).update(preemptible=False)
+    assert Successor.objects.count() == 2
+    spec = TaskSpec(
+        name="elastic", command="true", gpus_min=1, gpus_max=4, priority=PRIORITIES["high"]
+    )
+    elastic = task_submit(tenant=lab, spec=spec)
+    assert scheduler.schedule_pass().placed == []
+    assert not Successor.objects.exists()
+    queued.clear()
+    end(node, first[0])
+    assert [state_of(t, "pending")() for t in later] == ["pending", "pending"]
+    assert len(queued) == 1, "the freed GPU went to nobody: a pass places the elastic task"
+    assert scheduler.schedule_pass().placed == [elastic.pk]
+
+
+def test_a_pass_does_not_write_the_same_list_again(launcher, node, lab, monkeypatch):
+    first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 3)
+    Task.objects.filter(pk__in=[t.pk for t in first]).update(preemptible=False)
+    listed = list(Successor.objects.order_by("rank").values_list("id", "generation", "task_id"))
+    scheduler.schedule_pass()  # nothing changed
+    again = list(Successor.objects.order_by("rank").values_list("id", "generation", "task_id"))
+    assert again == listed, "the same rows, not a new generation"
+    Task.objects.filter(pk=later[1].pk).update(priority=PRIORITIES["high"])
+    scheduler.schedule_pass()  # the order changed: a new list
+    newest = Successor.objects.order_by("-generation").values_list("generation", flat=True)[0]
+    assert newest == listed[0][1] + 1
+    ranked = Successor.objects.filter(generation=newest).order_by("rank")
+    assert list(ranked.values_list("task_id", flat=True)) == [
+        later[1].pk,
+        later[0].pk,
+        later[2].pk,
+    ]
