@@ -13,8 +13,10 @@ the same transaction:
    that may take one of them still fit to use (``_FREED``: on its node, available, held whole,
    no foreign process), in one round trip (``_CANDIDATES``, ``SKIP LOCKED``);
 2. gives each successor, in rank order, the first freed GPUs it may take
-   (``policy.hand_on``), places them as a pass places (``scheduler.place_query``), records their
-   attempts as a launch job does (``lifecycle.launch_query``) and deletes their rows;
+   (``policy.hand_on``), places them as a pass places (``scheduler.place_query``), records
+   their attempts as a launch job does (``lifecycle.launch_query``) and deletes their rows
+   (a placement skipped because its task was placed meanwhile leaves its GPUs to the next
+   successor, read again: ``HAND_OFF_ROUNDS``);
 3. after the commit, answers the supervisor whose task freed a successor's GPUs with that
    attempt, if it offered to take one (``ExitReport.ready``): it runs it at once, with no
    fork and no spawner; any other attempt goes to the node's spawner, as a launch job's would.
@@ -26,9 +28,10 @@ snapshot sees their placements and no later hand-off takes one. The quotas of a 
 every one of its successors as started, and between two passes only hand-offs place, and only
 listed tasks. A successor without a quota may still start while a pass runs: its GPU was never
 free in the pass's snapshot, and a task that both would place is taken off the list by the
-pass before it places it (``scheduler.unlist_placed``), waiting for a hand-off under way; a
-placement needs the task still pending, so the second one is skipped. A listed task cancelled
-meanwhile is skipped by the same condition.
+pass before it places it (``scheduler._place_unlisted``), waiting for a hand-off under way; a
+placement needs the task still pending, so the second one is skipped, and the pass gives its
+GPUs to its next successors that no agent holds (``scheduler._stand_ins``). A listed task
+cancelled meanwhile is skipped by the same condition.
 
 A pass is requested as before when GPUs freed here went to nobody, and when fewer than half of
 the list is left, so the next list is ready before this one runs out.
@@ -97,8 +100,7 @@ def plain_ends(plain: list[ExitReport], hand: HandOff) -> list[tuple]:
         for round_ in range(HAND_OFF_ROUNDS):
             if round_:  # a placement was skipped: its GPUs are free, and read again
                 (locked,) = fetch_together(Query(_CANDIDATES, where))
-            # Each row also carries the list's length and what is left of it, and the freed
-            # GPUs.
+            # Each row also carries the list's length, what is left of it and the freed GPUs.
             listed, left, freed = locked[0][5:] if locked else (0, 0, [])
             candidates = [Candidate(*row[:3], frozenset(row[3]), row[4]) for row in locked]
             placements, unused = hand_on(candidates, [(gpu, mb) for gpu, mb, _ in freed], node)

@@ -189,8 +189,8 @@ def hand_on(
 ) -> tuple[list[Placement], list[tuple[int, int]]]:
     """Free whole GPUs of ``node`` (``freed``: (GPU id, MiB), in the order to take them) given
     to ``successors`` (each with ``task_id``, ``gpus`` and ``gpu_ids``, as a ``Successor``
-    has), in their order: each takes the first freed GPUs it may take, if
-    enough are left for it. Returns the placements and the GPUs nobody took."""
+    has), in their order: each takes the first freed GPUs it may take, if enough are left for
+    it. Returns the placements and the GPUs nobody took."""
     left = list(freed)
     placements = []
     for successor in successors:
