@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import select
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -12,7 +11,8 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import close_old_connections as django_close_old_connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
-from psycopg.pq import ConnStatus, TransactionStatus
+
+from gpuplatform.pgpool import quiet
 
 
 @contextmanager
@@ -116,22 +116,15 @@ def check_kept_connections(**_signal) -> None:
 
     After ``close_old_connections`` Django checks a kept connection with a ``SELECT 1`` on its
     first use: in the throughput bench that was half a statement per task (a launch job's, a
-    pass's, an agent's round). An idle session sends nothing unasked but a notification, or its
-    end: a server that ends it (a restart, a terminated backend) sends why, then closes the
-    socket. So a connection whose socket has nothing to read (one ``poll``, no wait) is marked
-    checked, and any other (something came: a notification or the end) is left to Django's own
-    check, which replaces it if it is gone. A server that goes away after this and before the
-    first statement fails that statement, as it could after Django's check. Connected to
+    pass's, an agent's round). A connection whose session is quiet (``pgpool.quiet``: its
+    socket has nothing to read) is marked checked, and any other (something came: a
+    notification or the end) is left to Django's own check, which replaces it if it is gone.
+    Connected to
     django-q2's ``pre_execute``, which its workers send after closing old connections, before
     each job."""
     for wrapper in connections.all(initialized_only=True):
         raw = wrapper.connection
         if raw is None or wrapper.health_check_done or not wrapper.health_check_enabled:
             continue
-        pgconn = raw.pgconn
-        if pgconn.status != ConnStatus.OK or pgconn.transaction_status != TransactionStatus.IDLE:
-            continue
-        waiting = select.poll()
-        waiting.register(pgconn.socket, select.POLLIN)
-        if not waiting.poll(0):
+        if quiet(raw.pgconn):
             wrapper.health_check_done = True

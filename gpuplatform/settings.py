@@ -135,6 +135,8 @@ DB_POOL_SIZE = env.integer("DB_POOL_SIZE", 8, minimum=0)
 # the database is unreachable).
 DB_POOL_TIMEOUT = env.integer("DB_POOL_TIMEOUT", 5, minimum=1)
 if WEB_PROCESS and DB_POOL_SIZE:
+    from gpuplatform.pgpool import PooledConnection
+
     DATABASES["default"] = {
         **_default_db,
         "CONN_MAX_AGE": 0,  # Django refuses persistent connections with a pool
@@ -149,6 +151,8 @@ if WEB_PROCESS and DB_POOL_SIZE:
                 # request, so the pool's backoff never grows past a few seconds and the web
                 # process recovers by itself soon after the database comes back.
                 "reconnect_timeout": 10,
+                # Checked as lent without a round trip where the socket says enough.
+                "connection_class": PooledConnection,
             },
         },
     }

@@ -31,7 +31,8 @@ def settings_in(code: str) -> dict:
     script = (
         f"{code}\nimport json\nfrom django.conf import settings\n"
         "db = settings.DATABASES['default']\n"
-        "print(json.dumps({'pool': db['OPTIONS'].get('pool'), 'age': db['CONN_MAX_AGE']}))"
+        "print(json.dumps({'pool': db['OPTIONS'].get('pool'), 'age': db['CONN_MAX_AGE']},\n"
+        "                 default=lambda o: f'{o.__module__}.{o.__qualname__}'))"
     )
     result = subprocess.run(
         [sys.executable, "-c", script],
@@ -49,6 +50,7 @@ def settings_in(code: str) -> dict:
 def test_only_the_web_entry_points_get_a_pool():
     web = settings_in("import gpuplatform.asgi")
     assert web["pool"]["max_size"] == 6
+    assert web["pool"]["connection_class"] == "gpuplatform.pgpool.PooledConnection"
     assert web["age"] == 0
     assert settings_in("import gpuplatform.wsgi")["pool"]["max_size"] == 6
     # manage.py commands (qcluster, node_agent) load the settings the plain way.
