@@ -119,9 +119,8 @@ def check_kept_connections(**_signal) -> None:
     pass's, an agent's round). A connection whose session is quiet (``pgpool.quiet``: its
     socket has nothing to read) is marked checked, and any other (something came: a
     notification or the end) is left to Django's own check, which replaces it if it is gone.
-    Connected to
-    django-q2's ``pre_execute``, which its workers send after closing old connections, before
-    each job."""
+    Connected to django-q2's ``pre_execute``, which its workers send after closing old
+    connections, before each job."""
     for wrapper in connections.all(initialized_only=True):
         raw = wrapper.connection
         if raw is None or wrapper.health_check_done or not wrapper.health_check_enabled:

@@ -618,15 +618,14 @@ def _stand_ins(decision: Decision, skipped: list[Placement]) -> tuple[list[Place
             free[p.node].extend(p.gpus)
         else:
             shared = True  # a share of a GPU: only a pass places it again
-    placing = {p.task_id for p in decision.placements}
-    waiting = [s for s in decision.successors if s.task_id not in placing]
     count = sum(len(gpus) for gpus in free.values())
-    if not (waiting and count):
+    if not (decision.successors and count):
         return [], bool(count) or shared
+    ids = [s.task_id for s in decision.successors]  # the placed ones are no longer pending
     with server_bound_cursor() as cursor:
-        cursor.execute(_LOCK_STAND_INS, {"ids": [s.task_id for s in waiting], "limit": count})
+        cursor.execute(_LOCK_STAND_INS, {"ids": ids, "limit": count})
         locked = {task_id for (task_id,) in cursor.fetchall()}
-    candidates = [s for s in waiting if s.task_id in locked]
+    candidates = [s for s in decision.successors if s.task_id in locked]
     stand_ins, left = [], False
     for node, gpus in free.items():
         placed, unused = hand_on(candidates, gpus, node)

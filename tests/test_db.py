@@ -27,11 +27,14 @@ from tenants.models import Tenant
 pytestmark = pytest.mark.django_db
 
 
-def protocol_messages(during) -> list[tuple[str, str]]:
-    """(direction, message) of each protocol message that crossed the connection while
-    ``during()`` ran, in order: "F" from this process, "B" from the server (libpq's trace)."""
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
+def protocol_messages(during, raw=None) -> list[tuple[str, str]]:
+    """(direction, message) of each protocol message that crossed the connection (Django's, or
+    the psycopg connection ``raw``) while ``during()`` ran, in order: "F" from this process,
+    "B" from the server (libpq's trace)."""
+    if raw is None:
+        connection.ensure_connection()
+        raw = connection.connection
+    pgconn = raw.pgconn
     with tempfile.TemporaryFile("w+") as trace:
         pgconn.trace(trace.fileno())
         try:
@@ -111,35 +114,29 @@ def test_a_kept_connection_is_checked_without_a_round_trip():
     assert connection.health_check_done
 
 
+def terminated(pid: int, raw) -> bool:
+    """End the session ``pid`` from another connection; whether ``raw`` (its psycopg
+    connection) then got the server's goodbye within 10 s."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    readable, _, _ = select.select([raw.fileno()], [], [], 10)
+    return bool(readable)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_connection_the_server_ended_is_replaced_before_its_next_use():
     connection.ensure_connection()
     ended = connection.connection.info.backend_pid
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [ended])
-    finally:
-        other.close()
-    readable, _, _ = select.select([connection.connection.fileno()], [], [], 10)
-    assert readable  # the server's goodbye
+    assert terminated(ended, connection.connection)  # the server's goodbye
 
     close_old_connections()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != ended
-
-
-def traced(conn, during) -> list[tuple[str, str]]:
-    """``protocol_messages`` for a connection of one's own."""
-    with tempfile.TemporaryFile("w+") as trace:
-        conn.pgconn.trace(trace.fileno())
-        try:
-            during()
-        finally:
-            conn.pgconn.untrace()
-        trace.seek(0)
-        return [tuple(line.split("\t")[1:4:2]) for line in trace]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -159,16 +156,10 @@ def test_the_web_pool_checks_a_connection_it_lends_without_a_round_trip_unless_i
     try:
         with pool.connection() as conn:
             first = conn.info.backend_pid
-        assert traced(conn, lambda: ConnectionPool.check_connection(conn)) == []
+        assert protocol_messages(lambda: ConnectionPool.check_connection(conn), conn) == []
         with pool.connection() as conn:
             assert conn.info.backend_pid == first, "the same connection, lent again"
-        other = connections.create_connection("default")
-        try:
-            with other.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(%s)", [first])
-        finally:
-            other.close()
-        select.select([conn.fileno()], [], [], 10)  # the server's goodbye
+        assert terminated(first, conn)  # the server's goodbye
         with pool.connection() as conn:
             assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first
     finally:

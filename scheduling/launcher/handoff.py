@@ -104,23 +104,19 @@ def plain_ends(plain: list[ExitReport], hand: HandOff) -> list[tuple]:
             listed, left, freed = locked[0][5:] if locked else (0, 0, [])
             candidates = [Candidate(*row[:3], frozenset(row[3]), row[4]) for row in locked]
             placements, unused = hand_on(candidates, [(gpu, mb) for gpu, mb, _ in freed], node)
-            # No pass is needed only when every GPU fit to use went to a successor and at
-            # least half of the list is left.
-            handed_all = bool(placements) and not unused and 2 * (left - len(placements)) >= listed
-            need_pass = bool(ended) and not handed_all
             if not placements:
+                if ended:  # freed GPUs went to nobody
+                    passes.request_pass()
                 break
+            # A pass too when a freed GPU went to nobody or less than half of the list is left.
+            claim = bool(unused) or 2 * (left - len(placements)) < listed
             held_by = {gpu: task_id for gpu, _, task_id in freed}
             donors = {p.task_id: held_by[p.gpus[0][0]] for p in placements}
-            skipped = _place(
-                placements, candidates, hand, now, claim=need_pass, donors=donors, ready=ready
-            )
-            need_pass = False  # asked for by _place if it was needed
-            if not skipped:
+            if not _place(
+                placements, candidates, hand, now, claim=claim, donors=donors, ready=ready
+            ):
                 break
-        else:
-            need_pass = True  # GPUs still free after the last round
-        if need_pass:
+        else:  # GPUs still free after the last round
             passes.request_pass()
     return [row[:6] for row in ended]
 
