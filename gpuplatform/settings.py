@@ -109,9 +109,11 @@ if _default_db["ENGINE"] != "django.db.backends.postgresql":
         f"DATABASE_URL: only PostgreSQL is supported, got engine {_default_db['ENGINE']}"
     )
 # The hot statements the platform writes in SQL (gpuplatform.db.server_bound_cursor: a pass's
-# reads and placements, a launch, the agents' start and end reports) are prepared once they
-# have run 5 times on a connection, so PostgreSQL stops parsing and planning them each time
-# (planning was a fifth of the server's CPU in the throughput bench: perf). Django turns
+# reads and placements, a launch, the agents' start and end reports, a submission's token,
+# rate step, estate read and INSERT) are prepared once they have run 5 times on a connection,
+# so PostgreSQL stops parsing and planning them each time (planning was a fifth of the server's
+# CPU in the throughput bench: perf; preparing a submission's four statements halved
+# PostgreSQL's CPU per single-task POST in the api bench, 4.0-4.4 ms to 1.7-2.3). Django turns
 # psycopg's preparing off by default, for poolers such as PgBouncer in transaction mode, which
 # we do not use; its own queries bind on the client and are never prepared either way. Not for
 # channels_postgres, which hands its OPTIONS to libpq (which knows no such option).

@@ -27,9 +27,8 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
 
-from gpuplatform.db import no_flush_wait
+from gpuplatform.db import no_flush_wait, server_bound_cursor
 
 PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 # How long a refused key stays remembered after its last refusal.
@@ -79,7 +78,7 @@ def consume(key: str, rate: str, now: float | None = None) -> Verdict:
     # rate's whole count); a burst of a minute's budget would swamp a process for seconds.
     tolerance = interval * (min(limit, settings.API_THROTTLE_BURST) - 1)
     now = time.time() if now is None else now
-    with connection.cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(
             _STEP.format(no_flush_wait=no_flush_wait()),
             {"key": key, "now": now, "first": now + interval, "tol": tolerance,

@@ -12,6 +12,7 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from gpuplatform.db import server_bound_cursor
 from tenants import tokens
 from tenants.models import ApiToken, Membership, Tenant
 
@@ -75,7 +76,7 @@ def _token_sql() -> str:
 def _token_by_prefix(prefix: str, now: datetime) -> ApiToken | None:
     """The token with its ``user`` and ``tenant`` loaded, and ``role`` and ``ancestor_dead``
     set as the ORM's annotations would; None when no token has this prefix."""
-    with connection.cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(_token_sql(), [now, prefix])
         row = cursor.fetchone()
     if row is None:

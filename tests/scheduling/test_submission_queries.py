@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from scheduling.spec import TaskSpec
 from scheduling.submission import SubmitError, task_submit, tasks_submit
 from tenants.models import Quota
+from tests.api.conftest import bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -71,3 +72,19 @@ def statements_sql(lab, specs) -> list[str]:
     with CaptureQueriesContext(connection) as queries:
         tasks_submit(tenant=lab, specs=specs)
     return [query["sql"] for query in queries]
+
+
+def test_a_submissions_statements_are_prepared_on_its_connection(owner, workstation):
+    """The API's token read, rate step, estate read and INSERT are planned once per
+    connection (settings' prepare_threshold), not on every submission: the most frequent
+    request must not pay PostgreSQL's parser and planner each time."""
+    client = bearer(owner.token)
+    spec = {"command": "python train.py", "resources": {"gpus": 1}}
+    for n in range(7):
+        answer = client.post("/api/v1/tasks/", {"name": f"t{n}", **spec}, format="json")
+        assert answer.status_code == 201, answer.content
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for (statement,) in cursor.fetchall()]
+    for table in ("tenants_apitoken", "tenants_ratelimit", "scheduling_pool", "scheduling_task"):
+        assert any(table in statement for statement in prepared), table
