@@ -9,3 +9,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
 # bounded database connection pool (DB_POOL_SIZE), which no forking process may have.
 
 application = get_wsgi_application()
+
+# Start-up is over (gpuplatform.gctune).
+from gpuplatform import gctune  # noqa: E402
+
+gctune.settle()

@@ -1,0 +1,37 @@
+"""Web processes settle the garbage collector once started (gpuplatform.gctune)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpuplatform import gctune
+from tests.live import ROOT, process_env
+
+REPORT = "import gc; print(gc.get_threshold()[0], gc.get_freeze_count())"
+
+
+@pytest.mark.parametrize("entry", ["gpuplatform.asgi", "gpuplatform.wsgi"])
+def test_a_web_entry_point_freezes_what_start_up_loaded(entry):
+    """What the web server imports (daphne: the ASGI application; gunicorn: the WSGI one)
+    leaves the start-up's objects out of every later collection, and young objects are
+    collected less often."""
+    found = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", f"import {entry}; {REPORT}"],
+        cwd=ROOT, env=process_env(), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    threshold, frozen = map(int, found.stdout.split())
+    assert threshold == gctune.YOUNG_THRESHOLD
+    assert frozen > 50_000  # Django and the apps, at least
+
+
+def test_other_processes_keep_pythons_defaults():
+    """Only what a process imports as its entry point settles it: the settings do not."""
+    found = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", f"import django; django.setup(); {REPORT}"],
+        cwd=ROOT, env=process_env(), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    threshold, frozen = map(int, found.stdout.split())
+    assert (threshold, frozen) == (700, 0)
