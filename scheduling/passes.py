@@ -34,6 +34,7 @@ from django_q.models import Schedule
 from django_q.tasks import async_task
 
 from gpuplatform.broker import NotifyingOrm
+from gpuplatform.db import server_bound_cursor
 from scheduling.models import PassRequest, SchedulerState
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def _enqueue() -> None:
     # already, and at idle the claim and the queue's insert are the only two round trips. A
     # pass clears the flag before it reads, so a flag seen set after our commit belongs to a
     # pass that will see our writes.
-    with connection.cursor() as cursor:
+    with server_bound_cursor() as cursor:  # prepared: under a burst, one per commit
         cursor.execute(_REQUEST_SQL)
         claimed, exists = cursor.fetchone()
     _queue_if_claimed(claimed, exists)

@@ -177,12 +177,26 @@ def start_supervisors(recorded: list[Assignment], *, may_fork: bool = True) -> N
         spawn_supervisor(assignment, may_fork=may_fork)
 
 
+# Tenants' log directories this process made or found: made once, not looked for again on
+# every launch (py-spy on a node agent in the throughput bench: the three mkdir calls of each
+# attempt, two of which found the directory there, were a tenth of its samples).
+_TENANT_LOG_DIRS: set[Path] = set()
+
+
 def prepare_logs(assignment: Assignment) -> None:
     """Make the directories of the attempt's log (and its supervisor's)."""
     log = Path(assignment.log_path)
-    log.parent.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # TASK_LOG_DIR
-    log.parent.parent.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
+    tenant_dir = log.parent.parent
+    if tenant_dir in _TENANT_LOG_DIRS:
+        try:
+            log.parent.mkdir(mode=0o700, exist_ok=True)
+            return
+        except FileNotFoundError:  # removed since (an operator cleaning up): made again
+            _TENANT_LOG_DIRS.discard(tenant_dir)
+    tenant_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # TASK_LOG_DIR
+    tenant_dir.mkdir(mode=0o700, exist_ok=True)  # the tenant's: root's alone
     log.parent.mkdir(mode=0o700, exist_ok=True)
+    _TENANT_LOG_DIRS.add(tenant_dir)
 
 
 def supervisor_sink(assignment: Assignment) -> Path:
