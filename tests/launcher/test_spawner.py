@@ -213,9 +213,13 @@ def test_a_supervisor_whose_attempt_ended_plainly_supervises_the_next(spawning, 
 def test_a_signal_for_an_attempt_that_ended_never_reaches_the_next(spawning, listening, lab):
     first = submit(lab, "true")
     wait_for(state_of(first, "succeeded"))
+    # Back at the spawner before the next launch, or the next gets a new one: a task's end is
+    # recorded before its supervisor has said it is idle (a slow machine saw the two race).
+    supervisor = supervisor_of(first)
+    wait_for(lambda: "idle" in supervisor.cmdline()[0])
     second = submit(lab, "sleep 2; echo still here")
     wait_for(state_of(second, "running"))
-    assert supervisor_of(second).pid == supervisor_of(first).pid
+    assert supervisor_of(second).pid == supervisor.pid
     assert lifecycle.control(first.pk, 1, "stop") == "nothing to do"
     wait_for(state_of(second, "succeeded"))
 
