@@ -84,10 +84,9 @@ def _moment(value, written: dict) -> str | None:
     return written[value]
 
 
-def task_row(task: Task, written: dict | None = None) -> dict:
+def task_row(task: Task, written: dict) -> dict:
     """What TaskOut makes of ``task``, field for field (tests/api compares the two).
     ``written``: the times already written for the same answer (``_moment``)."""
-    written = {} if written is None else written
     return {
         "id": task.pk,
         "name": task.name,
