@@ -51,6 +51,12 @@ for _ in $(seq 120); do
     "$PY" -c "$READY" "http://$HOST:$PORT/readyz" 2>/dev/null && break
     sleep 0.5
 done
+# The web answers before the node is ready to launch: wait for its spawner too, so that
+# "submitted -> running" below measures the platform, not its start-up (3.2 s on an H100 run).
+for _ in $(seq 120); do
+    grep -q "spawner ready" var/gpu_check_platform.log && break
+    sleep 0.5
+done
 export GPUCTL_URL=http://$HOST:$PORT GPUCTL_TOKEN=$token
 gpuctl() { "$PY" -c 'import sys; from gpuctl.cli import main; sys.exit(main())' "$@"; }
 gpuctl get gpus -o wide

@@ -116,7 +116,7 @@ def test_a_supervisor_with_nothing_to_say_makes_no_file(spawning, listening, lab
 
 def test_a_supervisor_of_the_spawner_writes_to_the_database_when_no_agent_answers(spawning, lab):
     """The one path on which it loads Django's apps: nobody else can record its exit."""
-    task = submit(lab, "sleep 1; exit 3")
+    task = submit(lab, "sleep 3; exit 3")  # running long enough to be seen, Django cold
     wait_for(state_of(task, "running"))
     assert supervisor_of(task).ppid() == spawning.pid
     wait_for(state_of(task, "failed"))
