@@ -337,6 +337,13 @@ class TaskAttempt(models.Model):
             # A duplicate launch of the same attempt fails here: the launch is idempotent.
             models.UniqueConstraint(fields=["task", "number"], name="attempt_unique_number"),
         ]
+        indexes = [
+            # A node's attempts not ended (outcome ""): what its agent looks at every second
+            # (lifecycle.watched_supervisors) and sweeps, however many it ran before. Not a
+            # partial index: as a prepared statement's generic plan, "outcome = $1" does not
+            # match "WHERE outcome = ''".
+            models.Index(fields=["node", "outcome"], name="attempt_node_outcome"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task} attempt {self.number}"
