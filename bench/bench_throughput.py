@@ -742,12 +742,21 @@ def measure_latency(api: Api, procs: list[Proc], *, count: int, limit_s: float, 
     return latency
 
 
-def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[Proc]) -> dict:
+def measure_api(
+    pool, port: int, tokens: list[str], tenant: Tenant, procs: list[Proc], web_pid: int
+) -> dict:
+    postmaster = postmaster_of_this_connection()
     start_at = time.perf_counter() + 0.3
     jobs = [ClientJob(port, token, "POST", "/api/v1/tasks/", API_REQUESTS, start_at, API_LIMIT_S,
                       f"api-{i}", command="true", pool=POOL)
             for i, token in enumerate(tokens)]  # fmt: skip
+    # Where the CPU goes while the clients submit (their tasks run meanwhile, one pass or
+    # hand-off and one launch each): the clients' own processes count as the rest.
+    passes_before = passes_run()
+    cpu_before = cpu_by_role(web_pid, procs, postmaster)
     parts = pool.map(api_client, jobs)
+    cpu_after = cpu_by_role(web_pid, procs, postmaster)
+    passes = passes_run() - passes_before
     merged = merge_clients(parts)
     latencies, statuses, wall, errors = (merged.latencies, merged.statuses, merged.wall_s,
                                          merged.errors)  # fmt: skip
@@ -778,6 +787,8 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
         "error_sample": merged.error_sample,
         "cancelled_after": cancelled,
         "left_running": left,
+        "cpu_ms_per_request": cpu_per_task(cpu_before, cpu_after, len(latencies)),
+        "passes": passes,
     }
 
 
@@ -949,7 +960,7 @@ def measure_platform(pool, tmp: Path) -> dict:
             api, procs, count=LATENCY_TASKS, limit_s=LATENCY_LIMIT_S, minimum=LATENCY_MIN
         )
         sampler.phase = "API, 8 clients"
-        figures["api"] = measure_api(pool, port, api_tokens, api_tenant, procs)
+        figures["api"] = measure_api(pool, port, api_tokens, api_tenant, procs, web.pid)
         sampler.phase = "2,000 tasks"
         figures["throughput"] = measure_throughput(api, procs, web.pid)
         sampler.phase = "stopping"
@@ -1059,6 +1070,11 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
           f"{api['left_running']} still unfinished when it began")  # fmt: skip
     if api["error_sample"]:
         print(f"  e.g. {api['error_sample']}")
+    cpu = api["cpu_ms_per_request"]
+    parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
+    print(f"  while the clients submitted: {cpu['all']:.1f} ms of CPU per accepted submission "
+          f"({parts}; the rest includes the clients), {api['passes']:,} scheduling passes "
+          f"({api['passes'] / max(api['requests'], 1):.2f} per submission)")  # fmt: skip
     conns = ", ".join(f"{phase} {n}" for phase, n in ours["connections"].items())
     print(f"PostgreSQL sessions on the bench database, peak per phase (this bench's own two "
           f"included): {conns}; the server allows {ours['max_connections']} (max_connections "
