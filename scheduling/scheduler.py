@@ -320,19 +320,19 @@ def _links_query() -> Query:
     # Each dependency is looked up by its primary key (LATERAL ... LIMIT 1 keeps it a lookup):
     # joined plainly, PostgreSQL hashed every task not succeeded, finished history included,
     # even with no dependency at all (12 ms a pass with 11,000 tasks in the history bench's
-    # estate, growing with the task table).
-    return Query(
-        """
-        SELECT d.from_task_id, d.to_task_id, t.name, t.state
-          FROM scheduling_task_depends_on d
-          JOIN scheduling_task f ON f.id = d.from_task_id
-         CROSS JOIN LATERAL (SELECT name, state FROM scheduling_task
-                              WHERE id = d.to_task_id LIMIT 1) t
-         WHERE f.state = %s AND t.state <> %s
-         ORDER BY d.from_task_id, d.id
-        """,
-        [TaskState.PENDING.value, TaskState.SUCCEEDED.value],
-    )
+    # estate, growing with the task table). The states are in the SQL, as in _RUNNING.
+    return Query(_LINKS)
+
+
+_LINKS = f"""
+    SELECT d.from_task_id, d.to_task_id, t.name, t.state
+      FROM scheduling_task_depends_on d
+      JOIN scheduling_task f ON f.id = d.from_task_id
+     CROSS JOIN LATERAL (SELECT name, state FROM scheduling_task
+                          WHERE id = d.to_task_id LIMIT 1) t
+     WHERE f.state = '{TaskState.PENDING.value}' AND t.state <> '{TaskState.SUCCEEDED.value}'
+     ORDER BY d.from_task_id, d.id
+"""  # noqa: S608 - the states are the code's constants
 
 
 # --- Snapshot ------------------------------------------------------------------------------------
@@ -492,11 +492,12 @@ _GPUS = """
 # walked every open allocation for each running task through the per-GPU index (256 x 256
 # rows, 8.8 ms a pass, history bench) wherever its statistics of the partial indexes were
 # older than the running set, as they stay on a large allocation table.
-# The states are written into these two statements, not passed: prepared (after their fifth
-# run), a statement may switch to a generic plan, which cannot see which states it reads. For
-# the running tasks that plan walked the task table in id order (for the ORDER BY), finished
-# history and all: 101,844 rows and 44 ms in an estate of 100,000 finished tasks, against
-# 512 rows and 1.6 ms when the states are in the SQL.
+#
+# The states are written into this statement, _PENDING and _LINKS, not passed: prepared
+# (after its fifth run), a statement may switch to a generic plan, which cannot see which
+# states it reads. For the running tasks that plan walked the task table in id order (for the
+# ORDER BY), finished history and all: 101,844 rows and 44 ms in an estate of 100,000
+# finished tasks, against 512 rows and 1.6 ms with the states in the SQL.
 _HOLDING = ", ".join(f"'{state.value}'" for state in sorted(states.HOLDS_GPUS))
 
 _RUNNING = f"""
