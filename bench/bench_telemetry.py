@@ -23,7 +23,7 @@ import psutil
 from django.db import connection
 from django.utils import timezone
 
-from bench.common import median, ms, table, verdict
+from bench.common import clear_tasks, median, ms, table, verdict
 from scheduling.config import SimulatedGpus
 from scheduling.inventory import BackendUnavailable, NvmlBackend, SimulatedBackend, simulated_uuid
 from scheduling.models import GPU, Node, Pool
@@ -59,9 +59,7 @@ def remove_estate(nodes: list[Node]) -> None:
     """Leave the shared benchmark database as it was found. Its samples and rollups (about 1.8
     million rows) are truncated: deleted through the GPUs' cascade by the next benchmark, they
     took seconds and wrote enough WAL to start checkpoints inside the throughput benchmark."""
-    tables = [model._meta.db_table for model in (GpuSample, GpuRollupMinute, GpuRollupHour)]
-    with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {', '.join(tables)}")  # noqa: S608 - model names
+    clear_tasks(*(model._meta.db_table for model in (GpuSample, GpuRollupMinute, GpuRollupHour)))
     GPU.objects.filter(node__in=nodes).delete()
     Node.objects.filter(pk__in=[node.pk for node in nodes]).delete()
 

@@ -166,7 +166,7 @@ def _read_for_pass(
     _, _, links, *read = fetch_together(
         Query(_LOCK, [PASS_LOCK]),
         Query(_FORGET_SPENT),
-        _links_query(),
+        Query(_LINKS),
         *snapshot_queries(now, half_life),
     )
     return links, SnapshotRows.of(read)
@@ -312,18 +312,14 @@ def _dependency_blocks(links: list[tuple[int, int, str, str]]) -> dict[int, str]
 def _dependency_links() -> list[tuple[int, int, str, str]]:
     """(pending task, dependency, its name, its state) for each dependency not yet succeeded,
     in the order they were declared."""
-    (links,) = fetch_together(_links_query())
+    (links,) = fetch_together(Query(_LINKS))
     return links
 
 
-def _links_query() -> Query:
-    # Each dependency is looked up by its primary key (LATERAL ... LIMIT 1 keeps it a lookup):
-    # joined plainly, PostgreSQL hashed every task not succeeded, finished history included,
-    # even with no dependency at all (12 ms a pass with 11,000 tasks in the history bench's
-    # estate, growing with the task table). The states are in the SQL, as in _RUNNING.
-    return Query(_LINKS)
-
-
+# Each dependency is looked up by its primary key (LATERAL ... LIMIT 1 keeps it a lookup):
+# joined plainly, PostgreSQL hashed every task not succeeded, finished history included, even
+# with no dependency at all (12 ms a pass with 11,000 tasks in the history bench's estate,
+# growing with the task table). The states are in the SQL, as in _RUNNING.
 _LINKS = f"""
     SELECT d.from_task_id, d.to_task_id, t.name, t.state
       FROM scheduling_task_depends_on d
@@ -390,7 +386,7 @@ def build_snapshot(
     if rows is None:
         queries = snapshot_queries(now, half_life)
         if dependency_links is None:
-            queries.append(_links_query())
+            queries.append(Query(_LINKS))
         read = fetch_together(*queries)
         if dependency_links is None:
             dependency_links = read.pop()

@@ -211,12 +211,9 @@ def test_a_supervisor_whose_attempt_ended_plainly_supervises_the_next(spawning, 
 
 
 def test_a_signal_for_an_attempt_that_ended_never_reaches_the_next(spawning, listening, lab):
-    first = submit(lab, "true")
-    wait_for(state_of(first, "succeeded"))
     # Back at the spawner before the next launch, or the next gets a new one: a task's end is
     # recorded before its supervisor has said it is idle (a slow machine saw the two race).
-    supervisor = supervisor_of(first)
-    wait_for(lambda: "idle" in supervisor.cmdline()[0])
+    first, supervisor = idle_supervisor(lab)
     second = submit(lab, "sleep 2; echo still here")
     wait_for(state_of(second, "running"))
     assert supervisor_of(second).pid == supervisor.pid
@@ -236,17 +233,17 @@ def test_a_stopped_attempts_supervisor_exits_and_the_next_is_forked(spawning, li
     assert supervisor_of(second).pid != supervisor.pid
 
 
-def idle_supervisor(lab) -> psutil.Process:
-    """The supervisor of a task that ran and ended, once it waits at the spawner."""
+def idle_supervisor(lab) -> tuple[Task, psutil.Process]:
+    """A task that ran and ended, and its supervisor once it waits at the spawner."""
     task = submit(lab, "true")
     wait_for(state_of(task, "succeeded"))
     idle = supervisor_of(task)
     wait_for(lambda: "idle" in idle.cmdline()[0])
-    return idle
+    return task, idle
 
 
 def test_when_the_idle_supervisor_is_gone_the_spawner_forks_one(spawning, listening, lab):
-    idle = idle_supervisor(lab)
+    _, idle = idle_supervisor(lab)
     idle.kill()
     second = submit(lab, "true")
     wait_for(state_of(second, "succeeded"))
@@ -254,7 +251,7 @@ def test_when_the_idle_supervisor_is_gone_the_spawner_forks_one(spawning, listen
 
 
 def test_idle_supervisors_leave_with_the_spawner(spawning, listening, lab):
-    idle = idle_supervisor(lab)
+    _, idle = idle_supervisor(lab)
     spawning.terminate()
     spawning.wait(timeout=10)
     wait_for(lambda: not procs.running(idle), timeout=5)
