@@ -490,6 +490,10 @@ def reconcile_attempt(attempt: TaskAttempt) -> str:
     """Settle an attempt whose supervisor is not running: from its exit record, or as lost once
     every process it left is proven gone (its GPUs are offered again only then)."""
     task = attempt.task
+    if attempt.supervisor_pid is None and timezone.now() - attempt.created_at < LAUNCH_PATIENCE:
+        # Even with an exit record: a command over at once has its start reported with its end
+        # (``supervisor.START_GRACE_S``), after the record is written.
+        return "launching"
     record = paths.read_exit_record(paths.exit_path(task.tenant.name, task.pk, attempt.number))
     if record is not None:
         return attempt_finished(
@@ -500,8 +504,6 @@ def reconcile_attempt(attempt: TaskAttempt) -> str:
             problem=record.get("problem", ""),
             note=record.get("note", ""),
         )
-    if attempt.supervisor_pid is None and timezone.now() - attempt.created_at < LAUNCH_PATIENCE:
-        return "launching"
     main = ProcessId(attempt.pid, attempt.pid_started) if attempt.pid else None
     if not tracking.kill_orphaned_attempt(attempt.node.name, task.pk, attempt.number, main):
         _unkillable(attempt)

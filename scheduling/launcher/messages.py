@@ -104,6 +104,15 @@ class ExitReport:
     # The supervisor can take the next attempt on the GPUs this one frees, in the agent's
     # answer (``handoff``): it is one of the spawner's and may serve another.
     ready: bool = False
+    # The command ended before its start was reported (``supervisor.START_GRACE_S``): the start,
+    # written with the end (``relay.write_reports``), not in a round trip of its own.
+    started: StartReport | None = None
+
+    @classmethod
+    def of(cls, fields: dict) -> ExitReport:
+        """From ``dataclasses.asdict`` of one (as ``relay`` carries it)."""
+        started = fields.get("started")
+        return cls(**{**fields, "started": None if started is None else StartReport.of(started)})
 
     def as_dict(self) -> dict:
         return {
@@ -114,6 +123,7 @@ class ExitReport:
             "problem": self.problem,
             "note": self.note,
             "ready": self.ready,
+            "started": None if self.started is None else self.started.as_dict(),
         }
 
 

@@ -242,16 +242,17 @@ class Relay(threading.Thread):
 
 def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
     """One statement for the starts, one transaction for the plain ends (any other end on its
-    own), whose GPUs are handed on to the next tasks with ``hand_off`` (a node agent's
-    ``handoff.HandOff``), one query for the fences; an answer per message, in order: a ready
-    supervisor's answer may name its next attempt (``next``, signed)."""
+    own; an end's start, when it carries one, written before it), whose GPUs are handed on to
+    the next tasks with ``hand_off`` (a node agent's ``handoff.HandOff``), one query for the
+    fences; an answer per message, in order: a ready supervisor's answer may name its next
+    attempt (``next``, signed)."""
     from scheduling.launcher import reports
 
     def of(kind: str) -> list[dict]:
         return [m["report"] for m in messages if m["kind"] == kind]
 
     starts = [StartReport.of(fields) for fields in of("started")]
-    exits = [ExitReport(**fields) for fields in of("finished")]
+    exits = [ExitReport.of(fields) for fields in of("finished")]  # with any start they carry
     fences = [fields["attempt_id"] for fields in of("fence")]
     started = reports.attempts_started(starts) if starts else {}
     outcomes = reports.attempts_finished(exits, hand_off=hand_off) if exits else {}

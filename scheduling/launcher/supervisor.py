@@ -51,6 +51,13 @@ from scheduling.launcher.messages import Assignment, ExitReport, FenceQuery, Sta
 logger = logging.getLogger("scheduling.supervisor")
 
 POLL_S = 0.1
+# A command that ends this soon after it started has its start reported with its end, in one
+# message and one batch of the agent's, instead of a round trip of its own that the end then
+# waits for. No longer than the agent's own gathering of a batch (``relay.GATHER_S``), so a
+# longer task is shown running as soon as before, give or take that. Throughput bench, back to
+# back on 2 CPUs: 1.64 transactions and 14.8 ms of CPU per task without it (0 turns it off),
+# 1.08 and 10.7 ms with it, written in the end's transaction (``handoff.plain_ends``).
+START_GRACE_S = 0.005
 FENCE_EVERY_S = 5.0
 REPORT_TRIES = 120  # with an exit file: a report a second for two minutes, then reconciliation
 PIPE_SIZE = 1 << 20
@@ -182,6 +189,8 @@ class Supervisor:
         # (assignment, sink): believed only signed with the platform's key.
         self.takes_next = False
         self.next_work: tuple[Assignment, str] | None = None
+        # The start of a command that ended within START_GRACE_S: sent with its end.
+        self.started: StartReport | None = None
         it = assignment
         self.exit_file = paths.exit_path(it.tenant, it.task_id, it.attempt_no)
 
@@ -255,7 +264,11 @@ class Supervisor:
             return self.finish(None, problem=f"cannot start the command: {exc}")
         finally:
             os.close(self.relay.write_fd)  # the task holds the only writing end now
-        if not self.report_started(procs.ProcessId.of(child.pid)):
+        pid = procs.ProcessId.of(child.pid)
+        if ended_at_once(child.pid):
+            # Reported with its end: one round trip to the agent, not two.
+            self.started = StartReport(it.attempt_id, procs.ProcessId.of(os.getpid()), pid)
+        elif not self.report_started(pid):
             self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
             return self.finish(child.wait())
         return self.watch(child)
@@ -401,7 +414,9 @@ class Supervisor:
                 "cannot write the exit file %s; the database is the only record", exit_file
             )
         ready = self.takes_next and exit_code == 0 and not (problem or timed_out or self.stop_asked)
-        report = ExitReport(it.task_id, it.attempt_no, exit_code, timed_out, problem, note, ready)
+        report = ExitReport(
+            it.task_id, it.attempt_no, exit_code, timed_out, problem, note, ready, self.started
+        )
         reply = relay.send(it.node, report)  # through the node agent
         work = (reply or {}).get("next")
         if isinstance(work, dict) and relay.genuine(work):
@@ -456,6 +471,18 @@ class Supervisor:
                 continue
             connections.close_all()
             return result
+
+
+def ended_at_once(pid: int) -> bool:
+    """Whether our child ``pid`` exits within START_GRACE_S (False where the kernel cannot
+    tell without reaping it: no pidfd; and when START_GRACE_S is 0)."""
+    exited = procs.exit_fd(pid) if START_GRACE_S > 0 else None
+    if exited is None:
+        return False
+    try:
+        return bool(select.select([exited], [], [], START_GRACE_S)[0])
+    finally:
+        os.close(exited)
 
 
 def _fds(fd: int | None) -> list[int]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -298,6 +300,33 @@ def test_reconciliation_finishes_an_attempt_from_its_exit_file(launcher, node, l
     assert counts["finished"] == 1
     task.refresh_from_db()
     assert (task.state, task.exit_code) == ("failed", 4)
+
+
+def test_an_exit_file_before_the_start_is_recorded_waits_for_the_supervisor(launcher, node, lab):
+    """A command over at once has its start reported with its end, after its exit file: while
+    its supervisor may still report, reconciliation leaves it; after LAUNCH_PATIENCE the file
+    settles it, the task having run."""
+    task = start(lab, "true")
+    wait_for(state_of(task, "succeeded"))
+    attempt = attempt_of(task)
+    wait_for(lambda: gone(attempt.supervisor_pid))
+    # As if the supervisor had written its exit file and died before its report:
+    TaskAttempt.objects.filter(pk=attempt.pk).update(
+        outcome="", exit_code=None, supervisor_pid=None, pid=None
+    )
+    Task.objects.filter(pk=task.pk).update(state="scheduled", exit_code=None)
+    assert lifecycle.reconcile_node(node.name)["finished"] == 0
+    task.refresh_from_db()
+    assert task.state == "scheduled"
+
+    TaskAttempt.objects.filter(pk=attempt.pk).update(
+        created_at=timezone.now() - lifecycle.LAUNCH_PATIENCE - timedelta(seconds=1)
+    )
+    assert lifecycle.reconcile_node(node.name)["finished"] == 1
+    task.refresh_from_db()
+    assert (task.state, task.exit_code) == ("succeeded", 0)
+    moves = list(task.events.order_by("pk").values_list("from_state", "to_state"))
+    assert moves[-2:] == [("scheduled", "running"), ("running", "succeeded")]
 
 
 def test_reconciliation_requeues_an_attempt_whose_supervisor_died(launcher, node, lab):

@@ -9,12 +9,13 @@ import socket
 import threading
 
 import psycopg
+import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from gpuplatform.dburl import current_database_url
 from scheduling import passes, scheduler
-from scheduling.launcher import lifecycle, relay, reports
+from scheduling.launcher import lifecycle, relay, reports, supervisor
 from scheduling.launcher.messages import ExitReport, StartReport
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import PassRequest, Task, TaskAttempt, TaskEvent, TenantUsage
@@ -30,6 +31,7 @@ def submit(lab, command: str, name: str = "t") -> Task:
 
 def test_supervisors_report_start_and_end_through_the_relay(listening, node, lab, monkeypatch):
     monkeypatch.setattr(relay, "GATHER_S", 0.3)  # wide enough to batch these few for sure
+    monkeypatch.setattr(supervisor, "START_GRACE_S", 0)  # every start in a report of its own
     tasks = [submit(lab, "true", name=f"t{i}") for i in range(3)] + [submit(lab, "exit 3")]
     scheduler.schedule_pass()
 
@@ -49,11 +51,34 @@ def test_supervisors_report_start_and_end_through_the_relay(listening, node, lab
     assert tasks[3].exit_code == 3 and tasks[3].reason == "exited with 3"
 
 
-def test_without_a_relay_the_supervisor_writes_its_reports_itself(launcher, node, lab):
+def test_a_command_over_at_once_has_its_start_sent_with_its_end(listening, node, lab, monkeypatch):
+    """One message per task, not two; the record is the same: both moves, both processes."""
+    monkeypatch.setattr(supervisor, "START_GRACE_S", 5.0)  # forked supervisors inherit it
+    tasks = [submit(lab, "true", name=f"t{i}") for i in range(2)] + [submit(lab, "exit 3")]
+    scheduler.schedule_pass()
+
+    wait_for(lambda: listening.reports == 3, timeout=10)
+    for task, end in zip(tasks, ("succeeded", "succeeded", "failed"), strict=True):
+        task.refresh_from_db()
+        assert task.state == end and task.started_at is not None
+        attempt = TaskAttempt.objects.get(task=task)
+        assert attempt.supervisor_pid and attempt.pid and attempt.started_at <= attempt.ended_at
+        path = TaskEvent.objects.filter(task=task).order_by("pk").values_list("to_state", flat=True)
+        assert list(path)[-2:] == ["running", end]
+
+
+@pytest.mark.parametrize("grace", [0, 5.0])
+def test_without_a_relay_the_supervisor_writes_its_reports_itself(
+    launcher, node, lab, monkeypatch, grace
+):
+    monkeypatch.setattr(supervisor, "START_GRACE_S", grace)
     task = submit(lab, "true")
     scheduler.schedule_pass()
     wait_for(state_of(task, "succeeded"))
-    assert TaskAttempt.objects.get(task=task).supervisor_pid is not None
+    attempt = TaskAttempt.objects.get(task=task)
+    assert attempt.supervisor_pid is not None and attempt.pid is not None
+    path = TaskEvent.objects.filter(task=task).order_by("pk").values_list("to_state", flat=True)
+    assert list(path)[-2:] == ["running", "succeeded"]
 
 
 def ask(node_name: str, message: dict) -> bytes:
@@ -253,10 +278,13 @@ def test_every_report_is_sent_as_dataclasses_asdict_would_give_it():
         StartReport(7, ProcessId(11, 1795000000.25), None),
         ExitReport(3, 2, 137, True, "killed", "bytes dropped"),
         ExitReport(3, 2, None),
+        ExitReport(3, 2, 0, started=StartReport(7, ProcessId(11, 1.25), ProcessId(12, 1.5))),
         FenceQuery(9),
     ):
         assert report.as_dict() == dataclasses.asdict(report)
         assert json.dumps(report.as_dict()) == json.dumps(dataclasses.asdict(report)), "same order"
+        if isinstance(report, ExitReport):
+            assert ExitReport.of(json.loads(json.dumps(report.as_dict()))) == report
 
 
 def test_plain_ends_claim_the_pass_flag_in_their_own_statement(launcher, node, lab, monkeypatch):
