@@ -697,6 +697,11 @@ def place_query(placements: list[Placement], now: datetime) -> Query:
 # Each placed task still pending becomes scheduled on its node, with an allocation per GPU
 # share (the trigger of migration 0003 refuses one over a GPU's capacity, failing the pass)
 # and its event, in one statement. Returns (task id, attempt, tenant id, node id) of each placed.
+# The tasks are found by their keys alone: their state is checked with IS NOT DISTINCT FROM,
+# which no index serves, because as "state = 'pending'" the planner, without statistics (no
+# ANALYZE yet, or autovacuum off), took the state's index and read every pending task to place
+# one (each of a node agent's hand-offs read the whole backlog: tests/scheduling/
+# test_place_query.py).
 _PLACE = """
     WITH v AS (SELECT v.id, n.id AS node_id, v.reason
                  FROM unnest(%(ids)s::bigint[], %(nodes)s::text[], %(reasons)s::text[])
@@ -706,7 +711,7 @@ _PLACE = """
              SET state = %(scheduled)s, node_id = v.node_id, attempt = t.attempt + 1,
                  scheduled_at = %(now)s, updated_at = %(now)s, reason = '', wait = '{}',
                  wait_digest = 0
-            FROM v WHERE t.id = v.id AND t.state = %(pending)s
+            FROM v WHERE t.id = v.id AND t.state IS NOT DISTINCT FROM %(pending)s
        RETURNING t.id, t.attempt, t.tenant_id, t.node_id, v.reason),
     shares AS (INSERT INTO scheduling_allocation
                       (task_id, attempt, gpu_id, memory_mb, exclusive, started_at)

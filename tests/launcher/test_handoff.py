@@ -8,6 +8,7 @@ import threading
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from gpuplatform.dburl import current_database_url
 from scheduling import passes, scheduler
@@ -23,6 +24,7 @@ from tenants.models import Quota
 from tests.launcher.conftest import state_of, wait_for
 from tests.launcher.test_relay import blocked_on_a_lock, submit
 from tests.launcher.test_spawner import running_spawner
+from tests.plans import rows_visited
 
 GONE = ProcessId(4_194_303, 0.0)  # no such process: the fixture's clean-up kills nothing
 
@@ -353,3 +355,22 @@ def test_a_pass_does_not_write_the_same_list_again(launcher, node, lab, monkeypa
         later[0].pk,
         later[2].pk,
     ]
+
+
+def test_the_candidates_count_the_list_once_whatever_they_skip(launcher, node, lab, monkeypatch):
+    """What is left of the list was counted for each successor the statement went through:
+    with the first ones locked by other agents' hand-offs, each one skipped cost a count of the
+    whole list (14 rows for 4 GPUs in the throughput bench, each counting 246)."""
+    first, _, _ = running_and_waiting(lab, node, monkeypatch, 4, 40)
+    listed = Successor.objects.count()
+    now = timezone.now()
+    Allocation.objects.filter(task=first[0]).update(released_at=now)
+    ranked = list(Successor.objects.order_by("rank").values_list("pk", flat=True))
+    where = {"tasks": [first[0].pk], "now": now, "node": node.name}
+    with psycopg.connect(current_database_url()) as other:
+        other.execute("SELECT 1 FROM scheduling_successor WHERE id = ANY(%s) FOR UPDATE",
+                      [ranked[:10]])  # fmt: skip
+        visited = rows_visited(handoff._CANDIDATES, where, ["scheduling_successor"])
+        (row,) = handoff.fetch_together(handoff.Query(handoff._CANDIDATES, where))[0]
+    assert row[0] == ranked[10] and row[6] == listed  # the first free one; the list's length
+    assert visited <= 3 * listed
