@@ -86,24 +86,17 @@ class Candidate:
 def plain_ends(plain: list[ExitReport], hand: HandOff) -> list[tuple]:
     """Record these plain ends of tasks on ``hand.node`` and hand their GPUs on; returns the
     ended tasks as ``reports._SUCCEEDED`` does (attempt id, task id, tenant id, name, reason,
-    node id), having written the starts they carry first. Runs in a transaction of its own (or
-    the caller's)."""
+    node id). Runs in a transaction of its own (or the caller's)."""
     now = timezone.now()
     tasks = [r.task_id for r in plain]
     node = hand.node
     where = {"tasks": tasks, "now": now, "node": node}
     ready = {r.task_id for r in plain if r.ready}
-    # Starts that came with these ends (the command was over first) go in the same round trip.
-    starts = [r.started for r in plain if r.started is not None]
-    first = [reports.started_query(starts, now)] if starts else []
     with transaction.atomic():
-        *moved, ended, locked = fetch_together(
-            *first,
+        ended, locked = fetch_together(
             Query(reports._SUCCEEDED, reports.succeeded_params(plain, now, claim=False)),
             Query(_CANDIDATES, where),
         )
-        if starts:
-            reports.started_moved(starts, moved[0])
         for round_ in range(HAND_OFF_ROUNDS):
             if round_:  # a placement was skipped: its GPUs are free, and read again
                 (locked,) = fetch_together(Query(_CANDIDATES, where))

@@ -31,6 +31,7 @@ import socket
 import struct
 import threading
 import time
+from dataclasses import replace
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -241,20 +242,23 @@ class Relay(threading.Thread):
 
 
 def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
-    """One statement for the starts, one transaction for the plain ends (any other end on its
-    own; an end's start, when it carries one, written before it), whose GPUs are handed on to
-    the next tasks with ``hand_off`` (a node agent's ``handoff.HandOff``), one query for the
-    fences; an answer per message, in order: a ready supervisor's answer may name its next
-    attempt (``next``, signed)."""
+    """One statement for the starts (those that ends carry too), one transaction for the plain
+    ends (any other end on its own), whose GPUs are handed on to the next tasks with
+    ``hand_off`` (a node agent's ``handoff.HandOff``), one query for the fences; an answer per
+    message, in order: a ready supervisor's answer may name its next attempt (``next``,
+    signed)."""
     from scheduling.launcher import reports
 
     def of(kind: str) -> list[dict]:
         return [m["report"] for m in messages if m["kind"] == kind]
 
     starts = [StartReport.of(fields) for fields in of("started")]
-    exits = [ExitReport.of(fields) for fields in of("finished")]  # with any start they carry
+    exits = [ExitReport.of(fields) for fields in of("finished")]
     fences = [fields["attempt_id"] for fields in of("fence")]
-    started = reports.attempts_started(starts) if starts else {}
+    # The starts that ends carry are written with the others, before any end.
+    carried = [report.started for report in exits if report.started is not None]
+    exits = [replace(report, started=None) for report in exits]
+    started = reports.attempts_started(starts + carried) if starts or carried else {}
     outcomes = reports.attempts_finished(exits, hand_off=hand_off) if exits else {}
     given = hand_off.given if hand_off is not None else {}
     wanted = reports.still_wanted(fences) if fences else {}

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from gpuplatform.db import Query, server_bound_cursor
+from gpuplatform.db import server_bound_cursor
 from live import events as live
 from scheduling import passes, services
 from scheduling.launcher.messages import ExitReport, StartReport
@@ -38,32 +38,26 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
     """Commands that run: record each one's supervisor and process and move its task to
     running, in one statement (``_STARTED``). Returns, per attempt id, whether it may go on:
     False when its task was cancelled or moved on meanwhile (the supervisor then stops at
-    once), or when the attempt is unknown or was reported started already."""
-    query = started_query(reports, timezone.now())
+    once), or when the attempt is unknown or was reported started already.
+
+    Never in a transaction that goes on to lock other tasks: it locks its tasks until the
+    commit, and held before the ends of a node agent's hand-off (``handoff.plain_ends``) they
+    deadlocked with the commits of passes and other agents (five times in five throughput
+    benchmarks; none in a statement of its own)."""
+    now = timezone.now()
     with server_bound_cursor() as cursor:
-        cursor.execute(query.sql, query.params)
+        cursor.execute(
+            _STARTED,
+            {
+                "ids": [r.attempt_id for r in reports],
+                "spid": [r.supervisor.pid for r in reports],
+                "sst": [r.supervisor.started for r in reports],
+                "pid": [r.pid.pid for r in reports],
+                "pst": [r.pid.started for r in reports],
+                "now": now,
+            },
+        )
         moved = cursor.fetchall()
-    return started_moved(reports, moved)
-
-
-def started_query(reports: list[StartReport], now) -> Query:
-    """``_STARTED`` for these reports, stamped ``now``."""
-    return Query(
-        _STARTED,
-        {
-            "ids": [r.attempt_id for r in reports],
-            "spid": [r.supervisor.pid for r in reports],
-            "sst": [r.supervisor.started for r in reports],
-            "pid": [r.pid.pid for r in reports],
-            "pst": [r.pid.started for r in reports],
-            "now": now,
-        },
-    )
-
-
-def started_moved(reports: list[StartReport], moved: list[tuple]) -> dict[int, bool]:
-    """After ``started_query`` moved these rows: publish them (once committed) and say, per
-    attempt id, whether it may go on."""
     live.publish_tasks(_row_tasks(moved, TaskState.RUNNING))
     started = dict.fromkeys((report.attempt_id for report in reports), False)
     started.update((row[0], True) for row in moved)
@@ -191,12 +185,9 @@ def attempts_finished(
     last pass's successors in the same transaction (``handoff``). Returns each outcome by
     (task id, attempt number)."""
     plain = [r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem)]
-    # Starts carried by ends (``ExitReport.started``) are written first: a node agent's plain
-    # ends have them in the round trip and transaction that records them (``handoff``), the
-    # rest in a statement of their own.
-    carried = plain if hand_off is not None else []
-    starts = [r.started for r in reports if r.started is not None and r not in carried]
-    if starts:
+    # Starts carried by ends (``ExitReport.started``) are written first, in a statement of
+    # their own (``relay.write_reports`` writes them with its other starts).
+    if starts := [r.started for r in reports if r.started is not None]:
         attempts_started(starts)
     outcomes: dict[tuple[int, int], str] = {}
     if plain:

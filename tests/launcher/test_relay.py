@@ -54,10 +54,21 @@ def test_supervisors_report_start_and_end_through_the_relay(listening, node, lab
 def test_a_command_over_at_once_has_its_start_sent_with_its_end(listening, node, lab, monkeypatch):
     """One message per task, not two; the record is the same: both moves, both processes."""
     monkeypatch.setattr(supervisor, "START_GRACE_S", 5.0)  # forked supervisors inherit it
+    written = []  # in the agent's thread: (starts, whether in a transaction) per statement
+    attempts_started = reports.attempts_started
+
+    def spy(starts):
+        written.append((len(starts), connection.in_atomic_block))
+        return attempts_started(starts)
+
+    monkeypatch.setattr(reports, "attempts_started", spy)
     tasks = [submit(lab, "true", name=f"t{i}") for i in range(2)] + [submit(lab, "exit 3")]
     scheduler.schedule_pass()
 
     wait_for(lambda: listening.reports == 3, timeout=10)
+    # Before the ends, never in their transaction: holding the started tasks' locks while the
+    # hand-off locked others deadlocked with the commits of passes and other agents.
+    assert sum(n for n, _ in written) == 3 and not any(atomic for _, atomic in written)
     for task, end in zip(tasks, ("succeeded", "succeeded", "failed"), strict=True):
         task.refresh_from_db()
         assert task.state == end and task.started_at is not None
