@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from gpuplatform.dburl import current_database_url
 from scheduling import passes, scheduler
 from scheduling.launcher import lifecycle, relay, reports, supervisor
-from scheduling.launcher.messages import ExitReport, StartReport
+from scheduling.launcher.messages import Assignment, ExitReport, StartReport
 from scheduling.launcher.procs import ProcessId
 from scheduling.models import PassRequest, Task, TaskAttempt, TaskEvent, TenantUsage
 from scheduling.spec import TaskSpec
@@ -291,6 +291,7 @@ def test_every_report_is_sent_as_dataclasses_asdict_would_give_it():
         ExitReport(3, 2, None),
         ExitReport(3, 2, 0, started=StartReport(7, ProcessId(11, 1.25), ProcessId(12, 1.5))),
         FenceQuery(9),
+        Assignment(*(7, 3, 2, "n", "lab", "", "t", "true", "", "/l", 60), {"A": "1"}, {"pids": 5}),
     ):
         assert report.as_dict() == dataclasses.asdict(report)
         assert json.dumps(report.as_dict()) == json.dumps(dataclasses.asdict(report)), "same order"
