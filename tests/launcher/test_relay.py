@@ -10,7 +10,7 @@ import threading
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from gpuplatform.dburl import current_database_url
@@ -332,3 +332,21 @@ def test_plain_ends_claim_the_pass_flag_in_their_own_statement(launcher, node, l
         assert not queued[1:] and not PassRequest.objects.get(pk=1).queued
     assert len(linked) == 1 and len(queued) == 2  # asked for once the caller committed
     assert PassRequest.objects.get(pk=1).queued
+
+
+def test_a_batch_rolled_back_for_a_deadlock_is_written_again(listening, node, lab, monkeypatch):
+    """Not handed back to its supervisors, each of which would load Django to write it."""
+    calls = []
+    attempts_finished = reports.attempts_finished
+
+    def deadlocked_once(*args, **kwargs):
+        calls.append(connection.in_atomic_block)
+        if len(calls) == 1:
+            raise OperationalError("deadlock detected") from psycopg.errors.DeadlockDetected()
+        return attempts_finished(*args, **kwargs)
+
+    monkeypatch.setattr(reports, "attempts_finished", deadlocked_once)
+    task = submit(lab, "true")
+    scheduler.schedule_pass()
+    wait_for(state_of(task, "succeeded"))
+    assert calls == [False, False]  # in this process's relay thread: the agent wrote it, twice
