@@ -775,6 +775,7 @@ def measure_api(
     until = time.monotonic() + 60
     while (left := unfinished(tenant)) and time.monotonic() < until:
         time.sleep(POLL_S)
+    accepted = len(latencies) - errors
     return {
         "requests": len(latencies),
         "planned": API_REQUESTS * len(tokens),
@@ -787,8 +788,9 @@ def measure_api(
         "error_sample": merged.error_sample,
         "cancelled_after": cancelled,
         "left_running": left,
-        "cpu_ms_per_accepted": cpu_per_task(cpu_before, cpu_after, len(latencies) - errors),
+        "cpu_ms_per_accepted": cpu_per_task(cpu_before, cpu_after, accepted),
         "passes": passes,
+        "passes_per_accepted": passes / max(accepted, 1),
     }
 
 
@@ -1071,11 +1073,10 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     if api["error_sample"]:
         print(f"  e.g. {api['error_sample']}")
     cpu = api["cpu_ms_per_accepted"]
-    accepted = max(api["requests"] - api["errors"], 1)
     parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
     print(f"  while the clients submitted: {cpu['all']:.1f} ms of CPU per accepted submission "
           f"({parts}; the rest includes the clients), {api['passes']:,} scheduling passes "
-          f"({api['passes'] / accepted:.2f} per accepted submission)")  # fmt: skip
+          f"({api['passes_per_accepted']:.2f} per accepted submission)")  # fmt: skip
     conns = ", ".join(f"{phase} {n}" for phase, n in ours["connections"].items())
     print(f"PostgreSQL sessions on the bench database, peak per phase (this bench's own two "
           f"included): {conns}; the server allows {ours['max_connections']} (max_connections "

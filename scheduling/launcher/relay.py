@@ -250,17 +250,16 @@ CONFLICT_TRIES = 3
 
 def again_on_conflict(write, *args, **kwargs):
     """``write(*args, **kwargs)``, again when PostgreSQL gave up on its transaction."""
-    for attempt in range(1, CONFLICT_TRIES + 1):
+    for _ in range(CONFLICT_TRIES - 1):
         try:
             return write(*args, **kwargs)
         except OperationalError as exc:
             from psycopg.errors import DeadlockDetected, SerializationFailure  # not in supervisors
 
-            conflict = isinstance(exc.__cause__, DeadlockDetected | SerializationFailure)
-            if attempt == CONFLICT_TRIES or not conflict:
+            if not isinstance(exc.__cause__, DeadlockDetected | SerializationFailure):
                 raise
             logger.info("reports written again after %s", type(exc.__cause__).__name__)
-    raise AssertionError("unreachable")
+    return write(*args, **kwargs)
 
 
 def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
@@ -277,12 +276,12 @@ def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
     starts = [StartReport.of(fields) for fields in of("started")]
     exits = [ExitReport.of(fields) for fields in of("finished")]
     fences = [fields["attempt_id"] for fields in of("fence")]
-    # The starts that ends carry are written with the others, before any end.
-    carried = [report.started for report in exits if report.started is not None]
+    # The starts that ends carry are written with the others, before any end, not by
+    # ``attempts_finished`` in a statement of their own: 1.29 transactions per task in the
+    # throughput bench against 1.43-1.50 (back to back).
+    starts += [report.started for report in exits if report.started is not None]
     exits = [replace(report, started=None) for report in exits]
-    started = (
-        again_on_conflict(reports.attempts_started, starts + carried) if starts or carried else {}
-    )
+    started = again_on_conflict(reports.attempts_started, starts) if starts else {}
     outcomes = (
         again_on_conflict(reports.attempts_finished, exits, hand_off=hand_off) if exits else {}
     )

@@ -264,20 +264,28 @@ class Supervisor:
             return self.finish(None, problem=f"cannot start the command: {exc}")
         finally:
             os.close(self.relay.write_fd)  # the task holds the only writing end now
-        pid = procs.ProcessId.of(child.pid)
-        if ended_at_once(child.pid):
-            # Reported with its end: one round trip to the agent, not two.
-            self.started = StartReport(it.attempt_id, procs.ProcessId.of(os.getpid()), pid)
-        elif not self.report_started(pid):
-            self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
-            return self.finish(child.wait())
-        return self.watch(child)
+        # Readable once the command has exited, so its end is seen at once, not at the next
+        # poll: the output pipe closes a moment before the exit status can be collected, and a
+        # POLL_S sleep there held the GPUs of most short tasks for up to 100 ms more.
+        exited = procs.exit_fd(child.pid)
+        try:
+            start = StartReport(
+                it.attempt_id, procs.ProcessId.of(os.getpid()), procs.ProcessId.of(child.pid)
+            )
+            if ended_within(exited, START_GRACE_S):
+                self.started = start  # reported with its end: one round trip to the agent
+            elif not self.report_started(start):
+                self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
+                return self.finish(child.wait())
+            return self.watch(child, exited)
+        finally:
+            if exited is not None:
+                os.close(exited)
 
-    def report_started(self, pid) -> bool:
+    def report_started(self, report: StartReport) -> bool:
         """Through the node agent (with other supervisors' reports); if it cannot take it, to
         the database ourselves. Until this is written, reconciliation treats the attempt as
         still launching (LAUNCH_PATIENCE), then kills what it left, by its cgroup."""
-        report = StartReport(self.assignment.attempt_id, procs.ProcessId.of(os.getpid()), pid)
         reply = relay.send(self.assignment.node, report)  # through the node agent
         if reply is not None:
             return bool(reply["started"])
@@ -304,43 +312,36 @@ class Supervisor:
 
         return self.db(ask, default=True)
 
-    def watch(self, child: subprocess.Popen) -> int:
+    def watch(self, child: subprocess.Popen, exited: int | None) -> int:
+        """Until the command ends; ``exited``: its pidfd (``procs.exit_fd``), or None."""
         started = time.monotonic()
         next_fence = started + FENCE_EVERY_S
         timeout = self.assignment.timeout_s
         timed_out = False
         open_pipe = True
-        # Readable once the command has exited, so its end is seen at once, not at the next
-        # poll: the output pipe closes a moment before the exit status can be collected, and a
-        # POLL_S sleep there held the GPUs of most short tasks for up to 100 ms more.
-        exited = procs.exit_fd(child.pid)
-        try:
-            while True:
-                if open_pipe:
-                    open_pipe = self.relay.pump(POLL_S, wake=exited)
-                else:
-                    select.select(_fds(exited), [], [], POLL_S)
-                code = child.poll()
-                if code is not None:
-                    break
-                procs.reap(keep=child.pid)
-                self.apply_pause()
-                now = time.monotonic()
-                if now >= next_fence:
-                    next_fence = now + FENCE_EVERY_S
-                    if not self.still_wanted():
-                        self.stop_asked = True  # superseded (lost and requeued): never run twice
-                running_for = now - started - self.paused_total
-                if timeout and running_for > timeout and self.paused_since is None:
-                    timed_out = True
-                    self.stop_asked = True
-                if self.stop_asked:
-                    self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
-                    code = child.wait()
-                    break
-        finally:
-            if exited is not None:
-                os.close(exited)
+        while True:
+            if open_pipe:
+                open_pipe = self.relay.pump(POLL_S, wake=exited)
+            else:
+                select.select(_fds(exited), [], [], POLL_S)
+            code = child.poll()
+            if code is not None:
+                break
+            procs.reap(keep=child.pid)
+            self.apply_pause()
+            now = time.monotonic()
+            if now >= next_fence:
+                next_fence = now + FENCE_EVERY_S
+                if not self.still_wanted():
+                    self.stop_asked = True  # superseded (lost and requeued): never run twice
+            running_for = now - started - self.paused_total
+            if timeout and running_for > timeout and self.paused_since is None:
+                timed_out = True
+                self.stop_asked = True
+            if self.stop_asked:
+                self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
+                code = child.wait()
+                break
         # The main process is done; nothing it started may outlive it.
         self.tracker.stop(min(5, settings.TASK_STOP_GRACE), keep=child.pid)
         procs.reap()
@@ -473,16 +474,10 @@ class Supervisor:
             return result
 
 
-def ended_at_once(pid: int) -> bool:
-    """Whether our child ``pid`` exits within START_GRACE_S (False where the kernel cannot
-    tell without reaping it: no pidfd; and when START_GRACE_S is 0)."""
-    exited = procs.exit_fd(pid) if START_GRACE_S > 0 else None
-    if exited is None:
-        return False
-    try:
-        return bool(select.select([exited], [], [], START_GRACE_S)[0])
-    finally:
-        os.close(exited)
+def ended_within(exited: int | None, seconds: float) -> bool:
+    """Whether the child whose pidfd is ``exited`` exits within ``seconds`` (False without a
+    pidfd: the kernel cannot tell without reaping it; and for 0 seconds)."""
+    return exited is not None and seconds > 0 and bool(select.select([exited], [], [], seconds)[0])
 
 
 def _fds(fd: int | None) -> list[int]:
