@@ -84,6 +84,7 @@ from bench.common import (
     wait_for,
     web_server,
 )
+from gpuplatform import connections as db_connections
 from gpuplatform.dburl import current_database_url
 from scheduling.launcher.lifecycle import task_cancel
 from scheduling.models import GPU, Allocation, Node, SchedulerState, Task, TaskAttempt
@@ -557,11 +558,12 @@ def platform_env(tmp: Path, config: Path) -> dict[str, str]:
 
 
 class ConnectionSampler(threading.Thread):
-    """Counts this database's sessions every SAMPLE_S, with the phase each sample falls in."""
+    """Counts this database's sessions every SAMPLE_S by the role their ``application_name``
+    names (gpuplatform/connections.py), with the phase each sample falls in."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.samples: list[tuple[str, int]] = []
+        self.samples: list[tuple[str, Counter[str]]] = []
         self.phase = "start-up"
         self.stopping = threading.Event()
 
@@ -570,9 +572,13 @@ class ConnectionSampler(threading.Thread):
             with connections["default"].cursor() as cursor:
                 while not self.stopping.is_set():
                     cursor.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        "SELECT application_name, count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() GROUP BY 1"
                     )
-                    self.samples.append((self.phase, cursor.fetchone()[0]))
+                    by_role: Counter[str] = Counter()
+                    for name, count in cursor.fetchall():
+                        by_role[connection_role(name)] += count
+                    self.samples.append((self.phase, by_role))
                     self.stopping.wait(SAMPLE_S)
         finally:
             connections["default"].close()
@@ -582,10 +588,49 @@ class ConnectionSampler(threading.Thread):
         self.join(timeout=5)
 
     def peaks(self) -> dict[str, int]:
+        """The most sessions at once in each phase, the bench's own included."""
         out: dict[str, int] = {}
-        for phase, count in self.samples:
-            out[phase] = max(out.get(phase, 0), count)
+        for phase, by_role in self.samples:
+            out[phase] = max(out.get(phase, 0), sum(by_role.values()))
         return out
+
+    def role_peaks(self) -> dict[str, int]:
+        """The most sessions each role held at once, over the whole run, and the platform's
+        (every role but the bench's own) at its peak."""
+        out: Counter[str] = Counter()
+        for _, by_role in self.samples:
+            for role, count in by_role.items():
+                out[role] = max(out[role], count)
+            out[PLATFORM] = max(out[PLATFORM], sum(by_role.values()) - by_role[BENCH_ROLE])
+        return dict(out)
+
+
+BENCH_ROLE, PLATFORM = "this bench", "platform"
+CONNECTION_ROLES = ("web", "scheduler", "nodes")
+
+
+def connection_role(application_name: str) -> str:
+    """The budget's role of a session (gpuplatform/connections.py names them)."""
+    name = application_name.removeprefix("gpuplatform ")
+    if name.startswith("web"):
+        return "web"
+    if name == "qcluster":
+        return "scheduler"
+    if name.startswith(("qcluster ", "node_agent", "supervisor")):
+        return "nodes"
+    if name == "run":
+        return BENCH_ROLE
+    return application_name or "unnamed"
+
+
+def connection_budget() -> db_connections.Budget:
+    """The documented cap for the processes this bench starts."""
+    return db_connections.budget(
+        web_workers=MAKE_RUN_WEB_WORKERS,
+        db_pool_size=settings.DB_POOL_SIZE,
+        q_workers=settings.Q_CLUSTER["workers"],
+        nodes=NODES,
+    )
 
 
 # Where the CPU of the 2,000-task phase goes, by role. Two snapshots (start and end of the
@@ -967,6 +1012,7 @@ def measure_platform(pool, tmp: Path) -> dict:
         figures["throughput"] = measure_throughput(api, procs, web.pid)
         sampler.phase = "stopping"
     figures["connections"] = sampler.peaks()
+    figures["connection_roles"] = sampler.role_peaks()
     figures["max_connections"] = server_connection_cap()
     clear_tasks(OrmQ._meta.db_table)
     return figures
@@ -1028,7 +1074,9 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
         ["a freed GPU placed again, p50 / p99",
          f"{_ms(percentile(gaps, 50))} / {_ms(percentile(gaps, 99))} ({len(gaps):,} times)"
          if gaps else "never", "-", "-", "", ""],
-        ["peak PostgreSQL connections", f"{peak}", "-", "-", "", ""],
+        ["peak PostgreSQL connections (the platform's)",
+         f"{ours['connection_roles'].get(PLATFORM, 0)} (cap {connection_budget().total})",
+         "-", "-", "", ""],
     ]  # fmt: skip
     header = ["measure", "gpuplatform", "task-spooler (tsp -S 32)",
               "Slurm, one node, untuned", "ratio to tsp", "ratio to Slurm"]  # fmt: skip
@@ -1081,6 +1129,14 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     print(f"PostgreSQL sessions on the bench database, peak per phase (this bench's own two "
           f"included): {conns}; the server allows {ours['max_connections']} (max_connections "
           "less the superuser reserve)")  # fmt: skip
+    roles, cap = ours["connection_roles"], connection_budget()
+    held = ", ".join(f"{role} {roles.get(role, 0)} of {getattr(cap, role)}"
+                     for role in CONNECTION_ROLES)  # fmt: skip
+    others = ", ".join(f"{role} {n}" for role, n in roles.items()
+                       if role not in (*CONNECTION_ROLES, PLATFORM, BENCH_ROLE))  # fmt: skip
+    print(f"  the platform's own, most at once: {roles.get(PLATFORM, 0)} of the documented cap "
+          f"{cap.total} (gpuplatform/connections.py); by role, most at once of its cap: {held}"
+          f"{'; others: ' + others if others else ''}")  # fmt: skip
     print()
 
     targets = [
@@ -1097,8 +1153,10 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
          api["per_s"] >= TARGET_API_PER_S and api["errors"] == 0),
         (f"{BATCH:,}-task batch >= {TARGET_BATCH_PER_S:,.0f} tasks/s (both submissions)",
          min(batches) >= TARGET_BATCH_PER_S),
-        (f"PostgreSQL connections under the cap ({ours['max_connections']}: no lower cap is "
-         "documented yet)", peak < ours["max_connections"]),
+        (f"PostgreSQL connections within the documented cap ({connection_budget().total} for "
+         f"these processes, under the server's {ours['max_connections']})",
+         ours["connection_roles"].get(PLATFORM, 0) <= connection_budget().total
+         and peak < ours["max_connections"]),
     ]  # fmt: skip
     for label, met in targets:
         print(f"target: {label}: {verdict(met)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from gpuplatform import env
+from gpuplatform import connections, env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env.string("GPUPLATFORM_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -108,6 +108,12 @@ if _default_db["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured(
         f"DATABASE_URL: only PostgreSQL is supported, got engine {_default_db['ENGINE']}"
     )
+# Each process's connections say whose they are in pg_stat_activity (gpuplatform/connections.py).
+# gpuplatform.asgi and gpuplatform.wsgi are the web servers' entry points and nothing else
+# imports them before settings load, so their presence in sys.modules marks a web process (no
+# environment variable that children could inherit).
+WEB_PROCESS = any(name in sys.modules for name in ("gpuplatform.asgi", "gpuplatform.wsgi"))
+APPLICATION_NAME = connections.application_name(WEB_PROCESS)
 # The hot statements the platform writes in SQL (gpuplatform.db.server_bound_cursor: a pass's
 # reads and placements, a launch, the agents' start and end reports, a submission's token,
 # rate step, estate read and INSERT) are prepared once they have run 5 times on a connection,
@@ -118,8 +124,12 @@ if _default_db["ENGINE"] != "django.db.backends.postgresql":
 # we do not use; its own queries bind on the client and are never prepared either way. Not for
 # channels_postgres, which hands its OPTIONS to libpq (which knows no such option).
 _PREPARED = {"prepare_threshold": 5}
+_NAMED = {"application_name": APPLICATION_NAME}
 DATABASES = {
-    "default": {**_default_db, "OPTIONS": {**_default_db.get("OPTIONS", {}), **_PREPARED}},
+    "default": {
+        **_default_db,
+        "OPTIONS": {**_default_db.get("OPTIONS", {}), **_PREPARED, **_NAMED},
+    },
     # channels_postgres keeps its message table in the same database.
     "channels_postgres": {**_default_db, "TEST": {"MIRROR": "default"}},
 }
@@ -127,11 +137,7 @@ DATABASES = {
 # cannot open more than DB_POOL_SIZE connections per process (under ASGI every request runs in
 # a thread of its own, and persistent per-thread connections piled up: NOTES.md). Only web
 # processes: a pool's background threads and open sockets must never be inherited across fork,
-# and qcluster, the node agent and task supervisors fork. gpuplatform.asgi and gpuplatform.wsgi
-# are the web servers' entry points and nothing else imports them before settings load, so
-# their presence in sys.modules marks a web process (no environment variable that children
-# could inherit).
-WEB_PROCESS = any(name in sys.modules for name in ("gpuplatform.asgi", "gpuplatform.wsgi"))
+# and qcluster, the node agent and task supervisors fork.
 DB_POOL_SIZE = env.integer("DB_POOL_SIZE", 8, minimum=0)
 # Seconds a request waits for a pooled connection (also how long it takes to answer 503 while
 # the database is unreachable).
@@ -145,6 +151,7 @@ if WEB_PROCESS and DB_POOL_SIZE:
         "OPTIONS": {
             **_default_db.get("OPTIONS", {}),
             **_PREPARED,
+            **_NAMED,
             "pool": {
                 "min_size": min(2, DB_POOL_SIZE),
                 "max_size": DB_POOL_SIZE,
@@ -349,7 +356,14 @@ else:
         "default": {
             "BACKEND": "channels_postgres.core.PostgresChannelLayer",
             # TIME_ZONE must be present or the constructor raises KeyError (NOTES.md).
-            "CONFIG": {**_default_db, "TIME_ZONE": None, "capacity": 1000},
+            "CONFIG": {
+                **_default_db,
+                "TIME_ZONE": None,
+                "capacity": 1000,
+                "OPTIONS": {"application_name": f"{APPLICATION_NAME} channels"},
+                # Its library's default opens four connections per web process at once.
+                "PSYCOPG_OPTIONS": {"min_size": 1, "max_size": connections.CHANNEL_POOL_SIZE},
+            },
         }
     }
 # Live dashboard: sample frames a websocket may have unacknowledged before newer samples replace

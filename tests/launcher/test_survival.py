@@ -7,11 +7,16 @@ import functools
 import os
 import signal
 import subprocess
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+from django.db import connection
 from django_q.tasks import async_task
 
+from gpuplatform import connections
 from scheduling import scheduler
 from scheduling.launcher import lifecycle
 from scheduling.models import Node, Task, TaskAttempt
@@ -153,3 +158,32 @@ def test_two_agents_on_one_machine_behave_as_two_hosts(agents, lab):
         attempt = TaskAttempt.objects.get(task=task)
         assert attempt.node.name == task.required_node
         assert attempt.launched_by == task.required_node  # launched by that node's cluster
+
+
+def test_a_node_holds_no_more_database_connections_than_documented(agents, lab):
+    agents({"node-c": 2})
+    tasks = [submit(lab, "sleep 0.5") for _ in range(4)]  # two at a time, reports relayed
+    ours = connection.cursor().connection.info.backend_pid
+    peak: Counter[str] = Counter()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+        t.state == "succeeded" for t in Task.objects.filter(pk__in=[t.pk for t in tasks])
+    ):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT application_name, count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> %s GROUP BY 1",
+                [ours],
+            )
+            for name, count in cursor.fetchall():
+                peak[name] = max(peak[name], count)
+        scheduler.schedule_pass()  # the next two, once the first two have ended
+        time.sleep(0.05)
+    for task in tasks:
+        wait_for(state_of(task, "succeeded"))
+    node = {"gpuplatform node_agent", "gpuplatform qcluster node-c", "gpuplatform supervisor"}
+    assert set(peak) <= node, peak  # every session of the node's processes says whose it is
+    assert {"gpuplatform node_agent", "gpuplatform qcluster node-c"} <= set(peak)
+    cap = connections.budget(web_workers=0, db_pool_size=0, nodes=1,
+                             q_workers=settings.Q_CLUSTER["workers"])  # fmt: skip
+    assert 0 < sum(peak.values()) <= cap.nodes, peak

@@ -1,0 +1,82 @@
+"""How many PostgreSQL connections the platform's processes hold, and what each is called.
+
+Every connection a platform process opens names the process in ``application_name``, so
+``SELECT application_name, count(*) FROM pg_stat_activity GROUP BY 1`` tells an operator who
+holds what: ``gpuplatform web`` (a web process's own pool), ``gpuplatform web channels`` (its
+channel layer), ``gpuplatform qcluster`` (the scheduler's cluster), ``gpuplatform qcluster
+<node>`` (a node's launch cluster), ``gpuplatform node_agent``, and other commands by name.
+
+The most each role holds at once (``Budget``), measured with the throughput benchmark's
+processes and read from their code:
+
+- a web process: ``DB_POOL_SIZE`` for requests (its pool), and for websockets the channel
+  layer's ``CHANNEL_POOL_SIZE`` plus the one connection that LISTENs;
+- a django-q2 cluster (the scheduler's, and each node's own): one per worker (``Q_WORKERS``),
+  one for the sentinel (schedules), two for the pusher (the broker's queries, and the LISTEN
+  that wakes it: ``gpuplatform.broker``), one for the monitor (results);
+- a node agent besides its cluster: its main loop, its GPU sampler's thread and its report
+  relay's thread, one each;
+- the spawner holds none; a task's supervisor holds none while its agent relays its reports,
+  and opens one only to write a report itself when the agent cannot be reached.
+
+Nothing here imports Django: the settings use it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# The channel layer's own pool in each web process (channels_postgres: group membership, large
+# messages, expiry), opened with one connection and grown on demand; its library default
+# opened four at once.
+CHANNEL_POOL_SIZE = 4
+CHANNEL_LISTENERS = 1  # the connection each web process LISTENs on for channel messages
+CLUSTER_OWN = 4  # sentinel 1, pusher 2 (queries and LISTEN), monitor 1, besides its workers
+AGENT_OWN = 3  # main loop, GPU sampler thread, report relay thread
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The most connections a platform of this shape holds at once, by role."""
+
+    web: int
+    scheduler: int
+    nodes: int
+
+    @property
+    def total(self) -> int:
+        return self.web + self.scheduler + self.nodes
+
+
+def budget(*, web_workers: int, db_pool_size: int, q_workers: int, nodes: int) -> Budget:
+    """``web_workers`` web processes, one scheduler, ``nodes`` node agents, every django-q2
+    cluster with ``q_workers`` workers."""
+    cluster = q_workers + CLUSTER_OWN
+    return Budget(
+        web=web_workers * (db_pool_size + CHANNEL_POOL_SIZE + CHANNEL_LISTENERS),
+        scheduler=cluster,
+        nodes=nodes * (AGENT_OWN + cluster),
+    )
+
+
+def application_name(web: bool, argv: list[str] | None = None, environ=None) -> str:
+    """What this process's connections are called: ``gpuplatform <role>`` (at most 63 bytes,
+    PostgreSQL's limit)."""
+    argv = sys.argv if argv is None else argv
+    environ = os.environ if environ is None else environ
+    if web:
+        role = "web"
+    elif len(argv) > 1 and Path(argv[0]).name == "manage.py":
+        role = argv[1]
+        if role == "qcluster" and environ.get("Q_CLUSTER_NAME"):
+            role = f"qcluster {environ['Q_CLUSTER_NAME']}"
+    else:
+        script = Path(argv[0]) if argv and argv[0] else Path("python")
+        role = script.parent.name if script.stem == "__main__" else script.stem  # python -m
+        # The spawner itself never connects: a process with its argv is a supervisor it forked,
+        # writing a report itself (Django is set up after the fork).
+        role = "supervisor" if role == "spawner" else role
+    return f"gpuplatform {role}".encode()[:63].decode(errors="ignore")

@@ -1,0 +1,45 @@
+"""What each process's PostgreSQL connections are called, and the documented cap."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection
+
+from gpuplatform import connections
+
+
+def test_each_process_names_itself():
+    name = connections.application_name
+    assert name(True, ["/usr/lib/python3/dist-packages/daphne/__main__.py"]) == "gpuplatform web"
+    assert name(False, ["manage.py", "qcluster"], {}) == "gpuplatform qcluster"
+    assert name(False, ["manage.py", "qcluster"], {"Q_CLUSTER_NAME": "ws-1"}) == (
+        "gpuplatform qcluster ws-1"
+    )
+    assert name(False, ["/srv/gpuplatform/manage.py", "node_agent", "--node", "ws-1"], {}) == (
+        "gpuplatform node_agent"
+    )
+    # A supervisor forked by the spawner sets Django up after the fork, with its argv.
+    assert name(False, ["/srv/gpuplatform/scheduling/launcher/spawner.py", "ws-1"], {}) == (
+        "gpuplatform supervisor"
+    )
+    assert name(False, ["/srv/gpuplatform/scheduling/launcher/supervisor.py", "7", "1"], {}) == (
+        "gpuplatform supervisor"
+    )
+    assert name(False, ["/venv/lib/python3.11/site-packages/pytest/__main__.py"], {}) == (
+        "gpuplatform pytest"
+    )
+    assert len(name(False, ["manage.py", "qcluster"], {"Q_CLUSTER_NAME": "n" * 99}).encode()) == 63
+
+
+def test_this_process_connects_under_its_name(db):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('application_name')")
+        (current,) = cursor.fetchone()
+    assert current == settings.APPLICATION_NAME == "gpuplatform pytest"
+
+
+def test_the_cap_for_make_run_with_four_nodes():
+    cap = connections.budget(web_workers=2, db_pool_size=8, q_workers=2, nodes=4)
+    # web: 2 x (8 pooled + 4 channel layer + 1 listening); each cluster 2 workers + 4; each
+    # node its agent's 3 and its cluster.
+    assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (26, 6, 36, 68)
