@@ -8,6 +8,8 @@ GPUPLATFORM_TESTING: the PostgreSQL channel layer, LAUNCH_TASKS on), this proces
 (django-q2 signs with it) and the API throttle raised out of the way (it is a policy, not a
 capacity). All traffic goes over HTTP with tenant tokens. Phases, in order:
 
+0. Idle estate: once up and warm, nothing submitted for IDLE_S; each role's CPU and
+   PostgreSQL's transactions and write-ahead log per second (``measure_idle``).
 1. Idle latency: one task at a time, ``date +%s.%N``, submitted by one POST; "submit -> process
    exists" is the stamp the task's own process wrote (read from its log) minus the wall clock
    just before the POST. The stamp is taken rather than ``Task.started_at`` (written after the
@@ -109,6 +111,7 @@ LATENCY_LIMIT_S = 20.0
 API_LIMIT_S = 6.0
 DRAIN_LIMIT_S = 10.0  # for the API phase's tasks, before the rest are cancelled
 THROUGHPUT_LIMIT_S = 50.0
+IDLE_S = 10.0  # what an idle estate costs is measured over this long
 PEER_LATENCY_LIMIT_S = 12.0
 PEER_LATENCY_MIN = 5
 SLURM_THROUGHPUT_LIMIT_S = 30.0
@@ -919,6 +922,35 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
     }
 
 
+def measure_idle(procs: list[Proc], web_pid: int, sampler: ConnectionSampler) -> dict:
+    """What the estate costs while nothing is submitted and nothing runs, per second: each
+    role's CPU (percent of one core), and PostgreSQL's transactions, those that wrote, and its
+    write-ahead log, less this bench's own (its connection sampler's statements, the reads of
+    ``database_work``). What remains is the platform's heartbeats, GPU samples, and its
+    clusters' and scheduler's wake-ups."""
+    postmaster = postmaster_of_this_connection()
+    work_before, samples_before = database_work(), len(sampler.samples)
+    began = time.monotonic()
+    cpu_before = cpu_by_role(web_pid, procs, postmaster)
+    while time.monotonic() - began < IDLE_S:
+        for p in procs:
+            p.check()
+        time.sleep(0.5)
+    cpu_after = cpu_by_role(web_pid, procs, postmaster)
+    cpu_s = time.monotonic() - began
+    samples = len(sampler.samples) - samples_before
+    work_after = database_work()
+    work_s = time.monotonic() - began + STATS_SETTLE_S  # database_work settles before reading
+    cpu = {role: 100 * (cpu_after[role] - cpu_before[role]) / cpu_s for role in CPU_ROLES}
+    return {
+        "seconds": cpu_s,
+        "cpu_pct": cpu,
+        "transactions_per_s": (work_after[2] - work_before[2] - 2 - samples) / work_s,
+        "writes_per_s": (work_after[1] - work_before[1] - 1) / work_s,
+        "wal_kb_per_s": (work_after[0] - work_before[0]) / 1024 / work_s,
+    }
+
+
 def passes_run() -> int:
     """Scheduling passes so far (``SchedulerState.passes``, counted by every pass)."""
     return SchedulerState.objects.values_list("passes", flat=True).first() or 0
@@ -1002,6 +1034,8 @@ def measure_platform(pool, tmp: Path) -> dict:
         measure_latency(api, procs, count=WARMUP, limit_s=0, minimum=WARMUP,
                         timeout_s=STARTUP_LIMIT_S)  # fmt: skip
         figures["startup_s"] = time.perf_counter() - began
+        sampler.phase = "idle estate"
+        figures["idle"] = measure_idle(procs, web.pid, sampler)
         sampler.phase = "idle latency"
         figures["latency"] = measure_latency(
             api, procs, count=LATENCY_TASKS, limit_s=LATENCY_LIMIT_S, minimum=LATENCY_MIN
@@ -1125,6 +1159,12 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     print(f"  while the clients submitted: {cpu['all']:.1f} ms of CPU per accepted submission "
           f"({parts}; the rest includes the clients), {api['passes']:,} scheduling passes "
           f"({api['passes_per_accepted']:.2f} per accepted submission)")  # fmt: skip
+    idle = ours["idle"]
+    parts = ", ".join(f"{role} {idle['cpu_pct'][role]:.1f}" for role in CPU_ROLES)
+    print(f"an idle estate ({NODES} nodes x {GPUS_PER_NODE} GPUs, nothing submitted, "
+          f"{idle['seconds']:.0f} s): {idle['transactions_per_s']:.1f} PostgreSQL transactions a "
+          f"second ({idle['writes_per_s']:.1f} writing), {idle['wal_kb_per_s']:.1f} kB/s of WAL; "
+          f"percent of one core: {parts}")  # fmt: skip
     conns = ", ".join(f"{phase} {n}" for phase, n in ours["connections"].items())
     print(f"PostgreSQL sessions on the bench database, peak per phase (this bench's own two "
           f"included): {conns}; the server allows {ours['max_connections']} (max_connections "

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import Counter
 
 import psutil
 import pytest
@@ -170,8 +171,24 @@ def _figures() -> dict:
             },
             "db_per_task": {"transactions": 6.0, "writes": 3.456, "wal_kb": 7.04},
         },
+        "idle": {
+            "seconds": 10.0,
+            "cpu_pct": dict.fromkeys(bench.CPU_ROLES, 0.5),
+            "transactions_per_s": 14.04,
+            "writes_per_s": 4.5,
+            "wal_kb_per_s": 3.25,
+        },
         "connections": {"warm-up": 24, "2,000 tasks": 54},
-        "max_connections": 50,  # below the peak: that target is missed too
+        # Over the documented cap (68 for make run's processes with 4 nodes): missed.
+        "connection_roles": {
+            "web": 30,
+            "scheduler": 6,
+            "nodes": 36,
+            "platform": 72,
+            "this bench": 2,
+            "unnamed": 1,
+        },  # fmt: skip
+        "max_connections": 97,
     }
 
 
@@ -200,7 +217,30 @@ def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
     assert "40 scheduling passes (0.29 per accepted submission)" in out  # 136 accepted
     assert len(targets) == 8
     assert not any(targets.values())  # the figures above meet none of issue 9's targets
-    assert "target: PostgreSQL connections under the cap" in out
+    assert "target: PostgreSQL connections within the documented cap (68 for" in out
+    assert "the platform's own, most at once: 72 of the documented cap 68" in out
+    assert "web 30 of 26, scheduler 6 of 6, nodes 36 of 36; others: unnamed 1" in out
+    assert "72 (cap 68)" in out
+    assert "nothing submitted, 10 s): 14.0 PostgreSQL transactions a second (4.5 writing)" in out
+    assert f"3.2 kB/s of WAL; percent of one core: {bench.CPU_ROLES[0]} 0.5" in out
+
+
+def test_sessions_are_counted_by_the_role_their_application_name_names():
+    role = bench.connection_role
+    assert role("gpuplatform web") == role("gpuplatform web channels") == "web"
+    assert role("gpuplatform qcluster") == "scheduler"
+    assert {role("gpuplatform qcluster node-1"), role("gpuplatform node_agent"),
+            role("gpuplatform supervisor")} == {"nodes"}  # fmt: skip
+    assert role("gpuplatform run") == bench.BENCH_ROLE
+    assert role("psql") == "psql"
+    assert role("") == "unnamed"
+    sampler = bench.ConnectionSampler()
+    sampler.samples = [
+        ("warm-up", Counter({"web": 2, "nodes": 9, bench.BENCH_ROLE: 2})),
+        ("2,000 tasks", Counter({"web": 8, "nodes": 7, bench.BENCH_ROLE: 2})),
+    ]
+    assert sampler.peaks() == {"warm-up": 13, "2,000 tasks": 17}
+    assert sampler.role_peaks() == {"web": 8, "nodes": 9, bench.BENCH_ROLE: 2, "platform": 15}
 
 
 def test_cpu_per_task_splits_the_machine_among_the_roles_and_the_rest():
