@@ -62,6 +62,20 @@ def budget(*, web_workers: int, db_pool_size: int, q_workers: int, nodes: int) -
     )
 
 
+def shortfall(cap: Budget, server_allows: int, nodes: int) -> str | None:
+    """What to tell an operator whose PostgreSQL accepts fewer connections than ``cap`` (an
+    estate of ``nodes`` nodes); None when it fits."""
+    if cap.total <= server_allows:
+        return None
+    return (
+        f"PostgreSQL accepts {server_allows} connections (max_connections less the superuser "
+        f"reserve), and {nodes} node(s) with the web processes and the scheduler may hold "
+        f"{cap.total} (web {cap.web}, scheduler {cap.scheduler}, nodes {cap.nodes}: "
+        "gpuplatform/connections.py): raise max_connections, or the processes that connect "
+        "last are refused ('too many clients already')"
+    )
+
+
 def application_name(web: bool, argv: list[str] | None = None, environ=None) -> str:
     """What this process's connections are called: ``gpuplatform <role>`` (at most 63 bytes,
     PostgreSQL's limit)."""

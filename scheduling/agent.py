@@ -13,8 +13,11 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connection
 
+from gpuplatform import connections as db_connections
+from gpuplatform import env
 from gpuplatform.db import close_old_connections
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
@@ -22,6 +25,7 @@ from scheduling.inventory import GpuBackend, GpuInfo, open_backend
 from scheduling.launcher import cgroups, environ, gpuwatch, identity, lifecycle, tracking
 from scheduling.launcher.cluster import launch_cluster, spawner
 from scheduling.launcher.relay import Relay
+from scheduling.models import NodeState
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +99,7 @@ class NodeAgent:
         """One heartbeat. Reconciles this node's tasks on the first tick and every
         RECONCILE_EVERY after, before the heartbeat: what must not run here is gone before the
         node's GPUs are offered. Re-registers when discovery changed or the node row went
-        missing."""
+        missing. The first also checks PostgreSQL's connection limit (``check_connections``)."""
         if self.ticks % RECONCILE_EVERY == 0:
             self.reconcile()
         gpus = tuple(self.backend.discover())
@@ -106,7 +110,37 @@ class NodeAgent:
             logger.warning("node %s: unknown to the database, registering again", self.name)
             self.register()
         gpuwatch.check_gpu_memory(self.name, self.backend)
+        if self.ticks == 0:
+            self.check_connections()
         self.ticks += 1
+
+    def check_connections(self) -> str | None:
+        """Warn when PostgreSQL accepts fewer connections than the estate (the nodes not
+        offline, this one counted) may hold (``gpuplatform.connections``): each node holds a
+        handful, and a stock server runs out at a few nodes more than a workstation lab has.
+        Returns the warning."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('max_connections')::int"
+                " - current_setting('superuser_reserved_connections')::int,"
+                " (SELECT count(*) FROM scheduling_node WHERE name <> %s AND state <> %s)",
+                [self.name, NodeState.OFFLINE],  # an offline node's agent holds none
+            )
+            allows, others = cursor.fetchone()
+        try:  # as `make run` starts them (a bad value is make run's to refuse, not ours)
+            web_workers = env.integer("WEB_WORKERS", 2, minimum=1)
+        except ImproperlyConfigured:
+            web_workers = 2
+        cap = db_connections.budget(
+            web_workers=web_workers,
+            db_pool_size=settings.DB_POOL_SIZE,
+            q_workers=settings.Q_CLUSTER["workers"],
+            nodes=others + 1,
+        )
+        problem = db_connections.shortfall(cap, allows, others + 1)
+        if problem:
+            logger.warning("node %s: %s", self.name, problem)
+        return problem
 
     def reconcile(self) -> dict[str, int]:
         """Tasks the database thinks run here: re-adopt, finish from their exit file, or mark

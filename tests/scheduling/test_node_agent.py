@@ -260,3 +260,37 @@ def test_the_agent_heartbeats_until_sigterm_then_exits_cleanly(tmp_path):
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+
+
+def test_the_agent_warns_when_postgresql_accepts_fewer_connections_than_the_estate_may_hold(
+    db, agent, caplog
+):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('max_connections')::int"
+            " - current_setting('superuser_reserved_connections')::int"
+        )
+        (allows,) = cursor.fetchone()
+    agent.tick()  # the first: registers, and checks
+    assert agent.check_connections() is None  # one node fits any server that runs the tests
+    # As many nodes again as the server's connections: each holds more than one.
+    pool = Node.objects.get(name=NODE).pool
+    Node.objects.bulk_create(Node(name=f"other-{i}", pool=pool) for i in range(allows))
+    with caplog.at_level("WARNING", logger="scheduling.agent"):
+        problem = agent.check_connections()
+    assert problem is not None
+    assert f"PostgreSQL accepts {allows} connections" in problem
+    assert f"and {allows + 1} node(s) with the web processes" in problem
+    assert "raise max_connections" in caplog.text
+
+
+def test_the_connection_cap_follows_the_processes_settings():
+    from gpuplatform.connections import budget, shortfall
+
+    def cap(nodes: int, pool: int = 8, workers: int = 2):
+        return budget(web_workers=2, db_pool_size=pool, q_workers=workers, nodes=nodes)
+
+    assert shortfall(cap(7), 97, 7) is None  # 2 x (8 + 5) + 6 + 9 x 7 = 95
+    assert "may hold 104 (web 26, scheduler 6, nodes 72" in shortfall(cap(8), 97, 8)
+    # One worker per cluster and smaller web pools fit nine: 2 x (4 + 5) + 5 + 8 x 9 = 95.
+    assert shortfall(cap(9, pool=4, workers=1), 97, 9) is None
