@@ -360,7 +360,10 @@ else:
                 **_default_db,
                 "TIME_ZONE": None,
                 "capacity": 1000,
-                "OPTIONS": {"application_name": f"{APPLICATION_NAME} channels"},
+                "OPTIONS": {
+                    **_default_db.get("OPTIONS", {}),  # what DATABASE_URL says (sslmode...)
+                    "application_name": f"{APPLICATION_NAME} channels",
+                },
                 # Its library's default opens four connections per web process at once.
                 "PSYCOPG_OPTIONS": {"min_size": 1, "max_size": connections.CHANNEL_POOL_SIZE},
             },

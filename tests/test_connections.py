@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 from django.conf import settings
 from django.db import connection
 
@@ -43,3 +47,30 @@ def test_the_cap_for_make_run_with_four_nodes():
     # web: 2 x (8 pooled + 4 channel layer + 1 listening); each cluster 2 workers + 4; each
     # node its agent's 3 and its cluster.
     assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (26, 6, 36, 68)
+
+
+def test_the_channel_layer_names_itself_and_keeps_what_database_url_says():
+    from gpuplatform.dburl import current_database_url
+    from tests.live import ROOT, process_env
+
+    script = (
+        "import json, django\ndjango.setup()\nfrom django.conf import settings\n"
+        "print(json.dumps(settings.CHANNEL_LAYERS['default']['CONFIG']['OPTIONS']))"
+    )
+    url = current_database_url()
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=process_env(
+            DJANGO_SETTINGS_MODULE="gpuplatform.settings",
+            CHANNEL_LAYER="postgres",
+            DATABASE_URL=url + ("&" if "?" in url else "?") + "sslmode=disable",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    options = json.loads(result.stdout.splitlines()[-1])
+    assert options == {"sslmode": "disable", "application_name": "gpuplatform -c channels"}
