@@ -123,3 +123,38 @@ def test_the_publisher_survives_a_layer_without_listeners(estate):
         " to_state='cancelled').state)"
     )
     assert out.splitlines()[-1] == "cancelled"
+
+
+def test_a_web_process_with_sockets_open_holds_no_more_connections_than_documented(
+    daphne, operator, estate
+):
+    from contextlib import ExitStack
+
+    from django.conf import settings
+    from django.db import connection
+
+    from gpuplatform import connections
+
+    def sessions() -> dict[str, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT application_name, count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE 'gpuplatform web%%'"
+                " GROUP BY 1"
+            )
+            return dict(cursor.fetchall())
+
+    cookie = session_cookie(operator)
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(open_socket(daphne, cookie=cookie)) for _ in range(12)]
+        publish_from_another_process(
+            "from live.events import publish_samples\n"
+            f"publish_samples(node_id={estate['node'].pk}, samples=["
+            f"{{'gpu_uuid': '{estate['gpus'][0].uuid}', 'at': 2.0, 'util_gpu': 7}}])\n"
+        )
+        for socket in sockets:
+            next_message(socket, "samples")
+        held = sessions()
+    channels = connections.CHANNEL_POOL_SIZE + connections.CHANNEL_LISTENERS
+    assert 1 <= held.get("gpuplatform web channels", 0) <= channels, held
+    assert held.get("gpuplatform web", 0) <= settings.DB_POOL_SIZE, held
