@@ -130,6 +130,7 @@ TARGET_API_PER_S = 300.0
 TARGET_BATCH_PER_S = 2_000.0
 
 HOSTNAME = socket.gethostname().split(".")[0]
+CPUS = os.cpu_count() or 1
 
 
 # --- Figures from recorded timestamps (pure) --------------------------------------------------
@@ -1158,7 +1159,9 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
     print(f"  while the clients submitted: {cpu['all']:.1f} ms of CPU per accepted submission "
           f"({parts}; the rest includes the clients), {api['passes']:,} scheduling passes "
-          f"({api['passes_per_accepted']:.2f} per accepted submission)")  # fmt: skip
+          f"({api['passes_per_accepted']:.2f} per accepted submission); at that cost the "
+          f"machine's {CPUS} CPUs allow at most {CPUS * 1000 / max(cpu['all'], 1e-9):,.0f} "
+          "submissions a second while their tasks run")  # fmt: skip
     idle = ours["idle"]
     parts = ", ".join(f"{role} {idle['cpu_pct'][role]:.1f}" for role in CPU_ROLES)
     print(f"an idle estate ({NODES} nodes x {GPUS_PER_NODE} GPUs, nothing submitted, "
