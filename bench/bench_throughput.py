@@ -570,11 +570,15 @@ class ConnectionSampler(threading.Thread):
         self.samples: list[tuple[str, Counter[str]]] = []
         self.phase = "start-up"
         self.stopping = threading.Event()
+        self.paused = threading.Event()  # set: no statement of its own (measure_idle)
 
     def run(self) -> None:
         try:
             with connections["default"].cursor() as cursor:
                 while not self.stopping.is_set():
+                    if self.paused.is_set():
+                        self.stopping.wait(SAMPLE_S)
+                        continue
                     cursor.execute(
                         "SELECT application_name, count(*) FROM pg_stat_activity"
                         " WHERE datname = current_database() GROUP BY 1"
@@ -926,11 +930,13 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
 def measure_idle(procs: list[Proc], web_pid: int, sampler: ConnectionSampler) -> dict:
     """What the estate costs while nothing is submitted and nothing runs, per second: each
     role's CPU (percent of one core), and PostgreSQL's transactions, those that wrote, and its
-    write-ahead log, less this bench's own (its connection sampler's statements, the reads of
-    ``database_work``). What remains is the platform's heartbeats, GPU samples, and its
-    clusters' and scheduler's wake-ups."""
+    write-ahead log, less this bench's own: its connection sampler pauses while the CPU is
+    measured (its counts cost PostgreSQL about 1.5 ms each, 4 a second), and the statements it
+    makes in ``database_work``'s settling waits, and those reads, are subtracted. What remains is
+    the platform's heartbeats, GPU samples, and its clusters' and scheduler's wake-ups."""
     postmaster = postmaster_of_this_connection()
     work_before, samples_before = database_work(), len(sampler.samples)
+    sampler.paused.set()
     began = time.monotonic()
     cpu_before = cpu_by_role(web_pid, procs, postmaster)
     while time.monotonic() - began < IDLE_S:
@@ -939,6 +945,7 @@ def measure_idle(procs: list[Proc], web_pid: int, sampler: ConnectionSampler) ->
         time.sleep(0.5)
     cpu_after = cpu_by_role(web_pid, procs, postmaster)
     cpu_s = time.monotonic() - began
+    sampler.paused.clear()
     samples = len(sampler.samples) - samples_before
     work_after = database_work()
     work_s = time.monotonic() - began + STATS_SETTLE_S  # database_work settles before reading

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 
 import psutil
@@ -276,3 +277,28 @@ def test_a_process_tree_counts_the_cpu_of_the_children_it_reaped():
     before = bench._tree_cpu(me)
     subprocess.run([sys.executable, "-c", "sum(range(10_000_000))"], check=True)
     assert bench._tree_cpu(me) - before >= 0.05  # the child's work, counted once it was reaped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_connection_sampler_makes_no_statement_of_its_own(monkeypatch):
+    monkeypatch.setattr(bench, "SAMPLE_S", 0.01)
+    sampler = bench.ConnectionSampler()
+    sampler.start()
+
+    def wait_for_samples(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(sampler.samples) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sampler.samples) >= count
+
+    try:
+        wait_for_samples(2)
+        sampler.paused.set()
+        time.sleep(0.1)  # a count under way when it was paused ends
+        taken = len(sampler.samples)
+        time.sleep(0.3)  # 30 intervals
+        assert len(sampler.samples) == taken
+        sampler.paused.clear()
+        wait_for_samples(taken + 1)
+    finally:
+        sampler.stop()
