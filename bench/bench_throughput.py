@@ -618,17 +618,11 @@ CONNECTION_ROLES = ("web", "scheduler", "nodes")
 
 
 def connection_role(application_name: str) -> str:
-    """The budget's role of a session (gpuplatform/connections.py names them)."""
-    name = application_name.removeprefix("gpuplatform ")
-    if name.startswith("web"):
-        return "web"
-    if name == "qcluster":
-        return "scheduler"
-    if name.startswith(("qcluster ", "node_agent", "supervisor")):
-        return "nodes"
-    if name == "run":
+    """The budget's role of a session (``connections.budget_role``), this bench's own, or the
+    session's own name."""
+    if application_name == "gpuplatform run":  # bench/run.py
         return BENCH_ROLE
-    return application_name or "unnamed"
+    return db_connections.budget_role(application_name) or application_name or "unnamed"
 
 
 def connection_budget() -> db_connections.Budget:
@@ -1062,10 +1056,7 @@ def measure_platform(pool, tmp: Path) -> dict:
 
 def server_connection_cap() -> int:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('max_connections')::int"
-            " - current_setting('superuser_reserved_connections')::int"
-        )
+        cursor.execute(f"SELECT {db_connections.SERVER_ALLOWS}")
         return cursor.fetchone()[0]
 
 
@@ -1091,6 +1082,7 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     busy = ours["throughput"]["busy"]
     gaps = ours["throughput"]["reuse_gaps"]
     peak = max(ours["connections"].values())
+    roles, cap = ours["connection_roles"], connection_budget()
     batches = ours["throughput"]["batches_per_s"]
 
     def peer_rate(peer: dict) -> float | None:
@@ -1117,7 +1109,7 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
          f"{_ms(percentile(gaps, 50))} / {_ms(percentile(gaps, 99))} ({len(gaps):,} times)"
          if gaps else "never", "-", "-", "", ""],
         ["peak PostgreSQL connections (the platform's)",
-         f"{ours['connection_roles'].get(PLATFORM, 0)} (cap {connection_budget().total})",
+         f"{roles.get(PLATFORM, 0)} (cap {cap.total})",
          "-", "-", "", ""],
     ]  # fmt: skip
     header = ["measure", "gpuplatform", "task-spooler (tsp -S 32)",
@@ -1179,7 +1171,6 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     print(f"PostgreSQL sessions on the bench database, peak per phase (this bench's own two "
           f"included): {conns}; the server allows {ours['max_connections']} (max_connections "
           "less the superuser reserve)")  # fmt: skip
-    roles, cap = ours["connection_roles"], connection_budget()
     held = ", ".join(f"{role} {roles.get(role, 0)} of {getattr(cap, role)}"
                      for role in CONNECTION_ROLES)  # fmt: skip
     others = ", ".join(f"{role} {n}" for role, n in roles.items()
@@ -1203,10 +1194,9 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
          api["per_s"] >= TARGET_API_PER_S and api["errors"] == 0),
         (f"{BATCH:,}-task batch >= {TARGET_BATCH_PER_S:,.0f} tasks/s (both submissions)",
          min(batches) >= TARGET_BATCH_PER_S),
-        (f"PostgreSQL connections within the documented cap ({connection_budget().total} for "
-         f"these processes, under the server's {ours['max_connections']})",
-         ours["connection_roles"].get(PLATFORM, 0) <= connection_budget().total
-         and peak < ours["max_connections"]),
+        (f"PostgreSQL connections within the documented cap ({cap.total} for these processes, "
+         f"under the server's {ours['max_connections']})",
+         roles.get(PLATFORM, 0) <= cap.total and peak < ours["max_connections"]),
     ]  # fmt: skip
     for label, met in targets:
         print(f"target: {label}: {verdict(met)}")

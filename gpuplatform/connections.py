@@ -45,6 +45,7 @@ class Budget:
     web: int
     scheduler: int
     nodes: int
+    node_count: int  # the nodes ``nodes`` is for
 
     @property
     def total(self) -> int:
@@ -59,21 +60,44 @@ def budget(*, web_workers: int, db_pool_size: int, q_workers: int, nodes: int) -
         web=web_workers * (db_pool_size + CHANNEL_POOL_SIZE + CHANNEL_LISTENERS),
         scheduler=cluster,
         nodes=nodes * (AGENT_OWN + cluster),
+        node_count=nodes,
     )
 
 
-def shortfall(cap: Budget, server_allows: int, nodes: int) -> str | None:
-    """What to tell an operator whose PostgreSQL accepts fewer connections than ``cap`` (an
-    estate of ``nodes`` nodes); None when it fits."""
+# What the server accepts from roles that are not superusers, as one SQL expression.
+SERVER_ALLOWS = (
+    "current_setting('max_connections')::int"
+    " - current_setting('superuser_reserved_connections')::int"
+)
+
+
+def shortfall(cap: Budget, server_allows: int) -> str | None:
+    """What to tell an operator whose PostgreSQL accepts fewer connections (``SERVER_ALLOWS``)
+    than ``cap``; None when it fits."""
     if cap.total <= server_allows:
         return None
     return (
         f"PostgreSQL accepts {server_allows} connections (max_connections less the superuser "
-        f"reserve), and {nodes} node(s) with the web processes and the scheduler may hold "
+        f"reserve), and {cap.node_count} node(s) with the web processes and the scheduler may hold "
         f"{cap.total} (web {cap.web}, scheduler {cap.scheduler}, nodes {cap.nodes}: "
         "gpuplatform/connections.py): raise max_connections, or the processes that connect "
         "last are refused ('too many clients already')"
     )
+
+
+def budget_role(application_name: str) -> str | None:
+    """The ``Budget`` field a session named by ``application_name`` counts in (web, scheduler,
+    nodes), or None for a process outside the budget (a command, a client)."""
+    role = application_name.removeprefix("gpuplatform ")
+    if role == application_name:
+        return None
+    if role in ("web", "web channels"):
+        return "web"
+    if role == "qcluster":
+        return "scheduler"
+    if role.startswith("qcluster ") or role in ("node_agent", "supervisor"):
+        return "nodes"
+    return None
 
 
 def application_name(web: bool, argv: list[str] | None = None, environ=None) -> str:

@@ -123,13 +123,13 @@ APPLICATION_NAME = connections.application_name(WEB_PROCESS)
 # psycopg's preparing off by default, for poolers such as PgBouncer in transaction mode, which
 # we do not use; its own queries bind on the client and are never prepared either way. Not for
 # channels_postgres, which hands its OPTIONS to libpq (which knows no such option).
-_PREPARED = {"prepare_threshold": 5}
-_NAMED = {"application_name": APPLICATION_NAME}
+_OPTIONS = {
+    **_default_db.get("OPTIONS", {}),
+    "prepare_threshold": 5,
+    "application_name": APPLICATION_NAME,
+}
 DATABASES = {
-    "default": {
-        **_default_db,
-        "OPTIONS": {**_default_db.get("OPTIONS", {}), **_PREPARED, **_NAMED},
-    },
+    "default": {**_default_db, "OPTIONS": _OPTIONS},
     # channels_postgres keeps its message table in the same database.
     "channels_postgres": {**_default_db, "TEST": {"MIRROR": "default"}},
 }
@@ -149,9 +149,7 @@ if WEB_PROCESS and DB_POOL_SIZE:
         **_default_db,
         "CONN_MAX_AGE": 0,  # Django refuses persistent connections with a pool
         "OPTIONS": {
-            **_default_db.get("OPTIONS", {}),
-            **_PREPARED,
-            **_NAMED,
+            **_OPTIONS,
             "pool": {
                 "min_size": min(2, DB_POOL_SIZE),
                 "max_size": DB_POOL_SIZE,

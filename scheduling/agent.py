@@ -29,6 +29,12 @@ from scheduling.models import NodeState
 
 logger = logging.getLogger(__name__)
 
+# What PostgreSQL accepts, and how many nodes other than this one are not offline.
+_CONNECTIONS_AND_NODES = (
+    f"SELECT {db_connections.SERVER_ALLOWS},"  # noqa: S608 - a constant expression
+    " (SELECT count(*) FROM scheduling_node WHERE name <> %s AND state <> %s)"
+)
+
 RECONCILE_EVERY = 6  # heartbeats
 WATCH_EVERY_S = 1.0  # how soon a dead supervisor is noticed
 
@@ -120,12 +126,8 @@ class NodeAgent:
         handful, and a stock server runs out at a few nodes more than a workstation lab has.
         Returns the warning."""
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT current_setting('max_connections')::int"
-                " - current_setting('superuser_reserved_connections')::int,"
-                " (SELECT count(*) FROM scheduling_node WHERE name <> %s AND state <> %s)",
-                [self.name, NodeState.OFFLINE],  # an offline node's agent holds none
-            )
+            # An offline node's agent holds none.
+            cursor.execute(_CONNECTIONS_AND_NODES, [self.name, NodeState.OFFLINE])
             allows, others = cursor.fetchone()
         try:  # as `make run` starts them (a bad value is make run's to refuse, not ours)
             web_workers = env.integer("WEB_WORKERS", 2, minimum=1)
@@ -137,7 +139,7 @@ class NodeAgent:
             q_workers=settings.Q_CLUSTER["workers"],
             nodes=others + 1,
         )
-        problem = db_connections.shortfall(cap, allows, others + 1)
+        problem = db_connections.shortfall(cap, allows)
         if problem:
             logger.warning("node %s: %s", self.name, problem)
         return problem

@@ -47,6 +47,7 @@ def test_the_cap_for_make_run_with_four_nodes():
     # web: 2 x (8 pooled + 4 channel layer + 1 listening); each cluster 2 workers + 4; each
     # node its agent's 3 and its cluster.
     assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (26, 6, 36, 68)
+    assert cap.node_count == 4
 
 
 def test_the_channel_layer_names_itself_and_keeps_what_database_url_says():
@@ -74,3 +75,14 @@ def test_the_channel_layer_names_itself_and_keeps_what_database_url_says():
     assert result.returncode == 0, result.stderr
     options = json.loads(result.stdout.splitlines()[-1])
     assert options == {"sslmode": "disable", "application_name": "gpuplatform -c channels"}
+
+
+def test_every_name_a_process_gives_itself_counts_in_its_role_of_the_budget():
+    name, role = connections.application_name, connections.budget_role
+    assert role(name(True, [])) == role(f"{name(True, [])} channels") == "web"
+    assert role(name(False, ["manage.py", "qcluster"], {})) == "scheduler"
+    assert role(name(False, ["manage.py", "qcluster"], {"Q_CLUSTER_NAME": "ws-1"})) == "nodes"
+    assert role(name(False, ["manage.py", "node_agent"], {})) == "nodes"
+    assert role(name(False, ["/srv/scheduling/launcher/spawner.py", "ws-1"], {})) == "nodes"
+    assert role(name(False, ["manage.py", "migrate"], {})) is None  # a command, not counted
+    assert role("psql") is None
