@@ -69,7 +69,18 @@ def test_the_tasks_handed_back_know_their_tenant_and_owner_without_a_query(
         }
 
 
+def test_the_tasks_handed_back_act_as_tasks_loaded_from_the_database(lab, workstation):
+    task = task_submit(tenant=lab, spec=TaskSpec(name="loaded", command="true"))
+    assert task.get_deferred_fields() == set()
+    assert (task._state.adding, task._state.db) == (False, "default")
+    task.priority = 90
+    task.save()  # an UPDATE of its row, not a second task
+    assert Task.objects.filter(tenant=lab).count() == 1
+    assert stored(task) == stored(Task.objects.get(pk=task.pk))
+
+
 def test_values_that_compare_equal_but_write_differently_are_not_shared():
+    assert _same([{}, {}]) and _same([[], []]) and not _same([{}, []])
     assert _same([{"x": "1"}, {"x": "1"}])
     assert not _same([{"x": 1}, {"x": True}])
     assert not _same([[1.0], [1]])
