@@ -21,7 +21,10 @@ capacity). All traffic goes over HTTP with tenant tokens. Phases, in order:
    ``true`` task per request; requests/s, p99 and every non-2xx answer (500s named). The tasks
    run; what is still pending after a while is cancelled before the next phase.
 3. Throughput: 2,000 one-GPU ``true`` tasks in two POSTs of 1,000 (each also measured as a
-   batch, tasks/s). Completed per second runs from the first POST to the last
+   batch, tasks/s, with how many processes were runnable on the machine meanwhile: sampled
+   while the second was answered, PostgreSQL's ``pg_stat_activity`` showed its INSERT on the
+   CPU or waiting for it, never for a lock, its backend sharing 2 CPUs with a median of 11
+   runnable processes). Completed per second runs from the first POST to the last
    ``Task.finished_at``; mean busy GPUs is the allocations' overlap (``Allocation.started_at`` to
    ``released_at``) with the time tasks waited: from the first POST's answer (its tasks are
    committed, visible to the scheduler) to the last ``Task.scheduled_at`` (or the time limit).
@@ -78,6 +81,7 @@ from bench.common import (
     clear_tasks,
     close_other_sessions,
     free_port,
+    median,
     merge_clients,
     percentile,
     stop_all,
@@ -613,6 +617,40 @@ class ConnectionSampler(threading.Thread):
         return dict(out)
 
 
+RUNNABLE_SAMPLE_S = 0.005
+
+
+def runnable() -> int:
+    """Processes (threads) running or ready to run on this machine now (/proc/stat)."""
+    with open("/proc/stat", "rb") as stat:
+        for line in stat:
+            if line.startswith(b"procs_running "):
+                return int(line.split()[1])
+    return 0
+
+
+@contextmanager
+def run_queue() -> Iterator[list[int]]:
+    """Samples ``runnable()`` every RUNNABLE_SAMPLE_S while the block runs, into the list it
+    yields: how many processes the web server and its PostgreSQL backend shared the CPUs with
+    (a batch is answered as fast as their share of them allows)."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(runnable())
+            done.wait(RUNNABLE_SAMPLE_S)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join()
+
+
 BENCH_ROLE, PLATFORM = "this bench", "platform"
 CONNECTION_ROLES = ("web", "scheduler", "nodes")
 
@@ -862,13 +900,16 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
     log_offset = scheduler_log.stat().st_size
     passes_before = passes_run()
     first = time.time()
-    batches = []
+    batches, crowds = [], []
     ids: list[int] = []
     window_start = None
     for b in range(TASKS // BATCH):
-        began = time.perf_counter()
-        ids += api.submit([spec(f"tput-{b}-{i}", "true") for i in range(BATCH)])
-        batches.append(BATCH / (time.perf_counter() - began))
+        specs = [spec(f"tput-{b}-{i}", "true") for i in range(BATCH)]
+        with run_queue() as crowd:
+            began = time.perf_counter()
+            ids += api.submit(specs)
+            batches.append(BATCH / (time.perf_counter() - began))
+        crowds.append(crowd)
         window_start = window_start or time.time()
     deadline = first + THROUGHPUT_LIMIT_S
     rows = Task.objects.filter(pk__in=ids)  # not the tenant's latency probes
@@ -913,6 +954,8 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
         "left": left,
         "states": dict(states),
         "batches_per_s": batches,
+        # Runnable processes while each batch was answered: median, most.
+        "batch_runnable": [(median(c), max(c)) if c else (0, 0) for c in crowds],
         "busy": mean_busy(intervals, window_start, window_end),
         "reuse_gaps": reuse_gaps(allocations, window_start, window_end),
         "busy_window_s": window_end - window_start,
@@ -1137,6 +1180,10 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
               f"{_ms(percentile(t['pass_ms'], 50) / 1000)} / "
               f"{_ms(percentile(t['pass_ms'], 90) / 1000)} from its first read to its last "
               "write, before its commit (the scheduler's log)")  # fmt: skip
+    crowd = " / ".join(f"{m:.0f} ({most})" for m, most in t["batch_runnable"])
+    print(f"  the {BATCH:,}-task batches were answered while this many processes were runnable "
+          f"on the machine's {CPUS} CPUs, median (most): {crowd}; the second shares them "
+          "with the first thousand's placements, launches and ends")  # fmt: skip
     cpu = t["cpu_ms_per_task"]
     parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
     budget = 1000 * (os.cpu_count() or 1) / TARGET_PER_S

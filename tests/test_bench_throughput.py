@@ -160,6 +160,7 @@ def _figures() -> dict:
             "left": 1_600,
             "states": {"succeeded": 400, "pending": 1_600},
             "batches_per_s": [400.0, 90.0],
+            "batch_runnable": [(3.0, 7), (11.5, 24)],
             "busy": 16.0,
             "reuse_gaps": [0.15, 0.2, 0.9],
             "busy_window_s": 48.0,
@@ -207,6 +208,7 @@ def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
     assert "Slurm: not installed (slurm-wlm), and not root to install it" in out
     assert "20/s, p99 650.0 ms, 24 errors (24 HTTP 5xx) of 160" in out
     assert "400 tasks/s / 90 tasks/s" in out
+    assert f"runnable on the machine's {bench.CPUS} CPUs, median (most): 3 (7) / 12 (24)" in out
     assert "16.0 of 32" in out
     assert "200.0 ms / 900.0 ms (3 times)" in out
     assert "scheduling passes in the 2,000-task phase: 160 (12.5 tasks per pass)" in out
@@ -226,6 +228,16 @@ def test_the_report_names_a_peer_that_was_not_measured_and_every_target(capsys):
     assert "72 (cap 68)" in out
     assert "nothing submitted, 10 s): 14.0 PostgreSQL transactions a second (4.5 writing)" in out
     assert f"3.2 kB/s of WAL; percent of one core: {bench.CPU_ROLES[0]} 0.5" in out
+
+
+def test_the_run_queue_is_sampled_while_a_batch_is_answered():
+    assert bench.runnable() >= 1  # this test itself runs
+    with bench.run_queue() as samples:
+        time.sleep(0.05)
+    count = len(samples)
+    time.sleep(0.02)
+    assert count >= 2 and all(n >= 1 for n in samples)
+    assert len(samples) == count  # it stops with the block
 
 
 def test_sessions_are_counted_by_the_role_their_application_name_names():
