@@ -22,9 +22,9 @@ capacity). All traffic goes over HTTP with tenant tokens. Phases, in order:
    run; what is still pending after a while is cancelled before the next phase.
 3. Throughput: 2,000 one-GPU ``true`` tasks in two POSTs of 1,000 (each also measured as a
    batch, tasks/s, with how many processes were runnable on the machine meanwhile: sampled
-   while the second was answered, PostgreSQL's ``pg_stat_activity`` showed its INSERT on the
-   CPU or waiting for it, never for a lock, its backend sharing 2 CPUs with a median of 11
-   runnable processes). Completed per second runs from the first POST to the last
+   once beside ``pg_stat_activity`` too, the second's INSERT was on the CPU or waiting for it,
+   never for a lock, its backend sharing 2 CPUs with a median of 11 runnable processes).
+   Completed per second runs from the first POST to the last
    ``Task.finished_at``; mean busy GPUs is the allocations' overlap (``Allocation.started_at`` to
    ``released_at``) with the time tasks waited: from the first POST's answer (its tasks are
    committed, visible to the scheduler) to the last ``Task.scheduled_at`` (or the time limit).
