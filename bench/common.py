@@ -4,6 +4,7 @@ platform's processes (scheduler, node agents, web server) started for a run and 
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import math
@@ -24,6 +25,25 @@ from typing import NamedTuple
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def as_a_web_process() -> Iterator[None]:
+    """Python's garbage collector set as a web process sets it once it has started
+    (``gpuplatform.gctune.settle``), for in-process timings of what a web process serves; set
+    back afterwards, since the benchmarks share this process. With the interpreter's defaults,
+    one render of the live dashboard in 30 took a full collection, about 100 ms more than the
+    others, which a web process does not."""
+    from gpuplatform import gctune
+
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
+    gctune.settle()
+    try:
+        yield
+    finally:
+        if not frozen:  # what was frozen before stays so (it cannot be told apart)
+            gc.unfreeze()
+        gc.set_threshold(*threshold)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
