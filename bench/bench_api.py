@@ -40,6 +40,7 @@ from django.db import connection
 from django_q.models import OrmQ
 
 from bench.common import (
+    CPUS,
     GTHREAD_THREADS,
     MAKE_RUN_WEB_WORKERS,
     ClientJob,
@@ -79,7 +80,6 @@ TARGET_SUBMITS_PER_S = 300  # issue 9: 8 clients, one task each, 0 errors
 TARGET_BATCH_TASKS_PER_S = 2_000  # issue 9: a 1,000-task batch
 TARGET_P99_S = 0.050  # listings only
 STOP_GRACE_S = 10.0
-CPUS = os.cpu_count() or 1
 
 
 # --- Servers -------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ from django_q.models import OrmQ
 
 from bench.bench_latency import idle, through_the_broker
 from bench.common import (
+    CPUS,
     MAKE_RUN_WEB_WORKERS,
     ClientJob,
     Proc,
@@ -134,7 +135,6 @@ TARGET_API_PER_S = 300.0
 TARGET_BATCH_PER_S = 2_000.0
 
 HOSTNAME = socket.gethostname().split(".")[0]
-CPUS = os.cpu_count() or 1
 
 
 # --- Figures from recorded timestamps (pure) --------------------------------------------------
@@ -1186,9 +1186,9 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
           "with the first thousand's placements, launches and ends")  # fmt: skip
     cpu = t["cpu_ms_per_task"]
     parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
-    budget = 1000 * (os.cpu_count() or 1) / TARGET_PER_S
+    budget = 1000 * CPUS / TARGET_PER_S
     print(f"CPU per finished task in the {TASKS:,}-task phase: {cpu['all']:.1f} ms of the "
-          f"machine's {os.cpu_count()} CPUs ({parts}); {TARGET_PER_S:,.0f} tasks/s on them "
+          f"machine's {CPUS} CPUs ({parts}); {TARGET_PER_S:,.0f} tasks/s on them "
           f"leave {budget:.0f} ms")  # fmt: skip
     work = t["db_per_task"]
     print(f"PostgreSQL work per finished task in the {TASKS:,}-task phase: "
@@ -1252,7 +1252,7 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
 
 def main() -> dict:
     load = os.getloadavg()[0]
-    print(f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs (other work on the "
+    print(f"load average before the run: {load:.2f} on {CPUS} CPUs (other work on the "
           "machine makes every figure here noisy)", flush=True)  # fmt: skip
     context = multiprocessing.get_context("fork")
     scratch = Path(tempfile.mkdtemp(prefix="gpuplatform-bench-throughput-"))

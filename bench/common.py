@@ -25,6 +25,7 @@ from typing import NamedTuple
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+CPUS = os.cpu_count() or 1  # what the figures are measured on
 
 
 @contextmanager
