@@ -91,7 +91,7 @@ else:
     print("devices", count.value, name.value.decode())
     assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
     assert cuda.cuCtxSetCurrent(ctx) == 0
-    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 2 << 30) == 0, "cannot allocate 2 GiB"
+    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(2 << 30)) == 0, "cannot allocate 2 GiB"
     print("holding 2 GiB for 8 s (no PyTorch in this interpreter: no matmuls)")
     time.sleep(8)
 '

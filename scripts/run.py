@@ -75,6 +75,33 @@ def commands(python: str, host: str, port: str) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
+class Relay:
+    """A child's output, copied to ours a whole line at a time, each line under its label.
+
+    Reads the pipe with os.read, not through a buffered file's readline: readline takes every
+    line the pipe holds into the file's buffer and returns one, and select() no longer sees the
+    rest, which then waited for the child's next output (the node agent's start-up lines,
+    "spawner ready" among them, showed only when the platform stopped)."""
+
+    def __init__(self, fd: int, label: str, out=None) -> None:
+        self.fd, self.label, self.out = fd, label, out or sys.stdout
+        self.partial = b""
+
+    def relay(self) -> bool:
+        """Copy what the pipe holds now; False once the child has closed it."""
+        chunk = os.read(self.fd, 65536)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop() if chunk else b""
+        if not chunk and lines[-1] == b"":
+            lines.pop()
+        if lines:
+            self.out.write(
+                "".join(f"{self.label}{line.decode(errors='replace')}\n" for line in lines)
+            )
+            self.out.flush()
+        return bool(chunk)
+
+
 def wait_until_up(url: str, procs: dict[str, subprocess.Popen], seconds: float = 60) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -114,7 +141,7 @@ def main() -> int:
         )
         procs[name] = proc
         label = f"{COLOURS[i % len(COLOURS)]}{name:<{width}} |{RESET} "
-        sel.register(proc.stdout, selectors.EVENT_READ, label)
+        sel.register(proc.stdout, selectors.EVENT_READ, Relay(proc.stdout.fileno(), label))
 
     stopping = False
 
@@ -137,11 +164,7 @@ def main() -> int:
     exit_code = 0
     while not stopping:
         for key, _ in sel.select(timeout=0.5):
-            line = key.fileobj.readline()
-            if line:
-                sys.stdout.write(key.data + line.decode(errors="replace"))
-                sys.stdout.flush()
-            else:
+            if not key.data.relay():
                 sel.unregister(key.fileobj)
         for name, proc in procs.items():
             if proc.poll() is not None and not stopping:
@@ -150,8 +173,8 @@ def main() -> int:
     print("stopping web, scheduler and node agent...", flush=True)
     stop(procs)
     for key in list(sel.get_map().values()):
-        sys.stdout.write("".join(key.data + line.decode(errors="replace")
-                                 for line in key.fileobj.readlines()))  # fmt: skip
+        while key.data.relay():
+            pass
     print("stopped.", flush=True)
     return exit_code
 
