@@ -214,6 +214,9 @@ def test_claims_and_acknowledgements_do_not_wait_for_the_disk_but_a_callers_tran
     assert all("synchronous_commit" in q["sql"] for q in queries.captured_queries)
     assert current_synchronous_commit() == "on"  # for that statement's transaction alone
 
+    # A broker of its own: the first, having emptied its queue, would first wait for a
+    # notification, which this transaction sends only at its commit (IDLE_S is a minute here).
+    broker = NotifyingOrm(list_key="node-a")
     with transaction.atomic():
         broker.enqueue("job")
         ((pk, _),) = broker.dequeue()
