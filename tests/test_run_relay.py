@@ -16,40 +16,45 @@ run_script = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(run_script)
 
 
+class Pipe:
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe()
+        self.open = [self.read, self.write]
+
+    def close_write(self) -> None:
+        self.open.remove(self.write)
+        os.close(self.write)
+
+
 @pytest.fixture
 def pipe():
-    read, write = os.pipe()
-    yield read, write
-    for fd in (read, write):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    pipe = Pipe()
+    yield pipe
+    for fd in pipe.open:  # only ours: a number closed once may be someone else's by now
+        os.close(fd)
 
 
 def test_every_whole_line_the_pipe_holds_is_copied_at_once(pipe):
-    read, write = pipe
     out = io.StringIO()
-    relay = run_script.Relay(read, "agent | ", out)
+    relay = run_script.Relay(pipe.read, "agent | ", out)
     # The node agent writes its start-up lines in one burst, then nothing for a long time: all
     # of them must show now, not when it next writes (the readline-based copy held them back).
-    os.write(write, b"spawner started\nGPU set changed\nspawner ready (pid 7)\nhalf a ")
+    os.write(pipe.write, b"spawner started\nGPU set changed\nspawner ready (pid 7)\nhalf a ")
     assert relay.relay() is True
     assert out.getvalue() == (
         "agent | spawner started\nagent | GPU set changed\nagent | spawner ready (pid 7)\n"
     )
-    os.write(write, b"line\n")
+    os.write(pipe.write, b"line\n")
     relay.relay()
     assert out.getvalue().endswith("agent | half a line\n")
 
 
 def test_a_last_line_without_newline_is_copied_when_the_process_ends(pipe):
-    read, write = pipe
     out = io.StringIO()
-    relay = run_script.Relay(read, "web | ", out)
-    os.write(write, "stopped, 停止\nno newline".encode())
+    relay = run_script.Relay(pipe.read, "web | ", out)
+    os.write(pipe.write, "stopped, 停止\nno newline".encode())
     relay.relay()
-    os.close(write)
+    pipe.close_write()
     assert relay.relay() is False
     assert out.getvalue() == "web | stopped, 停止\nweb | no newline\n"
     assert relay.relay() is False
