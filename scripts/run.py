@@ -90,10 +90,11 @@ class Relay:
     def relay(self) -> bool:
         """Copy what the pipe holds now; False once the child has closed it."""
         chunk = os.read(self.fd, 65536)
-        lines = (self.partial + chunk).split(b"\n")
-        self.partial = lines.pop() if chunk else b""
-        if not chunk and lines[-1] == b"":
-            lines.pop()
+        data, self.partial = self.partial + chunk, b""
+        if chunk:  # the last piece waits for its newline
+            *lines, self.partial = data.split(b"\n")
+        else:  # closed: what is left is a last line without one
+            lines = [data] if data else []
         if lines:
             self.out.write(
                 "".join(f"{self.label}{line.decode(errors='replace')}\n" for line in lines)

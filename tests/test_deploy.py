@@ -5,7 +5,6 @@ checked with daphne started exactly as `make run` starts it."""
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from scripts.run import web_command
 from tests.live import ROOT, free_port, process_env
 from tests.test_settings import start_django
 
@@ -65,30 +65,22 @@ def test_the_proxy_ssl_header_needs_trusted_proxies():
     assert "SECURE_PROXY_SSL_HEADER: needs TRUSTED_PROXIES" in result.stderr
 
 
-def run_script():
-    spec = importlib.util.spec_from_file_location("run_script", ROOT / "scripts" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_make_run_never_lets_daphne_trust_forwarded_headers(monkeypatch):
-    run = run_script()
     monkeypatch.delenv("WEB_SERVER", raising=False)
-    assert "--proxy-headers" not in run.web_command("python", "127.0.0.1", "8000")
+    assert "--proxy-headers" not in web_command("python", "127.0.0.1", "8000")
     monkeypatch.setenv("WEB_SERVER", "gunicorn")
     monkeypatch.setenv("TRUSTED_PROXIES", "10.0.0.5, 192.168.1.1/24")
-    argv = run.web_command("python", "127.0.0.1", "8000")
+    argv = web_command("python", "127.0.0.1", "8000")
     assert argv[argv.index("--forwarded-allow-ips") + 1] == "10.0.0.5/32,192.168.1.0/24"
     monkeypatch.delenv("TRUSTED_PROXIES")
-    argv = run.web_command("python", "127.0.0.1", "8000")
+    argv = web_command("python", "127.0.0.1", "8000")
     assert argv[argv.index("--forwarded-allow-ips") + 1] == ""  # not gunicorn's loopback
 
 
 @contextmanager
 def make_run_daphne(**environ: str) -> Iterator[int]:
     port = free_port()
-    argv = run_script().web_command(sys.executable, "127.0.0.1", str(port))
+    argv = web_command(sys.executable, "127.0.0.1", str(port))
     proc = subprocess.Popen(  # noqa: S603 - fixed argv
         argv, cwd=ROOT, env=process_env(**environ), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
-from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location(
-    "run_script", Path(__file__).resolve().parent.parent / "scripts" / "run.py"
-)
-run_script = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(run_script)
+from scripts.run import Relay
 
 
 class Pipe:
@@ -36,7 +30,7 @@ def pipe():
 
 def test_every_whole_line_the_pipe_holds_is_copied_at_once(pipe):
     out = io.StringIO()
-    relay = run_script.Relay(pipe.read, "agent | ", out)
+    relay = Relay(pipe.read, "agent | ", out)
     # The node agent writes its start-up lines in one burst, then nothing for a long time: all
     # of them must show now, not when it next writes (the readline-based copy held them back).
     os.write(pipe.write, b"spawner started\nGPU set changed\nspawner ready (pid 7)\nhalf a ")
@@ -51,7 +45,7 @@ def test_every_whole_line_the_pipe_holds_is_copied_at_once(pipe):
 
 def test_a_last_line_without_newline_is_copied_when_the_process_ends(pipe):
     out = io.StringIO()
-    relay = run_script.Relay(pipe.read, "web | ", out)
+    relay = Relay(pipe.read, "web | ", out)
     os.write(pipe.write, "stopped, 停止\nno newline".encode())
     relay.relay()
     pipe.close_write()
