@@ -453,9 +453,9 @@ class SchedulerStateAdmin(ReadOnlyAdmin):
     """How scheduling passes go: read-only, with an action to run one now."""
 
     list_display = ["passes", "last_pass_at", "last_pass_took", "last_placed", "last_preempted",
-                    "last_waiting", "pass_queued"]  # fmt: skip
+                    "last_waiting", "last_idle_gpus", "pass_queued"]  # fmt: skip
     fields = ["pass_queued", "passes", "last_pass_at", "last_pass_took", "last_placed",
-              "last_preempted", "last_waiting"]  # fmt: skip
+              "last_preempted", "last_waiting", "last_idle_gpus"]  # fmt: skip
     readonly_fields = fields
     actions = ["run_pass_now"]
 

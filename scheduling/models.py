@@ -490,6 +490,11 @@ class SchedulerState(models.Model):
     last_placed = models.PositiveIntegerField(default=0)
     last_preempted = models.PositiveIntegerField(default=0)
     last_waiting = models.PositiveIntegerField(default=0)
+    last_idle_gpus = models.PositiveIntegerField(
+        default=0,
+        help_text="Schedulable GPUs no task held after the last pass placed what it could: at "
+        "0, with tasks waiting, the next pass waits for scheduling.busy_pass_gap_ms.",
+    )
     fair_share_half_life_s = models.FloatField(
         null=True,
         blank=True,

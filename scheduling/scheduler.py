@@ -62,6 +62,7 @@ class PassResult:
     preempted: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     waiting: int = 0
+    idle_gpus: int = 0  # schedulable GPUs that no task holds once the placements are made
     ms: float = 0.0
     wake_at: datetime | None = None  # the next pass booked for a time-based wait
 
@@ -116,6 +117,7 @@ def _schedule_pass() -> PassResult:
         result.placed = apply_placements(decision, timezone.now())
         result.preempted = apply_preemptions(decision)
         result.waiting = update_reasons(decision, digests)
+        result.idle_gpus = idle_gpus(snapshot, decision)
         list_successors(decision, placed=set(result.placed))
         # The policy says when a wait ends by time alone (backoff, starvation, reclaim); at
         # most one such pass a second, so tasks crossing starvation_after one after another
@@ -792,6 +794,15 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
     return count
 
 
+def idle_gpus(snapshot: Snapshot, decision: Decision) -> int:
+    """How many schedulable GPUs no task holds once the decision's placements are made (its
+    preemptions free theirs only when the victims have stopped)."""
+    taken = {gpu_id for placement in decision.placements for gpu_id, _ in placement.gpus}
+    return sum(
+        1 for gpu in snapshot.gpus if gpu.schedulable and not gpu.holders and gpu.id not in taken
+    )
+
+
 def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
     """The pass's figures, and the tasks waiting for GPUs or quota in the order they would
     start (``line``), in one statement on the scheduler's row (which ``keep_counters_for`` made
@@ -807,6 +818,7 @@ def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
             UPDATE scheduling_schedulerstate
                SET passes = passes + 1, last_pass_at = %s, last_pass_ms = %s,
                    last_placed = %s, last_preempted = %s, last_waiting = %s,
+                   last_idle_gpus = %s,
                    line = CASE WHEN line_digest <> %s THEN %s::bigint[] ELSE line END,
                    line_digest = %s
              WHERE id = 1
@@ -817,6 +829,7 @@ def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
                 len(result.placed),
                 len(result.preempted),
                 result.waiting,
+                result.idle_gpus,
                 digest,
                 text,
                 digest,

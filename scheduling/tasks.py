@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from scheduling import estate, scheduler, services
+from scheduling import estate, passes, scheduler, services
 from scheduling.launcher import lifecycle
 
 
@@ -18,7 +18,11 @@ def mark_silent_nodes() -> dict:
 
 
 def run_pass() -> dict:
-    """One scheduling pass (on request, and every minute as a backstop)."""
+    """One scheduling pass (on request, and every minute as a backstop), or, while tasks wait
+    and no GPU is idle, the same pass queued for a moment later (``passes.defer_while_busy``)."""
+    due = passes.defer_while_busy(estate.config().scheduling.busy_pass_gap_ms)
+    if due is not None:
+        return {"deferred_to": due.isoformat()}
     result = scheduler.schedule_pass()
     return {"placed": len(result.placed), "preempted": len(result.preempted),
             "waiting": result.waiting, "ms": round(result.ms, 1)}  # fmt: skip

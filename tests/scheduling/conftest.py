@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+
 import pytest
 
 from scheduling import scheduler
 from scheduling.spec import TaskSpec
+from tests.live import PYTHON, ROOT, process_env
 
 # An online service that nothing may preempt: four of them fill a four-GPU workstation.
 SERVICE = TaskSpec(name="svc", command="sleep 1000", task_class="online", preemptible=False,
@@ -21,3 +26,26 @@ def run_pass(django_capture_on_commit_callbacks):
             return scheduler.schedule_pass()
 
     return run
+
+
+@pytest.fixture
+def scheduler_cluster(settings):
+    """``manage.py qcluster`` as `make run` starts it, exchanging work through the broker,
+    reading the configuration this process reads."""
+    environ = process_env(Q_SYNC="0", GPUPLATFORM_CONFIG=str(settings.GPUPLATFORM_CONFIG))
+    environ.pop("Q_CLUSTER_NAME", None)
+    proc = subprocess.Popen(
+        [PYTHON, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=environ,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

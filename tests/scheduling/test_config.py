@@ -281,3 +281,9 @@ def test_it_never_leaks_pydantic_wording(tmp_path: Path) -> None:
         "nodes[1]: must be a mapping of keys, got 7",
         "pools: must be a list, got 'nope'",
     ]
+
+
+def test_it_bounds_the_busy_pass_gap(tmp_path: Path) -> None:
+    problems = problems_for(tmp_path, GOOD + "scheduling:\n  busy_pass_gap_ms: -5\n")
+
+    assert_one_problem(problems, "scheduling.busy_pass_gap_ms", "must be at least 0, got -5")

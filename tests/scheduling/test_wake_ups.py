@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from datetime import UTC, timedelta
 
 import pytest
@@ -20,7 +17,7 @@ from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
 from tests.launcher.conftest import state_of, wait_for
-from tests.live import PYTHON, ROOT, process_env
+from tests.live import ROOT
 from tests.scheduling.conftest import SERVICE
 
 
@@ -124,29 +121,6 @@ def estate_config(settings, tmp_path):
     path.write_text(shipped.replace("  reclaim_after: 2h\n", "  reclaim_after: 3s\n"))
     settings.GPUPLATFORM_CONFIG = str(path)
     return path
-
-
-@pytest.fixture
-def scheduler_cluster(settings):
-    """``manage.py qcluster`` as `make run` starts it, exchanging work through the broker,
-    reading the configuration this process reads."""
-    environ = process_env(Q_SYNC="0", GPUPLATFORM_CONFIG=str(settings.GPUPLATFORM_CONFIG))
-    environ.pop("Q_CLUSTER_NAME", None)
-    proc = subprocess.Popen(
-        [PYTHON, "manage.py", "qcluster"],
-        cwd=ROOT,
-        env=environ,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    yield proc
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def wait_until_placed(task: Task) -> None:
