@@ -15,12 +15,15 @@ task runs as that user ("single-user mode: tenants are not isolated on this host
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import logging
 import os
 import pwd
 import stat
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,7 @@ SINGLE_USER_NOTE = "single-user mode: tenants are not isolated on this host"
 MAX_USER_NAME = 32  # useradd's limit
 NOLOGIN = "/usr/sbin/nologin"
 USERADD = "/usr/sbin/useradd"
+USERS_LOCK = "tenant-users.lock"  # in VAR_DIR: see _creating_users
 
 
 class IdentityError(Exception):
@@ -88,7 +92,45 @@ def _user(name: str, *, create: bool, home: Path, tenant_name: str) -> pwd.struc
     except KeyError:
         if not create:
             raise IdentityError(f"unix_user {name!r} does not exist on this node") from None
-    result = subprocess.run(  # noqa: S603 - fixed argv; the name is a validated tenant slug
+    with _creating_users():
+        try:
+            return pwd.getpwnam(name)  # another launch on this host created it meanwhile
+        except KeyError:
+            result = _useradd(name, home=home, tenant_name=tenant_name)
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise IdentityError(
+                f"cannot create the Unix user {name!r}: "
+                f"{result.stderr.strip() or result.returncode}"
+            ) from None
+    logger.info("created Unix user %s (uid %s) for tenant %s", name, entry.pw_uid, tenant_name)
+    return entry
+
+
+@contextmanager
+def _creating_users() -> Iterator[None]:
+    """Held by whoever creates a tenant's user on this host, the launches of every node agent
+    here included. useradd does not serialise itself: 16 concurrent calls for one new name all
+    exit 0, and their callers read two different uids back (Debian 12, shadow 4.13). The last
+    write wins, so a task could run as a uid its name no longer has, in a root chowned to it,
+    and the next user created could be given that uid. The lock file lives in the platform's
+    VAR_DIR, where no task can open it (and hold the lock)."""
+    settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(
+        settings.VAR_DIR / USERS_LOCK,
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+def _useradd(name: str, *, home: Path, tenant_name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(  # noqa: S603 - fixed argv; the name is a validated tenant slug
         [
             USERADD,
             "--system",
@@ -107,14 +149,6 @@ def _user(name: str, *, create: bool, home: Path, tenant_name: str) -> pwd.struc
         check=False,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
     )
-    try:
-        entry = pwd.getpwnam(name)  # also when a concurrent launch created it first (exit 9)
-    except KeyError:
-        raise IdentityError(
-            f"cannot create the Unix user {name!r}: {result.stderr.strip() or result.returncode}"
-        ) from None
-    logger.info("created Unix user %s (uid %s) for tenant %s", name, entry.pw_uid, tenant_name)
-    return entry
 
 
 def _private_root(root: Path, uid: int, gid: int) -> None:

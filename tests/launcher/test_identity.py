@@ -1,10 +1,14 @@
 """A tenant's private root: made 0700 and the tenant's own, refused when it is not a directory,
-and refused with the directory to fix when tenant users could not reach it."""
+and refused with the directory to fix when tenant users could not reach it; a tenant's user,
+created once on a host however many launches ask for it at once."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import stat
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -72,3 +76,23 @@ def test_a_directory_closed_to_other_users_above_the_roots_is_named(tmp_path):
     tasks_root.mkdir(parents=True, mode=0o755)
     with pytest.raises(identity.IdentityError, match=f"^{closed} is closed to other users"):
         identity._private_root(tasks_root / "lab", os.getuid(), os.getgid())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating Unix users needs root")
+def test_concurrent_launches_of_a_new_tenant_all_get_the_one_user_it_ends_up_with(
+    tmp_path, settings
+):
+    # useradd does not serialise itself: unlocked, 16 of these split between two uids.
+    settings.VAR_DIR = tmp_path / "var"
+    name = f"gpt-race-{os.getpid()}"
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            calls = [
+                pool.submit(identity._user, name, create=True, home=tmp_path / "home",
+                            tenant_name="race")
+                for _ in range(16)
+            ]  # fmt: skip
+            uids = {call.result().pw_uid for call in calls}
+        assert uids == {pwd.getpwnam(name).pw_uid}
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, check=False)  # noqa: S607
