@@ -128,8 +128,8 @@ class SchedulingConfig(_Strict):
     reclaim_after_s: DurationS = Field(default=2 * 3600, alias="reclaim_after")
     # A task using more GPU memory than it reserved: raise an alert, or also stop it (failed).
     gpu_memory_overuse: Literal["alert", "kill"] = "alert"
-    # While tasks wait and no GPU is idle, a pass starts at least this long after the last one
-    # ended (``passes.defer_while_busy``); 0 runs every requested pass at once.
+    # While tasks wait, no GPU is idle and successors are listed, a pass starts at least this
+    # long after the last one ended (``passes.defer_while_busy``); 0 runs every pass at once.
     busy_pass_gap_ms: int = Field(default=100, ge=0, le=60_000)
 
     def policy_settings(self) -> PolicySettings:

@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists
 from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import Schedule
@@ -48,7 +49,7 @@ from django_q.tasks import async_task
 
 from gpuplatform.broker import NotifyingOrm
 from gpuplatform.db import server_bound_cursor
-from scheduling.models import PassRequest, SchedulerState
+from scheduling.models import PassRequest, SchedulerState, Successor
 
 logger = logging.getLogger(__name__)
 
@@ -172,21 +173,25 @@ class DelayedOrm(NotifyingOrm):
 
 
 def defer_while_busy(gap_ms: int) -> datetime | None:
-    """Called by a pass's job before it runs the pass: when the last pass left tasks waiting
-    and no GPU idle, and ended less than ``gap_ms`` ago, queue the pass for ``gap_ms`` after it
-    and return that time (the request flag stays set, so requests meanwhile queue nothing);
-    otherwise None: run it now. Never where jobs run inline (``sync``, tests): nothing would
-    run the delayed one."""
+    """Called by a pass's job before it runs the pass: when the last pass left tasks waiting,
+    no GPU idle and successors still listed for the GPUs that come free, and ended less than
+    ``gap_ms`` ago, queue the pass for ``gap_ms`` after it and return that time (the request
+    flag stays set, so requests meanwhile queue nothing); otherwise None: run it now. Never
+    where jobs run inline (``sync``, tests): nothing would run the delayed one.
+
+    A list handed out to its end runs the pass at once: ends then free GPUs that nobody takes
+    until the next pass (16 cores, 976 tasks/s: 30.9 of 32 GPUs busy while it waited anyway)."""
     if gap_ms <= 0 or Conf.SYNC:
         return None
     last = (
         SchedulerState.objects.filter(pk=1)
-        .values_list("last_pass_at", "last_pass_ms", "last_waiting", "last_idle_gpus")
+        .annotate(listed=Exists(Successor.objects.all()))
+        .values_list("last_pass_at", "last_pass_ms", "last_waiting", "last_idle_gpus", "listed")
         .first()
     )
-    if last is None or last[0] is None or not last[2] or last[3]:
+    if last is None or last[0] is None or not last[2] or last[3] or not last[4]:
         return None
-    started, took_ms, _, _ = last
+    started, took_ms, *_ = last
     due = started + timedelta(milliseconds=(took_ms or 0.0) + gap_ms)
     if due <= timezone.now():
         return None

@@ -15,7 +15,7 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from scheduling import passes, tasks
-from scheduling.models import SchedulerState
+from scheduling.models import SchedulerState, Successor
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
@@ -107,6 +107,19 @@ def test_a_pass_runs_at_once_when_nothing_was_left_waiting(
     run_pass()  # every GPU taken, nothing waits: a new task's pass lists it at once
 
     assert "deferred_to" not in tasks.run_pass()
+
+
+@pytest.mark.django_db
+def test_a_pass_runs_at_once_once_its_successors_are_handed_out(
+    lab, workstation, run_pass, through_the_broker
+):
+    submit(lab, 5)
+    run_pass()
+    assert Successor.objects.exists()  # the waiting task, listed for the next GPU to come free
+    Successor.objects.all().delete()  # as an agent's hand-off deletes what it took
+
+    assert "deferred_to" not in tasks.run_pass()
+    assert deferred() == []
 
 
 @pytest.mark.django_db
