@@ -915,7 +915,8 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
                       f"api-{i}", command="true", pool=POOL)
             for i, token in enumerate(tokens)]  # fmt: skip
     # Where the CPU goes while the clients submit (their tasks run meanwhile, one pass or
-    # hand-off and one launch each): the clients' own processes count as the rest.
+    # hand-off and one launch each; or, into a busy estate, wait, and only the passes that
+    # reason about them run): the clients' own processes count as the rest.
     with estate_held(hold, procs) if hold is not None else nullcontext():
         passes_before = passes_run()
         cpu_before = cpu_by_role(web_pid, procs, postmaster)
