@@ -1,5 +1,6 @@
-"""While tasks wait and no GPU is idle, a requested pass waits for ``busy_pass_gap_ms`` after
-the last one ended (``passes.defer_while_busy``): a pass can place nothing new then."""
+"""While tasks wait, no GPU is idle and the last pass's successors are still listed, a requested
+pass waits for ``busy_pass_gap_ms`` after the last one ended (``passes.defer_while_busy``): a
+pass can place nothing new then, and ends hand their GPUs to the listed successors."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from scheduling.submission import task_submit
 from tests.launcher.conftest import wait_for
 from tests.live import ROOT
 
-GAP_MS = 100
+GAP_MS = 100  # the shipped scheduling.busy_pass_gap_ms
 
 
 def deferred() -> list[tuple[str, object]]:
