@@ -801,21 +801,21 @@ class Api:
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
                         "Accept": "application/json"}  # fmt: skip
 
-    def submit(self, specs: list[dict] | dict) -> list[int]:
-        self.conn.request("POST", "/api/v1/tasks/", body=json.dumps(specs), headers=self.headers)
+    def post(self, path: str, body: object = None, *, ok: tuple[int, ...]) -> bytes:
+        payload = None if body is None else json.dumps(body)
+        self.conn.request("POST", path, body=payload, headers=self.headers)
         response = self.conn.getresponse()
         data = response.read()
-        if response.status != 201:
-            raise RuntimeError(f"POST /api/v1/tasks/ answered {response.status}: {data[:300]!r}")
+        if response.status not in ok:
+            raise RuntimeError(f"POST {path} answered {response.status}: {data[:300]!r}")
+        return data
+
+    def submit(self, specs: list[dict] | dict) -> list[int]:
+        data = self.post("/api/v1/tasks/", specs, ok=(201,))
         return [task["id"] for task in json.loads(data)]
 
     def cancel(self, task_id: int) -> None:
-        self.conn.request("POST", f"/api/v1/tasks/{task_id}/cancel/", headers=self.headers)
-        response = self.conn.getresponse()
-        data = response.read()
-        if response.status not in (200, 409):  # 409: it ended meanwhile
-            raise RuntimeError(f"cancelling task {task_id} answered {response.status}: "
-                               f"{data[:300]!r}")  # fmt: skip
+        self.post(f"/api/v1/tasks/{task_id}/cancel/", ok=(200, 409))  # 409: it ended meanwhile
 
     def close(self) -> None:
         self.conn.close()

@@ -149,14 +149,19 @@ def _book(when: datetime) -> None:
             booked, _ = cursor.fetchone()
     if not booked:
         return  # a pass is booked at or before `when`: it books the next one
-    # Always through the broker (sync=False even in tests: a delayed pass never runs inline),
-    # to the scheduler's cluster by name: a pass run by a node's cluster must not book it there.
+    _queue_pass_at(when, "scheduling-wake-up")
+
+
+def _queue_pass_at(due: datetime, name: str) -> None:
+    """A pass the scheduler's cluster runs once ``due`` has passed. Always through the broker
+    (sync=False even in tests: a delayed pass never runs inline), to the scheduler's cluster by
+    name: a pass run by a node's cluster must not queue one there."""
     async_task(
         "scheduling.tasks.run_pass",
-        task_name="scheduling-wake-up",
+        task_name=name,
         sync=False,
-        cluster=settings.Q_CLUSTER["name"],
-        broker=DelayedOrm(list_key=settings.Q_CLUSTER["name"], due=when),
+        cluster=scheduler_cluster(),
+        broker=DelayedOrm(list_key=scheduler_cluster(), due=due),
     )
 
 
@@ -189,19 +194,15 @@ def defer_while_busy(gap_ms: int) -> datetime | None:
         .values_list("last_pass_at", "last_pass_ms", "last_waiting", "last_idle_gpus", "listed")
         .first()
     )
-    if last is None or last[0] is None or not last[2] or last[3] or not last[4]:
+    if last is None:
         return None
-    started, took_ms, *_ = last
+    started, took_ms, waiting, idle, listed = last
+    if started is None or not waiting or idle or not listed:
+        return None
     due = started + timedelta(milliseconds=(took_ms or 0.0) + gap_ms)
     if due <= timezone.now():
         return None
-    async_task(
-        "scheduling.tasks.run_pass",
-        task_name="scheduling-deferred",
-        sync=False,
-        cluster=scheduler_cluster(),
-        broker=DelayedOrm(list_key=scheduler_cluster(), due=due),
-    )
+    _queue_pass_at(due, "scheduling-deferred")
     return due
 
 

@@ -28,6 +28,17 @@ def run_pass(django_capture_on_commit_callbacks):
     return run
 
 
+def shipped_config_with(settings, tmp_path, line: str, replacement: str):
+    """The shipped configs/scheduler.yaml with ``line`` replaced, as GPUPLATFORM_CONFIG for this
+    process and for the clusters it starts (``scheduler_cluster``)."""
+    shipped = (ROOT / "configs" / "scheduler.yaml").read_text()
+    assert line in shipped
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(shipped.replace(line, replacement))
+    settings.GPUPLATFORM_CONFIG = str(path)
+    return path
+
+
 @pytest.fixture
 def scheduler_cluster(settings):
     """``manage.py qcluster`` as `make run` starts it, exchanging work through the broker,

@@ -21,7 +21,7 @@ from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
 from tests.launcher.conftest import wait_for
-from tests.live import ROOT
+from tests.scheduling.conftest import shipped_config_with
 
 GAP_MS = 100  # the shipped scheduling.busy_pass_gap_ms
 
@@ -151,14 +151,9 @@ SLOW_GAP_MS = 3_000  # long enough to tell the deferred pass from one run at onc
 def slow_gap_config(settings, tmp_path):
     """The shipped configuration with a 3 s ``busy_pass_gap_ms``, for this process and the
     scheduler cluster alike."""
-    shipped = (ROOT / "configs" / "scheduler.yaml").read_text()
-    assert "  busy_pass_gap_ms: 100\n" in shipped
-    path = tmp_path / "scheduler.yaml"
-    path.write_text(
-        shipped.replace("  busy_pass_gap_ms: 100\n", f"  busy_pass_gap_ms: {SLOW_GAP_MS}\n")
+    return shipped_config_with(
+        settings, tmp_path, "  busy_pass_gap_ms: 100\n", f"  busy_pass_gap_ms: {SLOW_GAP_MS}\n"
     )
-    settings.GPUPLATFORM_CONFIG = str(path)
-    return path
 
 
 @pytest.mark.slow

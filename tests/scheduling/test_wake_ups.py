@@ -17,8 +17,7 @@ from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
 from tests.launcher.conftest import state_of, wait_for
-from tests.live import ROOT
-from tests.scheduling.conftest import SERVICE
+from tests.scheduling.conftest import SERVICE, shipped_config_with
 
 
 def backing_off(tenant, seconds: float) -> Task:
@@ -115,12 +114,7 @@ def test_the_delayed_broker_hands_a_row_out_only_once_it_is_due():
 def estate_config(settings, tmp_path):
     """The shipped configuration with a 3 s ``reclaim_after``, for this process and the
     scheduler cluster alike."""
-    shipped = (ROOT / "configs" / "scheduler.yaml").read_text()
-    assert "  reclaim_after: 2h\n" in shipped
-    path = tmp_path / "scheduler.yaml"
-    path.write_text(shipped.replace("  reclaim_after: 2h\n", "  reclaim_after: 3s\n"))
-    settings.GPUPLATFORM_CONFIG = str(path)
-    return path
+    return shipped_config_with(settings, tmp_path, "  reclaim_after: 2h\n", "  reclaim_after: 3s\n")
 
 
 def wait_until_placed(task: Task) -> None:
