@@ -381,6 +381,60 @@ def test_it_parses_a_list_of_tasks_and_prefixes_errors_with_the_index():
     assert errors["[2]"] == ["must be a mapping, got 5"]
 
 
+FULL = {
+    "command": "python train.py --lr 0.1",
+    "queue": "sft",
+    "priority": "high",
+    "env": {"HF_HOME": "/data/hf"},
+    "resources": {"gpus": "1-2", "gpu_memory": "10Gi", "pool": "training", "cpus": 2},
+    "policy": {"timeout": "1h", "retries": 2, "after": ["prep", 7]},
+}
+
+
+def test_a_list_of_one_spec_under_many_names_parses_as_each_would_alone():
+    """A list's tasks that differ only in their names reuse the first one's checking
+    (_task_like): each must still come out exactly as parsed on its own."""
+    documents = [{"name": f"run-{i}", **FULL} for i in range(3)]
+
+    tasks = parse_specs(documents)
+
+    assert tasks == [parse_spec(document) for document in documents]
+    assert [task.name for task in tasks] == ["run-0", "run-1", "run-2"]
+    assert tasks[1].as_dict() == {**tasks[0].as_dict(), "name": "run-1"}
+
+
+def test_a_reused_spec_still_checks_each_name():
+    errors = errors_of([{**BASE, "name": "a"}, {**BASE, "name": "-bad"}, {**BASE, "name": ""}])
+
+    assert list(errors) == ["[1].name", "[2].name"]
+    assert "must start with a letter or digit" in errors["[1].name"][0]
+    assert errors["[2].name"] == ["must not be empty"]
+
+
+@pytest.mark.parametrize(
+    "value, path",
+    [
+        (True, "[1].priority"),  # 1 == True, and they hash alike: a dict key would mix them
+        ("1", "[1].priority"),
+        (1.0, "[1].priority"),
+    ],
+)
+def test_values_that_compare_equal_are_not_taken_for_each_other(value: object, path: str):
+    errors = errors_of(
+        [{**BASE, "name": "a", "priority": 1}, {**BASE, "name": "b", "priority": value}]
+    )
+
+    assert list(errors) == [path]
+
+
+def test_a_spec_that_failed_is_reported_again_for_each_task():
+    bad = {"resources": {"gpus": "two"}}
+
+    errors = errors_of([{**BASE, "name": "a", **bad}, {**BASE, "name": "b", **bad}])
+
+    assert list(errors) == ["[0].resources.gpus", "[1].resources.gpus"]
+
+
 def test_it_leaves_the_index_out_for_a_list_of_one():
     assert list(errors_of([{**BASE, "priority": "max"}])) == ["priority"]
 
