@@ -284,10 +284,15 @@ class Task(models.Model):
         """The reason as people read it: while in line, with its place there."""
         if not self.wait:  # not assessed by a pass (yet): no place to look up
             return self.reason
-        place = self.place
-        if place is None:
-            return self.reason
-        return Wait(self.wait.get("code", ""), self.reason).render(*place)
+        return Task.reason_in_line(self.reason, self.wait, self.place)
+
+    @staticmethod
+    def reason_in_line(reason: str, wait: dict, place: tuple[int, int] | None) -> str:
+        """``reason_text`` of a task with this reason, wait and place in line (None when it is
+        not in line), for callers that read the columns without a Task."""
+        if not wait or place is None:
+            return reason
+        return Wait(wait.get("code", ""), reason).render(*place)
 
     @property
     def wait_view(self) -> dict | None:
