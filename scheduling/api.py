@@ -91,7 +91,8 @@ def task_row(task: Task, written: dict) -> dict:
     ``written``: the times already written for the same answer (``_moment``)."""
     return _row(
         (
-            task.pk, task.name, task.state, task.reason, task.wait, task.queue, task.priority,
+            task.pk, task.name, task.state, task.reason,
+            task.wait.get("code", "") if task.wait else None, task.queue, task.priority,
             task.task_class, task.gpus_min, task.gpus_max, task.gpu_memory_mb,
             task.node.name if task.node_id is not None else None,
             task.owner.username if task.owner_id is not None else None,
@@ -103,25 +104,25 @@ def task_row(task: Task, written: dict) -> dict:
 
 
 def task_rows(rows: list[tuple]) -> list[dict]:
-    """What TaskOut makes of each task, from its TASK_OUT_COLUMNS as a tuple: the places in
-    line of those that wait in one query, and no Task, Node or User built (the instances
-    were a fifth of a 50-task page's CPU)."""
-    waiting = [row[0] for row in rows if row[2] == TaskState.PENDING and row[4]]
+    """What TaskOut makes of each task, from its row (selectors.TASK_ROW): the places in
+    line of those a pass assessed in one query, and no Task, Node or User built (the
+    instances were a fifth of a 50-task page's CPU)."""
+    waiting = [row[0] for row in rows if row[2] == TaskState.PENDING and row[4] is not None]
     places = SchedulerState.places(waiting) if waiting else {}
     written: dict = {}
     return [_row(row, places.get(row[0]), written) for row in rows]
 
 
 def _row(values: tuple, place: tuple[int, int] | None, written: dict) -> dict:
-    """TaskOut's fields from a task's TASK_OUT_COLUMNS, its place in line (None when it is
-    not in line) and ``written`` (``_moment``)."""
-    (pk, name, state, reason, wait, queue, priority, task_class, gpus_min, gpus_max, memory,
+    """TaskOut's fields from a task's row (selectors.TASK_ROW), its place in line (None when
+    it is not in line) and ``written`` (``_moment``)."""
+    (pk, name, state, reason, wait_code, queue, priority, task_class, gpus_min, gpus_max, memory,
      node, owner, attempt, exit_code, submitted_at, started_at, finished_at) = values  # fmt: skip
     return {
         "id": pk,
         "name": name,
         "state": str(state),
-        "reason": Task.reason_in_line(reason, wait, place),
+        "reason": Task.reason_in_line(reason, wait_code or "", place),
         "queue": queue,
         "priority": priority,
         "task_class": str(task_class),
@@ -172,14 +173,6 @@ class TaskOut(serializers.ModelSerializer):
 
     def get_gpus(self, task: Task) -> str:
         return _gpus(task.gpus_min, task.gpus_max)
-
-
-# The columns TaskOut reads (reason_text reads ``wait``; the place in line is looked up apart).
-TASK_OUT_COLUMNS = (
-    "id", "name", "state", "reason", "wait", "queue", "priority", "task_class", "gpus_min",
-    "gpus_max", "gpu_memory_mb", "node__name", "owner__username", "attempt", "exit_code",
-    "submitted_at", "started_at", "finished_at",
-)  # fmt: skip
 
 
 class TaskSubmitted(TaskOut):
@@ -339,35 +332,36 @@ class TaskList(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
     def list(self, request, *args, **kwargs):
-        # The page as tuples of the columns TaskOut shows (task_rows), where DRF's list would
-        # build a Task, a Node and a User for each of its tasks.
+        # The page as rows of the columns TaskOut shows (selectors.TaskListing, task_rows),
+        # where DRF's list would build a Task, a Node and a User for each of its tasks.
         if self.serializer_class is not TaskOut:  # the operators' list shows more
             return super().list(request, *args, **kwargs)
-        rows = self.paginate_queryset(self.get_queryset().values_list(*TASK_OUT_COLUMNS))
+        rows = self.paginate_queryset(self.listing())
         return self.get_paginated_response(task_rows(rows))
 
-    def get_queryset(self) -> QuerySet[Task]:
-        if getattr(self, "swagger_fake_view", False):
-            return Task.objects.none()
+    def listing(self) -> selectors.TaskListing:
+        """The caller's tasks with the filters of the query string; a bad one is a 400."""
         params = self.request.query_params
-        # Only what TaskOut shows: a task's row also holds its spec, environment and command
-        # (JSON and text decoded for nothing), and its node's and owner's rows much more.
-        tasks = tenant_tasks(self.request).select_related("node", "owner").only(*TASK_OUT_COLUMNS)
-        if params.get("state"):
-            tasks = tasks.filter(state__in=_states(params["state"]))
-        if params.get("queue"):
-            tasks = tasks.filter(queue=params["queue"])
-        if params.get("name"):
-            tasks = tasks.filter(name__icontains=params["name"])
-        for param, lookup in (("submitted_after", "gte"), ("submitted_before", "lt")):
+        moments = {}
+        for param in ("submitted_after", "submitted_before"):
             if params.get(param):
-                field = serializers.DateTimeField()
                 try:
-                    moment = field.to_internal_value(params[param])
+                    moments[param] = serializers.DateTimeField().to_internal_value(params[param])
                 except serializers.ValidationError as exc:
                     raise serializers.ValidationError({param: exc.detail}) from None
-                tasks = tasks.filter(**{f"submitted_at__{lookup}": moment})
-        return tasks.order_by("-id")
+        return selectors.TaskListing(
+            tenant=request_tenant(self.request).tenant,
+            states=_states(params["state"]) if params.get("state") else None,
+            queue=params.get("queue") or None,
+            name_contains=params.get("name") or None,
+            **moments,
+        )
+
+    def get_queryset(self) -> QuerySet[Task]:
+        # What the schema and DRF's own machinery see; the list reads through listing().
+        if getattr(self, "swagger_fake_view", False):
+            return Task.objects.none()
+        return tenant_tasks(self.request)
 
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},

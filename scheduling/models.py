@@ -284,15 +284,15 @@ class Task(models.Model):
         """The reason as people read it: while in line, with its place there."""
         if not self.wait:  # not assessed by a pass (yet): no place to look up
             return self.reason
-        return Task.reason_in_line(self.reason, self.wait, self.place)
+        return Task.reason_in_line(self.reason, self.wait.get("code", ""), self.place)
 
     @staticmethod
-    def reason_in_line(reason: str, wait: dict, place: tuple[int, int] | None) -> str:
-        """``reason_text`` of a task with this reason, wait and place in line (None when it is
-        not in line), for callers that read the columns without a Task."""
-        if not wait or place is None:
+    def reason_in_line(reason: str, code: str, place: tuple[int, int] | None) -> str:
+        """``reason_text`` of a task with this reason, the code of its wait and its place in
+        line (None when it is not in line), for callers that read columns, not a Task."""
+        if place is None:
             return reason
-        return Wait(wait.get("code", ""), reason).render(*place)
+        return Wait(code, reason).render(*place)
 
     @property
     def wait_view(self) -> dict | None:

@@ -4,11 +4,17 @@ another tenant's task is simply not there (404), whoever calls."""
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 
+from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
+from gpuplatform.db import server_bound_cursor
 from scheduling.models import GPU, Allocation, Node, Pool, Task, TaskAttempt, TaskEvent
 from tenants.models import Tenant
 
@@ -18,6 +24,100 @@ QUEUES_COMPARED = 1000
 
 def task_list(*, tenant: Tenant) -> QuerySet[Task]:
     return Task.objects.filter(tenant=tenant)
+
+
+# What a task list's row holds, in this order (scheduling.api._row reads it): Task columns,
+# then "wait_code" (None until a pass assessed the task, else the code of why it waits, "" if
+# none), "node" (its node's name) and "owner" (its owner's username).
+TASK_ROW = (
+    "id", "name", "state", "reason", "wait_code", "queue", "priority", "task_class", "gpus_min",
+    "gpus_max", "gpu_memory_mb", "node", "owner", "attempt", "exit_code", "submitted_at",
+    "started_at", "finished_at",
+)  # fmt: skip
+
+
+@functools.cache
+def _task_row_sql() -> tuple[str, str]:
+    """The select list and FROM clause of TASK_ROW, from the models' own names."""
+    task, node = Task._meta.db_table, Node._meta.db_table
+    user_model = get_user_model()
+    user, username = (
+        user_model._meta.db_table,
+        user_model._meta.get_field(user_model.USERNAME_FIELD).column,
+    )
+
+    def column(name: str) -> str:
+        return f'"{task}"."{Task._meta.get_field(name).column}"'
+
+    wait = column("wait")
+    special = {
+        "wait_code": f"CASE WHEN {wait} = '{{}}'::jsonb THEN NULL "
+        f"ELSE coalesce({wait} ->> 'code', '') END",
+        "node": f'"{node}"."name"',
+        "owner": f'"{user}"."{username}"',
+    }
+    select = ", ".join(special.get(name) or column(name) for name in TASK_ROW)
+    source = (
+        f'"{task}" LEFT OUTER JOIN "{node}" ON ({column("node")} = "{node}"."id") '
+        f'LEFT OUTER JOIN "{user}" ON ({column("owner")} = "{user}"."id")'
+    )
+    return select, source
+
+
+@dataclass(frozen=True)
+class TaskListing:
+    """A tenant's tasks, newest first, with the task list's filters, as DRF's pagination reads
+    a queryset: ``count()``, and a slice as rows of TASK_ROW. Written as SQL, not as an ORM
+    query: building and compiling the queryset, its count and the values' converters were
+    about 40% of a 50-task page's CPU in the web process. Both statements are prepared
+    (server_bound_cursor), and only the columns the list shows are read."""
+
+    tenant: Tenant
+    states: list[str] | None = None
+    queue: str | None = None
+    name_contains: str | None = None
+    submitted_after: datetime | None = None  # inclusive
+    submitted_before: datetime | None = None
+
+    def _where(self) -> tuple[str, dict[str, object]]:
+        task = Task._meta.db_table
+        tests, args = [f'"{task}"."tenant_id" = %(tenant)s'], {"tenant": self.tenant.pk}
+        if self.states:
+            tests.append(f'"{task}"."state" = ANY(%(states)s)')
+            args["states"] = list(self.states)
+        if self.queue:
+            tests.append(f'"{task}"."queue" = %(queue)s')
+            args["queue"] = self.queue
+        if self.name_contains:
+            # As the ORM's name__icontains: LIKE with the text's own % _ \ escaped.
+            tests.append(f'UPPER("{task}"."name"::text) LIKE UPPER(%(name)s)')
+            args["name"] = f"%{connection.ops.prep_for_like_query(self.name_contains)}%"
+        if self.submitted_after is not None:
+            tests.append(f'"{task}"."submitted_at" >= %(after)s')
+            args["after"] = self.submitted_after
+        if self.submitted_before is not None:
+            tests.append(f'"{task}"."submitted_at" < %(before)s')
+            args["before"] = self.submitted_before
+        return " AND ".join(tests), args
+
+    def count(self) -> int:
+        where, args = self._where()
+        with server_bound_cursor() as cursor:
+            cursor.execute(f'SELECT count(*) FROM "{Task._meta.db_table}" WHERE {where}', args)  # noqa: S608 - our SQL
+            return cursor.fetchone()[0]
+
+    def __getitem__(self, window: slice) -> list[tuple]:
+        if window.step is not None or window.start is None or window.stop is None:
+            raise TypeError("a task listing is read in windows [start:stop]")
+        where, args = self._where()
+        select, source = _task_row_sql()
+        with server_bound_cursor() as cursor:
+            cursor.execute(
+                f"SELECT {select} FROM {source} WHERE {where} "  # noqa: S608 - our SQL
+                f'ORDER BY "{Task._meta.db_table}"."id" DESC LIMIT %(limit)s OFFSET %(offset)s',
+                {**args, "limit": window.stop - window.start, "offset": window.start},
+            )
+            return cursor.fetchall()
 
 
 def task_get(*, tenant: Tenant, pk: int) -> Task:

@@ -339,6 +339,22 @@ def test_filters_by_state_queue_name_and_submission_time(alice, owner, workstati
     assert done.state == "cancelled"
 
 
+def test_the_name_filter_takes_wildcards_literally_and_pages_go_on(alice, owner, workstation):
+    for name in ("run_1", "runx1", "RUN_2"):
+        submit(owner, name)
+
+    def page(**params):
+        body = alice.get(TASKS, params).json()
+        return body["count"], [t["name"] for t in body["results"]], body["next"]
+
+    assert page(name="n_") == (2, ["RUN_2", "run_1"], None)
+    assert page(name="%") == (0, [], None)
+    count, names, after = page(limit=1, offset=1)
+    assert (count, names) == (3, ["runx1"])
+    assert "offset=2" in after
+    assert page(limit=2, offset=3) == (3, [], None)
+
+
 @pytest.mark.parametrize(
     "param, value",
     [
