@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduling.models import Task, TaskEvent
-from scheduling.spec import TaskSpec
+from scheduling.spec import TaskSpec, parse_specs
 from scheduling.submission import _same, task_submit, tasks_submit
 
 pytestmark = pytest.mark.django_db
@@ -85,3 +85,35 @@ def test_values_that_compare_equal_but_write_differently_are_not_shared():
     assert not _same([{"x": 1}, {"x": True}])
     assert not _same([[1.0], [1]])
     assert _same([3, 3]) and not _same([3, 4])
+
+
+def test_a_list_of_one_spec_under_many_names_stores_each_name_in_its_spec(lab, owner, workstation):
+    """parse_specs hands such a list back as copies of one spec; the INSERT receives that spec
+    once and writes each task's own name into it (_own_columns, _insert_sql's renamed)."""
+    documents = [{"name": f"run-{i}", "command": "true", "env": {"A": "1"}} for i in range(4)]
+    specs = parse_specs(documents)
+
+    created = tasks_submit(tenant=lab, specs=specs, owner=owner.user)
+
+    for task, spec in zip(created, specs, strict=True):
+        in_db = Task.objects.get(pk=task.pk)
+        assert in_db.spec == spec.as_dict() == {**specs[0].as_dict(), "name": spec.name}
+        assert stored(task) == stored(in_db)
+
+
+def test_a_list_with_one_other_spec_stores_every_spec_whole(lab, workstation):
+    """Not all copies of the first: every task's spec goes as it is (a shared spec would
+    bear the first task's name)."""
+    documents = [{"name": f"run-{i}", "command": "true"} for i in range(3)]
+    specs = [*parse_specs(documents), TaskSpec(name="other", command="false")]
+
+    created = tasks_submit(tenant=lab, specs=specs)
+
+    for task, spec in zip(created, specs, strict=True):
+        assert Task.objects.get(pk=task.pk).spec == spec.as_dict() == task.spec
+
+
+def test_one_object_is_the_same_value_without_being_written():
+    shared = {"priority": 1}
+    assert _same([shared, shared, shared])
+    assert not _same([shared, {"priority": True}])
