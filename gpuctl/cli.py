@@ -416,7 +416,7 @@ def get_tasks(ctx: Context) -> int:
                 )
             states.append(state)
     params = {"state": ",".join(states), "queue": args.queue, "name": args.name}
-    tasks, count = ctx.client.list("tasks/", params, limit=None if args.all else args.limit)
+    tasks, count, exact = ctx.client.list("tasks/", params, limit=None if args.all else args.limit)
     if ctx.structured:
         out.emit(out.dump(tasks, ctx.output))
     elif not tasks:
@@ -424,7 +424,8 @@ def get_tasks(ctx: Context) -> int:
     else:
         out.emit(tasks_table(tasks, wide=ctx.wide))
         if len(tasks) < count:
-            out.note(f"showing {len(tasks)} of {count} tasks: -l N for more, -A for all")
+            total = f"{count}" if exact else f"at least {count}"
+            out.note(f"showing {len(tasks)} of {total} tasks: -l N for more, -A for all")
     return EXIT_OK
 
 
@@ -466,7 +467,7 @@ def priority_text(priority: Any) -> str:
 
 
 def get_gpus(ctx: Context) -> int:
-    gpus, _ = ctx.client.list("gpus/")
+    gpus = ctx.client.list("gpus/").items
     if ctx.args.names:
         wanted = set(ctx.args.names)
         gpus = [
@@ -543,7 +544,7 @@ def show_listing(ctx: Context, items: list[dict], human, empty: str) -> int:
 
 
 def get_nodes(ctx: Context) -> int:
-    nodes = named(ctx, ctx.client.list("nodes/")[0], "node")
+    nodes = named(ctx, ctx.client.list("nodes/").items, "node")
 
     def human() -> str:
         headers = ["NAME", "POOL", "STATE", "BACKEND", "GPUS", "HEARTBEAT", "REASON"]
@@ -565,7 +566,7 @@ def get_nodes(ctx: Context) -> int:
 
 
 def get_pools(ctx: Context) -> int:
-    pools = named(ctx, ctx.client.list("pools/")[0], "pool")
+    pools = named(ctx, ctx.client.list("pools/").items, "pool")
     headers = ["NAME", "NODES", "GPUS", "DESCRIPTION"]
     rows = [
         [p["name"], p.get("node_count"), p.get("gpu_count"), p.get("description")] for p in pools
@@ -579,7 +580,7 @@ def cmd_describe(ctx: Context) -> int:
     described = []
     for number in ctx.args.ids:
         task = client.get(f"tasks/{number}/", what=f"task {number}")
-        events, _ = client.list(f"tasks/{number}/events/")
+        events = client.list(f"tasks/{number}/events/").items
         described.append({**task, "events": events})
     if ctx.structured:
         out.emit(out.dump(described[0] if len(described) == 1 else described, ctx.output))
@@ -924,7 +925,7 @@ def cmd_token_create(ctx: Context) -> int:
 
 
 def cmd_token_list(ctx: Context) -> int:
-    tokens, _ = ctx.client.list("tokens/")
+    tokens = ctx.client.list("tokens/").items
 
     def human() -> str:
         rows = []

@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuctl import (
     EXIT_AUTH,
@@ -35,6 +35,15 @@ DEFAULT_TIMEOUT = 30.0  # seconds for one HTTP request
 MAX_THROTTLE_RETRIES = 5  # 429s waited out (Retry-After) before giving up
 MAX_RETRY_AFTER = 60.0
 PAGE_MAX = 500  # the API's max_limit
+
+
+class Listed(NamedTuple):
+    """A list's items, and how many there are in all: at least ``count`` when not ``exact``
+    (the task list stops counting 10,000 tasks past the page it answers)."""
+
+    items: list[Any]
+    count: int
+    exact: bool = True
 
 
 class CliError(Exception):
@@ -257,23 +266,22 @@ class Client:
 
     def list(
         self, path: str, params: dict[str, Any] | None = None, *, limit: int | None = None
-    ) -> tuple[list[Any], int]:
-        """A paginated list: the first ``limit`` items, or every page when limit is None.
-        Returns (items, total count)."""
+    ) -> Listed:
+        """A paginated list: the first ``limit`` items, or every page when limit is None."""
         items: list[Any] = []
         offset = 0
         while True:
             want = PAGE_MAX if limit is None else min(PAGE_MAX, limit - len(items))
             page = self.get(path, {**(params or {}), "limit": want, "offset": offset})
             if not isinstance(page, dict) or "results" not in page:  # not paginated
-                return (page, len(page)) if isinstance(page, list) else ([page], 1)
+                return Listed(page, len(page)) if isinstance(page, list) else Listed([page], 1)
             results = page["results"]
             items.extend(results)
             count = int(page.get("count", len(items)))
             offset += len(results)
-            done = not results or offset >= count or not page.get("next")
+            done = not results or not page.get("next")
             if done or (limit is not None and len(items) >= limit):
-                return items, count
+                return Listed(items, count, exact=page.get("count_exact", True) is not False)
 
     def _api_error(self, status: int, headers: Any, body: bytes, what: str) -> ApiError:
         detail, errors = "", {}

@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
+from gpuplatform.api_defaults import Page
 from scheduling import selectors, services
 from scheduling.launcher import lifecycle, logs
 from scheduling.models import (
@@ -310,10 +311,51 @@ class PagedGetSchema(AutoSchema):
         return super()._get_paginator() if self.method == "GET" else None
 
 
+class TaskPage(Page):
+    """The task list's pages: ``count`` is exact while it is at most COUNTED_PAST tasks past the
+    end of the page, and beyond that the number counted so far, with ``count_exact`` false (a
+    tenant's history can hold millions of tasks: counting them all was most of a page's
+    cost). ``next`` is there whenever more tasks follow, either way."""
+
+    COUNTED_PAST = 10_000
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self.request = request
+        self.limit, self.offset = self.get_limit(request), self.get_offset(request)
+        bound = self.offset + self.limit + self.COUNTED_PAST
+        counted = queryset.count(at_most=bound + 1)  # one more tells "exactly" from "more"
+        self.count, self.count_exact = min(counted, bound), counted <= bound
+        if self.count <= self.offset:
+            return []
+        return list(queryset[self.offset : self.offset + self.limit])
+
+    def get_paginated_response(self, data):
+        return Response(
+            {
+                "count": self.count,
+                "count_exact": self.count_exact,
+                "next": self.get_next_link(),
+                "previous": self.get_previous_link(),
+                "results": data,
+            }
+        )
+
+    def get_paginated_response_schema(self, schema):
+        paged = super().get_paginated_response_schema(schema)
+        paged["properties"]["count_exact"] = {
+            "type": "boolean",
+            "description": f"false when more than {self.COUNTED_PAST:,} tasks follow the page: "
+            "count is then how many were counted, a lower bound",
+        }
+        paged["required"] = [*paged.get("required", []), "count_exact"]
+        return paged
+
+
 class TaskList(generics.ListAPIView):
     """List your tenant's tasks (newest first); submit tasks as JSON or YAML."""
 
     schema = PagedGetSchema()
+    pagination_class = TaskPage
     permission_classes = [IsTenantMember]
     tenant_actions = {"POST": Action.SUBMIT}
     serializer_class = TaskOut
@@ -680,6 +722,7 @@ class OperatorTaskList(TaskList):
 
     permission_classes = [IsOperator]
     serializer_class = OperatorTaskOut
+    pagination_class = Page  # of a queryset, counted whole
     http_method_names = ["get", "head", "options"]
 
     def get_queryset(self):

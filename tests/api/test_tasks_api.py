@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from scheduling import scheduler, services
-from scheduling.api import TaskOut, TaskSubmitted, submitted_data
+from scheduling.api import TaskOut, TaskPage, TaskSubmitted, submitted_data
 from scheduling.models import (
     GPU,
     Allocation,
@@ -355,6 +355,25 @@ def test_the_name_filter_takes_wildcards_literally_and_pages_go_on(alice, owner,
     assert page(limit=2, offset=3) == (3, [], None)
 
 
+def test_the_count_stops_past_the_page_and_says_so(alice, owner, monkeypatch):
+    """A tenant's whole history is not counted for each page: up to COUNTED_PAST tasks past
+    its end; beyond that, count is what was counted and count_exact is false."""
+    monkeypatch.setattr(TaskPage, "COUNTED_PAST", 3)
+    Task.objects.bulk_create(
+        Task(tenant=owner.tenant, name=f"t{i}", command="true") for i in range(10)
+    )
+
+    def page(offset):
+        body = alice.get(TASKS, {"limit": 2, "offset": offset}).json()
+        return body["count"], body["count_exact"], len(body["results"]), body["next"] is not None
+
+    assert page(0) == (5, False, 2, True)  # counted 2 + 3, more exist
+    assert page(4) == (9, False, 2, True)
+    assert page(5) == (10, True, 2, True)  # 5 + 2 + 3: every task counted, and no more
+    assert page(8) == (10, True, 2, False)
+    assert page(10) == (10, True, 0, False)
+
+
 @pytest.mark.parametrize(
     "param, value",
     [
@@ -614,7 +633,7 @@ def test_the_task_list_reads_only_the_columns_it_shows(alice, owner, workstation
     with CaptureQueriesContext(connection) as seen:
         assert alice.get(TASKS).json()["results"][0]["node"] == workstation.name
     (listing,) = [
-        q["sql"] for q in seen if 'FROM "scheduling_task"' in q["sql"] and "LIMIT" in q["sql"]
+        q["sql"] for q in seen if 'FROM "scheduling_task"' in q["sql"] and "ORDER BY" in q["sql"]
     ]
     for column in ("env", "spec", "command", "workdir"):
         assert f'"scheduling_task"."{column}"' not in listing

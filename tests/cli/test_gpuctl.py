@@ -416,3 +416,19 @@ def test_top_metrics_and_sampled_usage(server, gpuctl, owner, outsider, workstat
     gpuctl.ok("login", "--url", server, "--token", outsider.token)
     assert gpuctl("metrics", str(task.pk)).returncode == 5  # another tenant's task: not found
     assert "vision-lab" not in gpuctl.ok("top", "--once")
+
+
+def test_a_list_says_when_its_count_is_only_a_lower_bound(monkeypatch):
+    """The task list stops counting past its page (scheduling.api.TaskPage): gpuctl then says
+    "at least", and reads on while the server says more follow."""
+    from gpuctl.client import Client
+
+    pages = {
+        0: {"count": 3, "count_exact": False, "next": "more", "results": [1, 2]},
+        2: {"count": 4, "count_exact": True, "next": None, "results": [3, 4]},
+    }
+    client = Client("http://127.0.0.1:1", "token")
+    monkeypatch.setattr(client, "get", lambda path, params: pages[params["offset"]])
+
+    assert client.list("tasks/", limit=2) == ([1, 2], 3, False)
+    assert client.list("tasks/") == ([1, 2, 3, 4], 4, True)
