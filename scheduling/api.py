@@ -312,10 +312,11 @@ class PagedGetSchema(AutoSchema):
 
 
 class TaskPage(Page):
-    """The task list's pages: ``count`` is exact while it is at most COUNTED_PAST tasks past the
-    end of the page, and beyond that the number counted so far, with ``count_exact`` false (a
-    tenant's history can hold millions of tasks: counting them all was most of a page's
-    cost). ``next`` is there whenever more tasks follow, either way."""
+    """The task lists' pages: ``count`` is exact while it is at most COUNTED_PAST tasks past
+    the end of the page, and beyond that the number counted so far, with ``count_exact`` false
+    (a history can hold millions of tasks: counting them all was most of a page's cost).
+    ``next`` is there whenever more tasks follow, either way. Pages a selectors.TaskListing
+    or a queryset."""
 
     COUNTED_PAST = 10_000
 
@@ -323,7 +324,11 @@ class TaskPage(Page):
         self.request = request
         self.limit, self.offset = self.get_limit(request), self.get_offset(request)
         bound = self.offset + self.limit + self.COUNTED_PAST
-        counted = queryset.count(at_most=bound + 1)  # one more tells "exactly" from "more"
+        # One more than the bound tells "exactly" from "more".
+        if isinstance(queryset, QuerySet):
+            counted = queryset[: bound + 1].count()  # SELECT count(*) FROM (... LIMIT n)
+        else:
+            counted = queryset.count(at_most=bound + 1)
         self.count, self.count_exact = min(counted, bound), counted <= bound
         if self.count <= self.offset:
             return []
@@ -722,7 +727,6 @@ class OperatorTaskList(TaskList):
 
     permission_classes = [IsOperator]
     serializer_class = OperatorTaskOut
-    pagination_class = Page  # of a queryset, counted whole
     http_method_names = ["get", "head", "options"]
 
     def get_queryset(self):

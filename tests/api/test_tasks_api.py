@@ -374,6 +374,22 @@ def test_the_count_stops_past_the_page_and_says_so(alice, owner, monkeypatch):
     assert page(10) == (10, True, 0, False)
 
 
+def test_the_operators_task_list_counts_as_far_past_its_page(operator, owner, monkeypatch):
+    monkeypatch.setattr(TaskPage, "COUNTED_PAST", 3)
+    Task.objects.bulk_create(
+        Task(tenant=owner.tenant, name=f"t{i}", command="true") for i in range(10)
+    )
+    client = bearer(operator.token)
+
+    def page(offset):
+        body = client.get("/api/v1/operator/tasks/", {"limit": 2, "offset": offset}).json()
+        return body["count"], body["count_exact"], len(body["results"]), body["next"] is not None
+
+    assert page(0) == (5, False, 2, True)
+    assert page(5) == (10, True, 2, True)
+    assert page(8) == (10, True, 2, False)
+
+
 @pytest.mark.parametrize(
     "param, value",
     [
