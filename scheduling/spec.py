@@ -328,10 +328,10 @@ def _task_like(
     """``_task``, reusing what an earlier task of the same list that differed only in its name
     parsed to (``alike``, keyed by the rest of the mapping's ``repr``): a list of a thousand
     specs is most often one spec under a thousand names, and checking each in full was about
-    a quarter of the web process's CPU for such a submission (9.1 ms of 34-40; now 3.4). ``repr`` tells apart every value
-    JSON and YAML (safe_load) give, types included (``1``, ``1.0``, ``True``, ``"1"``), and
-    only a mapping that parsed without problems is reused. No field's check depends on the
-    task's own name, which is still checked for each."""
+    a quarter of the web process's CPU for such a submission (9.1 ms of 34-40; now 3.4).
+    ``repr`` tells apart every value JSON and YAML (safe_load) give, types included (``1``,
+    ``1.0``, ``True``, ``"1"``), and only a mapping that parsed without problems is reused.
+    No field's check depends on the task's own name, which is still checked for each."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return _task(data, problems, path)
     key = repr([(k, v) for k, v in data.items() if k != "name"])
