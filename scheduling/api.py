@@ -60,17 +60,13 @@ class TextYamlParser(YamlParser):
 
 
 class TaskListOut(serializers.ListSerializer):
-    """Looks up the pending tasks' places in line in one query for the whole list. A list of
-    TaskOut itself is built directly (``task_row``): DRF's field-by-field machinery (a lookup,
-    a check and a call per field and task) was half of a list's CPU. The task list's pages
-    do not come here: they are built from the columns (``task_rows``)."""
+    """Looks up the pending tasks' places in line in one query for the whole list (the
+    operators' list). The tenant's task list does not come here: its pages are built from the
+    columns (``task_rows``), and a submission's answer directly (``submitted_data``)."""
 
     def to_representation(self, data):
         tasks = list(data.all() if isinstance(data, Manager) else data)
         Task.attach_places(tasks)
-        if type(self.child) is TaskOut:
-            written: dict = {}
-            return [task_row(task, written) for task in tasks]
         return super().to_representation(tasks)
 
 
@@ -381,8 +377,6 @@ class TaskList(generics.ListAPIView):
     def list(self, request, *args, **kwargs):
         # The page as rows of the columns TaskOut shows (selectors.TaskListing, task_rows),
         # where DRF's list would build a Task, a Node and a User for each of its tasks.
-        if self.serializer_class is not TaskOut:  # the operators' list shows more
-            return super().list(request, *args, **kwargs)
         rows = self.paginate_queryset(self.listing())
         return self.get_paginated_response(task_rows(rows))
 
@@ -722,12 +716,21 @@ class OperatorTaskOut(TaskOut):
         fields = ["id", "tenant", *TaskOut.Meta.fields[1:]]
 
 
-class OperatorTaskList(TaskList):
+class OperatorTaskList(generics.ListAPIView):
     """Every tenant's tasks (operators only)."""
 
     permission_classes = [IsOperator]
     serializer_class = OperatorTaskOut
-    http_method_names = ["get", "head", "options"]
+    pagination_class = TaskPage
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("tenant", str, description="the tenant's name"),
+            OpenApiParameter("state", str, description="comma-separated states"),
+        ]
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
         tasks = Task.objects.select_related("node", "owner", "tenant")

@@ -432,3 +432,24 @@ def test_a_list_says_when_its_count_is_only_a_lower_bound(monkeypatch):
 
     assert client.list("tasks/", limit=2) == ([1, 2], 3, False)
     assert client.list("tasks/") == ([1, 2, 3, 4], 4, True)
+
+
+def test_get_tasks_says_at_least_when_the_count_is_a_lower_bound(capsys):
+    from gpuctl import cli
+    from gpuctl.client import Listed
+
+    task = {"id": 7, "name": "t", "state": "pending", "gpus": "1", "node": None, "reason": "",
+            "submitted_at": "2026-11-27T00:00:00Z"}  # fmt: skip
+
+    class Client:
+        def __init__(self, exact: bool) -> None:
+            self.exact = exact
+
+        def list(self, path, params, *, limit):
+            return Listed([task], 10_051, exact=self.exact)
+
+    for exact, said in ((False, "showing 1 of at least 10051 tasks"), (True, "showing 1 of 10051")):
+        ctx = cli.Context(cli.build_parser().parse_args(["get", "tasks", "-l", "1"]))
+        ctx._client = Client(exact)
+        assert cli.get_tasks(ctx) == 0
+        assert said in capsys.readouterr().err

@@ -401,6 +401,7 @@ def test_a_list_of_one_spec_under_many_names_parses_as_each_would_alone():
     assert tasks == [parse_spec(document) for document in documents]
     assert [task.name for task in tasks] == ["run-0", "run-1", "run-2"]
     assert tasks[1].as_dict() == {**tasks[0].as_dict(), "name": "run-1"}
+    assert tasks[2].env is tasks[0].env  # reused, not checked again (a check makes a new dict)
 
 
 def test_a_reused_spec_still_checks_each_name():
