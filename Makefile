@@ -51,12 +51,12 @@ chromium:
 	else echo "chromium: /usr/bin/chromium missing and not installable here (needs root and" \
 		"apt-get): browser tests will skip"; fi
 
-# The task exec helper (scheduling/launcher/gpup_exec.c, TASK_EXEC_HELPER in README.md): a small
+# The task exec helper (nodeagent/launcher/gpup_exec.c, TASK_EXEC_HELPER in README.md): a small
 # static C program that takes a task's process from the supervisor's vfork to its command. Built
 # with Debian's gcc, installed here when missing and possible (root, apt-get). Without a compiler
 # supervisors do that step in Python, about 4 ms of CPU more per task, and log that they do.
 HELPER := $(BIN)/gpup-exec
-$(HELPER): scheduling/launcher/gpup_exec.c $(STAMP)
+$(HELPER): nodeagent/launcher/gpup_exec.c $(STAMP)
 	@command -v cc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc libc6-dev >/dev/null; } || true
 	@if command -v cc >/dev/null; then \

@@ -54,7 +54,7 @@ from bench.common import (
     web_server,
 )
 from gpuplatform.dburl import current_database_url
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool, Task
 from tenants import services as tenant_services
 from tenants.models import Membership, Role, Tenant

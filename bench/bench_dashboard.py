@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from bench.common import as_a_web_process, clear_tasks, median, percentile, table, verdict
 from monitoring.models import Alert
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
 from scheduling.models import GPU, Allocation, Node, Pool, Task
 from telemetry.models import GpuSample
 from tenants.models import Tenant

@@ -41,9 +41,9 @@ from bench.common import (
     wait_for,
 )
 from gpuplatform.dburl import current_database_url
+from nodeagent.launcher import lifecycle, procs, reports
+from nodeagent.launcher.procs import ProcessId
 from scheduling import passes
-from scheduling.launcher import lifecycle, procs, reports
-from scheduling.launcher.procs import ProcessId
 from scheduling.models import Node, PassRequest, Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.states import TERMINAL
@@ -135,7 +135,7 @@ def supervisor_alive(task_id: int, *, unlaunched: bool = True) -> bool:
     if attempt["supervisor_pid"] is not None:
         supervisor = ProcessId(attempt["supervisor_pid"], attempt["supervisor_started"])
         return procs.supervising(supervisor, task_id, attempt["number"])
-    argv_tail = ["scheduling.launcher.supervisor", str(task_id), str(attempt["number"])]
+    argv_tail = ["nodeagent.launcher.supervisor", str(task_id), str(attempt["number"])]
     return any(
         (proc.info["cmdline"] or [])[-3:] == argv_tail for proc in psutil.process_iter(["cmdline"])
     )
@@ -158,8 +158,8 @@ def wait_task(
     """Wait for ``done()``; False if the task's supervisor vanished first.
 
     Something outside the benchmark may kill supervisors: the launcher tests' clean-up
-    (tests/launcher/conftest.py) SIGKILLs every supervisor on the machine, so a test run beside
-    the benchmark takes some of its tasks down with it.
+    (tests/nodeagent/launcher/conftest.py) SIGKILLs every supervisor on the machine, so a test
+    run beside the benchmark takes some of its tasks down with it.
     """
     next_check = time.monotonic() + LOST_AFTER_S
 
@@ -250,7 +250,7 @@ def timelines(task_ids: list[int], offset: float) -> list[dict[str, object]]:
             passes_run.append((started.timestamp(), stopped.timestamp(), result["ms"] / 1000))
     launches = {}  # task id -> when its launch was enqueued (one job per node and pass)
     for started, args in Success.objects.filter(
-        func="scheduling.launcher.tasks.launch_many"
+        func="nodeagent.launcher.tasks.launch_many"
     ).values_list("started", "args"):
         for task_id, attempt_no in args[0] if args else ():
             if attempt_no == 1:

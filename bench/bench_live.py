@@ -23,7 +23,7 @@ from django.test import Client
 
 from bench.bench_api import server_env
 from bench.common import clear_tasks, median, percentile, table, verdict, web_server
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool
 
 NEEDS_DATABASE = True

@@ -33,7 +33,7 @@ from django.db import connection
 
 from bench.common import clear_tasks, ms, percentile, table, verdict, web_server
 from gpuplatform.dburl import current_database_url
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool
 from tenants import services as tenant_services
 from tenants.models import Membership, RateLimit, Role, Tenant

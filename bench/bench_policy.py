@@ -11,6 +11,7 @@ import random
 import time
 
 from bench.common import median, ms, percentile, table, verdict
+from replay.simulator import check_decision
 from scheduling.policy import (
     BATCH,
     ONLINE,
@@ -24,7 +25,6 @@ from scheduling.policy import (
     occupied,
     schedule,
 )
-from scheduling.replay import check_decision
 
 NEEDS_DATABASE = False
 

@@ -1,6 +1,6 @@
 """In-process trace replay: our policy against strict FIFO on the Alibaba openb trace (4 x 8 GPUs).
 
-The simulator calls the pure policy core on a simulated clock (``scheduling.replay``); the
+The simulator calls the pure policy core on a simulated clock (``replay.simulator``); the
 scheduler is never told a job's duration.
 """
 
@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from bench.common import verdict
+from replay.simulator import compare, format_table, load_trace
 from scheduling.policy import PolicySettings
-from scheduling.replay import compare, format_table, load_trace
 
 NEEDS_DATABASE = False
 

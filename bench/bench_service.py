@@ -16,7 +16,7 @@ import time
 from django.db import connection
 
 from bench.common import clear_tasks, table, verdict
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
 from scheduling.models import GPU, Allocation, Node, PassRequest, Pool
 from scheduling.scheduler import schedule_pass
 from scheduling.spec import TaskSpec

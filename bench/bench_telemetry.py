@@ -24,12 +24,12 @@ from django.db import connection
 from django.utils import timezone
 
 from bench.common import clear_tasks, median, ms, table, verdict
+from nodeagent.inventory import BackendUnavailable, NvmlBackend, SimulatedBackend, simulated_uuid
+from nodeagent.sampler import Sampler
 from scheduling.config import SimulatedGpus
-from scheduling.inventory import BackendUnavailable, NvmlBackend, SimulatedBackend, simulated_uuid
 from scheduling.models import GPU, Node, Pool
 from telemetry import selectors, services
 from telemetry.models import GpuRollupHour, GpuRollupMinute, GpuSample
-from telemetry.sampler import Sampler
 
 NEEDS_DATABASE = True
 

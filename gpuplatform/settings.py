@@ -46,6 +46,8 @@ INSTALLED_APPS = [
     "channels_postgres",
     "tenants",
     "scheduling",
+    "nodeagent",
+    "replay",
     "monitoring",
     "telemetry",
     "portal",
@@ -426,7 +428,7 @@ SUPERVISOR_START = env.choice("SUPERVISOR_START", "fork", ("fork", "exec"))
 # attempt ended plainly waits at the node's spawner for the next instead of exiting (a fork and
 # an exit fewer per task, about 6 ms of CPU on 2 cores). 1: every attempt gets a new process.
 SUPERVISOR_REUSE = env.integer("SUPERVISOR_REUSE", 100, minimum=1)
-# The small program (scheduling/launcher/gpup_exec.c, built by make into the virtualenv) that
+# The small program (nodeagent/launcher/gpup_exec.c, built by make into the virtualenv) that
 # takes a task's process from the supervisor's vfork to the command: cgroup, user, work
 # directory. Empty, or missing on disk: the supervisor does that in Python (preexec_fn), which
 # copies its whole address space for each task (about 4 ms more CPU per task, measured).

@@ -64,7 +64,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     response = readyz(request)
     if response.status_code != HTTPStatus.OK:
         return response
-    from scheduling.launcher.identity import SINGLE_USER_NOTE
+    from nodeagent.launcher.identity import SINGLE_USER_NOTE
     from scheduling.models import Node
 
     isolation = dict(Node.objects.order_by("name").values_list("name", "isolation"))

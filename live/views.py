@@ -15,8 +15,8 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods
 
 from live import history, selectors, tiles
+from nodeagent.launcher import lifecycle
 from scheduling import services
-from scheduling.launcher import lifecycle
 from scheduling.models import GPU, Node, Task
 from scheduling.states import IllegalTransition
 

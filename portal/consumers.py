@@ -1,5 +1,5 @@
 """The task page's live log: a websocket that tails the log file the launcher writes
-(``scheduling.launcher.paths.log_path``) and pushes new bytes as they appear, with the task's
+(``scheduling.paths.log_path``) and pushes new bytes as they appear, with the task's
 state when it changes.
 
 Authenticated by the browser's session, scoped to the tenant the session acts for: a task of

@@ -21,11 +21,11 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from monitoring import selectors as alert_selectors
+from nodeagent.launcher import lifecycle
 from portal import tenancy
 from portal.controls import controls_for
 from portal.forms import MemberForm, TaskForm, ThrottledLoginForm, TokenForm, YamlForm
 from scheduling import selectors, services
-from scheduling.launcher import lifecycle
 from scheduling.models import TaskAttempt
 from scheduling.spec import SpecError, parse_yaml
 from scheduling.states import IllegalTransition, TaskState

@@ -11,10 +11,10 @@ from django.utils.html import format_html
 
 from gpuplatform.admin import ReadOnlyAdmin, ReadOnlyInline
 from gpuplatform.units import format_memory_mb
+from nodeagent.launcher import lifecycle
+from nodeagent.launcher.identity import SINGLE_USER_NOTE
 from scheduling import scheduler, services
 from scheduling.admin_forms import PriorityForm, SubmitForTenantForm
-from scheduling.launcher import lifecycle
-from scheduling.launcher.identity import SINGLE_USER_NOTE
 from scheduling.models import (
     GPU,
     Allocation,

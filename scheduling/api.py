@@ -24,8 +24,8 @@ from rest_framework.views import APIView
 
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.api_defaults import Page
-from scheduling import selectors, services
-from scheduling.launcher import lifecycle, logs
+from nodeagent.launcher import lifecycle
+from scheduling import logs, selectors, services
 from scheduling.models import (
     GPU,
     Allocation,

@@ -25,8 +25,8 @@ from django.utils import timezone
 
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
 from live import events as live
+from nodeagent.launcher import lifecycle
 from scheduling import estate, fairshare, passes, services, states
-from scheduling.launcher import lifecycle
 from scheduling.models import (
     GpuState,
     NodeState,

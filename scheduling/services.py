@@ -14,8 +14,8 @@ from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from live import events as live
+from nodeagent.inventory import GpuInfo
 from scheduling import passes, states
-from scheduling.inventory import GpuInfo
 from scheduling.models import GPU, Allocation, GpuState, Node, NodeState, Pool, Task, TaskEvent
 from scheduling.spec import SpecError, parse_priority
 from scheduling.states import TaskState

@@ -23,8 +23,7 @@ from django.utils.translation import gettext as _
 
 from gpuplatform.db import server_bound_cursor
 from gpuplatform.units import format_memory_mb
-from scheduling import passes
-from scheduling.launcher import paths
+from scheduling import passes, paths
 from scheduling.models import GpuState, Task, TaskEvent
 from scheduling.spec import MAX_SWEEP_TASKS, SpecError, TaskSpec
 from scheduling.states import TaskState

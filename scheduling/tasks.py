@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from nodeagent.launcher import lifecycle
 from scheduling import estate, passes, scheduler, services
-from scheduling.launcher import lifecycle
 
 
 def mark_silent_nodes() -> dict:

@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv 
 step "NVML backend tests on the real GPUs"
 status=0
 "$PY" -m pytest -m gpu -v -s -p no:cacheprovider \
-    tests/scheduling/test_inventory_nvml.py tests/scheduling/test_inventory_nvml_sampling.py ||
+    tests/nodeagent/test_inventory_nvml.py tests/nodeagent/test_inventory_nvml_sampling.py ||
     status=$?
 
 step "database and demo tenant"
@@ -63,7 +63,7 @@ gpuctl get gpus -o wide
 
 # Each task names its GPU and uses it for about 8 s: with PyTorch, fills 3 GiB and multiplies
 # matrices; without it, holds 2 GiB through the driver's own library (libcuda, as
-# tests/scheduling/test_inventory_nvml.py does), so the check needs nothing but a driver.
+# tests/nodeagent/test_inventory_nvml.py does), so the check needs nothing but a driver.
 CUDA_TASK='
 import ctypes, os, time
 print("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"), "user", os.getuid())

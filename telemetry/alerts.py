@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from monitoring import services as alert_services
 from monitoring.models import Alert, AlertKind, Severity
+from nodeagent.launcher import lifecycle
 from scheduling import estate
-from scheduling.launcher import lifecycle
 from scheduling.models import GPU, Allocation, Node, Task
 from scheduling.states import TaskState
 from telemetry import policies

@@ -6,7 +6,7 @@ signal to its supervisor, not a round trip through django-q2.
 * ``drain`` XIDs (and a lost GPU): the GPU becomes ``failed`` (only an operator returns it to
   service) and each task on it is stopped. Its attempt then ends on a failed GPU, which the
   launcher already books as the infrastructure's fault: the task is requeued without spending
-  its retries (``scheduling.launcher.reports._broken_gpu``), and nothing new is placed on the
+  its retries (``nodeagent.launcher.reports._broken_gpu``), and nothing new is placed on the
   GPU meanwhile. A task whose supervisor is already gone is settled at once by reconciliation.
 * ``fail_task`` XIDs: the application's fault. Its task is stopped and fails with the XID as
   the reason (no retry: it would fail again); the GPU stays in service.
@@ -21,9 +21,9 @@ from django.db import transaction
 
 from monitoring import services as alerts
 from monitoring.models import AlertKind, Severity
+from nodeagent.inventory.base import XidEvent
+from nodeagent.launcher import lifecycle
 from scheduling import estate
-from scheduling.inventory.base import XidEvent
-from scheduling.launcher import lifecycle
 from scheduling.models import GPU, GpuState, Node, Task
 from scheduling.states import HOLDS_GPUS
 from telemetry.models import XidRecord

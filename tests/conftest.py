@@ -91,7 +91,7 @@ def pytest_configure(config):
     """Tests fork supervisors from this process, as a node's spawner does from its own: take
     setproctitle's hold on the environment now, before a test's monkeypatch changes it, or
     those supervisors cannot name themselves (procs.keep_titles_settable)."""
-    from scheduling.launcher import procs
+    from nodeagent.launcher import procs
 
     procs.keep_titles_settable()
 

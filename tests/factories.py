@@ -5,7 +5,7 @@ from __future__ import annotations
 import factory
 from django.contrib.auth.models import User
 
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool, Task
 from tenants.models import Membership, Role, Tenant
 

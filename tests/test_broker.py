@@ -90,7 +90,7 @@ def test_a_batch_queues_jobs_on_several_queues_in_one_statement_and_wakes_each_a
     with transaction.atomic(), CaptureQueriesContext(connections["default"]) as queued:
         for key, args in (("node-a", [[1, 1]]), ("node-b", [[2, 1], [3, 1]])):
             # As a pass queues its launches; sync=False: tests run django-q2's jobs inline.
-            async_task("scheduling.launcher.tasks.launch_many", *args, cluster=key,
+            async_task("nodeagent.launcher.tasks.launch_many", *args, cluster=key,
                        broker=batch.broker(key), sync=False)  # fmt: skip
         batch.send()
         time.sleep(0.3)
@@ -99,7 +99,7 @@ def test_a_batch_queues_jobs_on_several_queues_in_one_statement_and_wakes_each_a
     for key, (thread, got) in threads.items():
         thread.join(BOUND_S)
         (job,) = [SignedPackage.loads(payload) for _, payload in got]
-        assert (job["func"], job["cluster"]) == ("scheduling.launcher.tasks.launch_many", key)
+        assert (job["func"], job["cluster"]) == ("nodeagent.launcher.tasks.launch_many", key)
     assert sorted(OrmQ.objects.values_list("key", flat=True)) == ["node-a", "node-b"]
 
 

@@ -23,10 +23,10 @@ def test_each_process_names_itself():
         "gpuplatform node_agent"
     )
     # A supervisor forked by the spawner sets Django up after the fork, with its argv.
-    assert name(False, ["/srv/gpuplatform/scheduling/launcher/spawner.py", "ws-1"], {}) == (
+    assert name(False, ["/srv/gpuplatform/nodeagent/launcher/spawner.py", "ws-1"], {}) == (
         "gpuplatform supervisor"
     )
-    assert name(False, ["/srv/gpuplatform/scheduling/launcher/supervisor.py", "7", "1"], {}) == (
+    assert name(False, ["/srv/gpuplatform/nodeagent/launcher/supervisor.py", "7", "1"], {}) == (
         "gpuplatform supervisor"
     )
     assert name(False, ["/venv/lib/python3.11/site-packages/pytest/__main__.py"], {}) == (
@@ -83,6 +83,6 @@ def test_every_name_a_process_gives_itself_counts_in_its_role_of_the_budget():
     assert role(name(False, ["manage.py", "qcluster"], {})) == "scheduler"
     assert role(name(False, ["manage.py", "qcluster"], {"Q_CLUSTER_NAME": "ws-1"})) == "nodes"
     assert role(name(False, ["manage.py", "node_agent"], {})) == "nodes"
-    assert role(name(False, ["/srv/scheduling/launcher/spawner.py", "ws-1"], {})) == "nodes"
+    assert role(name(False, ["/srv/nodeagent/launcher/spawner.py", "ws-1"], {})) == "nodes"
     assert role(name(False, ["manage.py", "migrate"], {})) is None  # a command, not counted
     assert role("psql") is None

@@ -26,7 +26,7 @@ import pytest
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import parse_specs, parse_yaml
 from tests.api.conftest import bearer
-from tests.launcher.conftest import launcher, node, state_of, wait_for  # noqa: F401 - fixtures
+from tests.nodeagent.launcher.conftest import launcher, node, state_of, wait_for  # noqa: F401 - fixtures
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 GPU_BURN = EXAMPLES / "gpu_burn.py"

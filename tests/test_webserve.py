@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import psutil
 import pytest
 
-from tests.launcher.conftest import wait_for
 from tests.live import ROOT, free_port, process_env
+from tests.nodeagent.launcher.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -194,9 +194,9 @@ async def test_bad_messages_get_an_error_naming_the_field(operator, message, fie
 
 
 async def test_the_node_agents_sampler_publishes_each_tick(operator, workstation):
+    from nodeagent.inventory import SimulatedBackend
+    from nodeagent.sampler import Sampler
     from scheduling.config import SimulatedGpus
-    from scheduling.inventory import SimulatedBackend
-    from telemetry.sampler import Sampler
 
     spec = {"model": "NVIDIA GeForce RTX 4090", "memory": "24Gi", "count": 4}
     backend = SimulatedBackend("workstation-1", SimulatedGpus.model_validate(spec))

@@ -19,8 +19,8 @@ from scheduling.models import Task
 from tenants.models import Role
 from tests.api.conftest import make_actor
 from tests.factories import QuotaFactory, TaskFactory, TenantFactory
-from tests.launcher.conftest import launcher, node  # noqa: F401 - fixtures
 from tests.live import web_server
+from tests.nodeagent.launcher.conftest import launcher, node  # noqa: F401 - fixtures
 from tests.portal.browser import SCREENSHOTS, chromium, screenshot, untranslated
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from scheduling.models import SchedulerState, Successor
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
-from tests.launcher.conftest import wait_for
+from tests.nodeagent.launcher.conftest import wait_for
 from tests.scheduling.conftest import shipped_config_with
 
 GAP_MS = 100  # the shipped scheduling.busy_pass_gap_ms

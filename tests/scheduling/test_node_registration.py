@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from nodeagent.inventory import GpuInfo, SimulatedBackend
 from scheduling import services, tasks
 from scheduling.config import SimulatedGpus
-from scheduling.inventory import GpuInfo, SimulatedBackend
 from scheduling.models import GPU, GpuState, Node, NodeState, Pool
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduling import passes, scheduler
 from scheduling.models import PassRequest
-from tests.launcher.conftest import wait_for
+from tests.nodeagent.launcher.conftest import wait_for
 
 
 @pytest.fixture

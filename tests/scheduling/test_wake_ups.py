@@ -16,7 +16,7 @@ from scheduling.models import SchedulerState, Task
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
-from tests.launcher.conftest import state_of, wait_for
+from tests.nodeagent.launcher.conftest import state_of, wait_for
 from tests.scheduling.conftest import SERVICE, shipped_config_with
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from nodeagent.inventory import SimulatedBackend
 from scheduling.config import SimulatedGpus
-from scheduling.inventory import SimulatedBackend
 from scheduling.states import TaskState
 from tests.factories import AllocationFactory, TaskFactory
 

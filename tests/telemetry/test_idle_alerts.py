@@ -10,11 +10,11 @@ import pytest
 from django.utils import timezone
 
 from monitoring.models import Alert
+from nodeagent.sampler import Sampler
 from scheduling.config import parse_config
 from scheduling.models import TaskAttempt
 from telemetry import alerts, jobs, services
 from telemetry.models import GpuSample
-from telemetry.sampler import Sampler
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from telemetry.sampler import Sampler
+from nodeagent.sampler import Sampler
 
 
 def scrape(client, **headers) -> dict:

@@ -3,11 +3,11 @@ per tick tied to the task and tenant holding each GPU, and injected faults reach
 
 from __future__ import annotations
 
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
+from nodeagent.sampler import Sampler
 from scheduling.states import TaskState
 from telemetry import services
 from telemetry.models import GpuSample
-from telemetry.sampler import Sampler
 from tests.factories import AllocationFactory, NodeFactory, TaskFactory, TenantFactory
 
 

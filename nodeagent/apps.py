@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class NodeAgentConfig(AppConfig):
+    name = "nodeagent"
+    verbose_name = "node agent"

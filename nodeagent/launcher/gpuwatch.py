@@ -1,0 +1,90 @@
+"""The node agent's watch on GPU memory: who uses what, against what they reserved.
+
+Memory held by processes the platform did not start is written to ``GPU.foreign_memory_mb``,
+which the scheduler never offers. A task holding more than it reserved raises a
+``gpu_memory_overuse`` alert and, where ``scheduling.gpu_memory_overuse: kill``, is stopped
+and fails with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from monitoring import services as alerts
+from monitoring.models import AlertKind, Severity
+from nodeagent.gpumem import gpu_memory_report, owners_from_tree
+from nodeagent.inventory import GpuBackend
+from nodeagent.launcher import lifecycle
+from nodeagent.launcher.procs import ProcessId
+from scheduling import estate, passes
+from scheduling.models import GPU, Allocation, Node, Task, TaskAttempt
+from scheduling.states import HOLDS_GPUS
+
+logger = logging.getLogger(__name__)
+
+
+def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
+    processes = backend.processes()
+    for problem in getattr(backend, "process_problems", ()):
+        logger.warning("node %s: %s (its GPU memory is not checked this time)", node_name, problem)
+    node = Node.objects.get(name=node_name)
+    gpus = {gpu.uuid: gpu for gpu in GPU.objects.filter(node=node).exclude(state="offline")}
+    readable = set(gpus) - set(getattr(backend, "unlisted_gpus", ()))
+    owners, reserved = _owners_and_reservations(node) if processes else ({}, {})
+    report = gpu_memory_report(processes, owners, reserved, gpus=readable)
+
+    changed = 0
+    for uuid, foreign in report.foreign_mb.items():
+        gpu = gpus.get(uuid)
+        if gpu is None:
+            continue
+        foreign = min(foreign, gpu.memory_mb)
+        if gpu.foreign_memory_mb != foreign:
+            changed += GPU.objects.filter(pk=gpu.pk).update(foreign_memory_mb=foreign)
+    if changed:
+        passes.request_pass()  # memory freed (or taken) outside the platform
+
+    policy = estate.config().scheduling.gpu_memory_overuse
+    keep = set()
+    for overuse in report.overuses:
+        gpu, task = gpus.get(overuse.gpu_uuid), Task.objects.filter(pk=overuse.task_id).first()
+        if gpu is None or task is None:
+            continue
+        message = (
+            f"task #{task.pk} uses {overuse.used_mb} MiB of GPU memory on {gpu}, "
+            f"reserved {overuse.reserved_mb} MiB"
+        )
+        alerts.alert_raise(
+            kind=AlertKind.GPU_MEMORY_OVERUSE,
+            severity=Severity.WARNING,
+            message=message,
+            gpu=gpu,
+            task=task,
+        )
+        keep.add((gpu.pk, task.pk))
+        if policy == "kill" and lifecycle.task_stop_for_violation(task=task, reason=message):
+            logger.warning("stopping %s: %s", task, message)
+    alerts.alerts_resolve_except(kind=AlertKind.GPU_MEMORY_OVERUSE, keep=keep, node=node)
+    return {"foreign_changed": changed, "overuses": len(report.overuses)}
+
+
+def _owners_and_reservations(node: Node) -> tuple[dict[int, int], dict[tuple[int, str], int]]:
+    """Which task each pid on this node belongs to (its supervisor's process tree), and what
+    each task reserved on each GPU. Only needed when some process holds GPU memory: with none
+    (simulated GPUs, an idle host) every GPU's foreign memory is 0 and nobody overuses, and a
+    heartbeat spares the two queries and the walk of every supervisor's tree."""
+    attempts = TaskAttempt.objects.filter(
+        node=node, outcome="", task__state__in=HOLDS_GPUS
+    ).values_list("task_id", "number", "supervisor_pid", "supervisor_started", "task__attempt")
+    supervisors = [
+        (task_id, ProcessId(pid, started) if pid and started else None)
+        for task_id, number, pid, started, current in attempts
+        if number == current
+    ]
+    reserved = {
+        (task_id, uuid): mb
+        for task_id, uuid, mb in Allocation.objects.filter(
+            released_at__isnull=True, gpu__node=node
+        ).values_list("task_id", "gpu__uuid", "memory_mb")
+    }
+    return owners_from_tree(supervisors), reserved

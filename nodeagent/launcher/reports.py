@@ -1,0 +1,364 @@
+"""What a supervisor reports to the database: its command started, whether it is still
+wanted (fencing), how its attempt ended; and the requeue of an attempt lost to the platform.
+
+Kept apart from ``lifecycle`` so the dependency runs one way: the supervisor imports this
+module only, ``lifecycle`` (which starts supervisors) imports both.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from gpuplatform.db import server_bound_cursor
+from live import events as live
+from nodeagent.launcher.messages import ExitReport, StartReport
+from scheduling import passes, services
+from scheduling.models import GPU, GpuState, StopRequest, Task, TaskAttempt
+from scheduling.states import HOLDS_GPUS, TaskState
+
+if TYPE_CHECKING:
+    from nodeagent.launcher.handoff import HandOff
+
+# Ends the reason of a task whose cancel is under way (see lifecycle.task_cancel).
+STOPPING = "; stopping"
+
+USER_FAILURES = ("failed", "timed_out")
+
+
+# --- Reports from the supervisor -----------------------------------------------------------------
+
+
+def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
+    """Commands that run: record each one's supervisor and process and move its task to
+    running, in one statement (``_STARTED``). Returns, per attempt id, whether it may go on:
+    False when its task was cancelled or moved on meanwhile (the supervisor then stops at
+    once), or when the attempt is unknown or was reported started already.
+
+    Never in a transaction that goes on to lock other tasks: it locks its tasks until the
+    commit, and held before the ends of a node agent's hand-off (``handoff.plain_ends``) they
+    deadlocked with the commits of passes and other agents (five times in five throughput
+    benchmarks; none in a statement of its own)."""
+    now = timezone.now()
+    with server_bound_cursor() as cursor:
+        cursor.execute(
+            _STARTED,
+            {
+                "ids": [r.attempt_id for r in reports],
+                "spid": [r.supervisor.pid for r in reports],
+                "sst": [r.supervisor.started for r in reports],
+                "pid": [r.pid.pid for r in reports],
+                "pst": [r.pid.started for r in reports],
+                "now": now,
+            },
+        )
+        moved = cursor.fetchall()
+    live.publish_tasks(_row_tasks(moved, TaskState.RUNNING))
+    started = dict.fromkeys((report.attempt_id for report in reports), False)
+    started.update((row[0], True) for row in moved)
+    return started
+
+
+# The node agent writes these for every task, so each is one statement, not the dozen round
+# trips of Django's ORM (locks, reads, updates, an insert, BEGIN and COMMIT: about half of the
+# relay thread's CPU was Django compiling them). The tasks are locked first, in id order, as
+# task_cancel and requeue_lost lock them, so nothing changes a task between the check and the
+# update; every condition that picks a row is evaluated again on the row as locked.
+# Each returns the moved tasks as (attempt id, task id, tenant id, name, reason, node id).
+_STARTED = """
+    WITH r AS (SELECT * FROM unnest(%(ids)s::bigint[], %(spid)s::integer[], %(sst)s::float8[],
+                                    %(pid)s::integer[], %(pst)s::float8[])
+                          AS r(id, spid, sst, pid, pst)),
+    locked AS (SELECT k.id FROM scheduling_task k
+                 JOIN scheduling_taskattempt a ON a.task_id = k.id JOIN r ON r.id = a.id
+                ORDER BY k.id FOR UPDATE OF k),
+    a AS (UPDATE scheduling_taskattempt a
+             SET supervisor_pid = r.spid, supervisor_started = r.sst, pid = r.pid,
+                 pid_started = r.pst, started_at = %(now)s
+            FROM r, locked
+           WHERE a.id = r.id AND locked.id = a.task_id AND a.pid IS NULL
+       RETURNING a.id, a.task_id, a.number, a.node_id, a.stop_requested, a.pid),
+    k AS (UPDATE scheduling_task k
+             SET state = 'running', reason = 'started on ' || n.name || ' (pid ' || a.pid || ')',
+                 wait = '{}', wait_digest = 0, updated_at = %(now)s, started_at = %(now)s
+            FROM a JOIN scheduling_node n ON n.id = a.node_id
+           WHERE k.id = a.task_id AND k.attempt = a.number AND a.stop_requested = ''
+             AND k.state = 'scheduled'
+       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
+    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
+          SELECT id, %(now)s, 'scheduled', 'running', reason, attempt FROM k)
+    SELECT attempt_id, id, tenant_id, name, reason, node_id FROM k
+"""
+
+# Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
+# GPUs are released (the trigger of migration 0010 adds their use to the fair-share counters).
+# When it released some and ``claim`` is set (it commits by itself), it also claims the pass
+# flag (``passes.claim_cte``): a third of the agents' statements were that claim, made right
+# after this one (throughput bench, PostgreSQL's statement log).
+_SUCCEEDED = f"""
+    WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
+                          AS r(task_id, number, note)),
+    locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
+                WHERE k.attempt = r.number AND k.state = 'running'
+                ORDER BY k.id FOR UPDATE OF k),
+    a AS (UPDATE scheduling_taskattempt a
+             SET exit_code = 0, outcome = 'succeeded', ended_at = %(now)s
+            FROM locked, r
+           WHERE a.task_id = locked.id AND a.number = locked.attempt AND r.task_id = locked.id
+             AND a.outcome = '' AND a.stop_requested = ''
+       RETURNING a.id, a.task_id, r.note),
+    k AS (UPDATE scheduling_task k
+             SET state = 'succeeded', reason = concat_ws('; ', 'exited with 0', NULLIF(a.note, '')),
+                 wait = '{{}}', wait_digest = 0, updated_at = %(now)s, exit_code = 0,
+                 finished_at = %(now)s
+            FROM a WHERE k.id = a.task_id
+       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
+    freed AS (UPDATE scheduling_allocation f SET released_at = %(now)s
+                FROM k WHERE f.task_id = k.id AND f.released_at IS NULL),
+    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
+          SELECT id, %(now)s, 'running', 'succeeded', reason, attempt FROM k),
+    {passes.claim_cte("%(claim)s AND EXISTS (SELECT 1 FROM k)")}
+    SELECT attempt_id, id, tenant_id, name, reason, node_id, {passes.CLAIMED} FROM k
+"""  # noqa: S608 - constant text
+
+
+def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
+    """What ``live.publish_tasks`` reads of a task, from rows the statements above return."""
+    return [
+        SimpleNamespace(
+            pk=pk, tenant_id=tenant, name=name, state=state, reason=reason, node_id=node
+        )  # fmt: skip
+        for _, pk, tenant, name, reason, node in rows
+    ]
+
+
+def _plain_ends(plain: list[ExitReport]) -> list[tuple]:
+    """Record plain ends in one statement (``_SUCCEEDED``), which also claims the pass flag
+    when it commits by itself; returns the ended tasks (its first six columns)."""
+    alone = not connection.in_atomic_block  # the statement commits by itself
+    with server_bound_cursor() as cursor:
+        cursor.execute(_SUCCEEDED, succeeded_params(plain, timezone.now(), claim=alone))
+        rows = cursor.fetchall()
+    if rows:
+        # Their GPUs are free: committed by itself, the statement claimed the flag.
+        passes.request_pass(rows[0][6:] if alone else None)
+    return [row[:6] for row in rows]
+
+
+def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
+    """``_SUCCEEDED``'s parameters for these plain ends, stamped ``now``."""
+    return {
+        "tasks": [r.task_id for r in plain],
+        "numbers": [r.attempt_no for r in plain],
+        "notes": [r.note for r in plain],
+        "now": now,
+        "claim": claim,
+    }
+
+
+def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
+    """Fencing: an attempt whose task moved on (lost, requeued, cancelled) must stop."""
+    rows = TaskAttempt.objects.filter(pk__in=attempt_ids).values(
+        "pk", "number", "outcome", "task__attempt", "task__state"
+    )
+    wanted = dict.fromkeys(attempt_ids, False)
+    for row in rows:
+        wanted[row["pk"]] = (
+            not row["outcome"]
+            and row["task__attempt"] == row["number"]
+            and row["task__state"] in HOLDS_GPUS
+        )
+    return wanted
+
+
+def attempts_finished(
+    reports: list[ExitReport], *, hand_off: HandOff | None = None
+) -> dict[tuple[int, int], str]:
+    """``attempt_finished`` for many attempts: the common case, a running task that exited
+    with 0, in one statement for all of them (``_SUCCEEDED``); any other end one by one.
+    ``hand_off`` (a node agent's, whose supervisors these are): their GPUs are handed to the
+    last pass's successors in the same transaction (``handoff``). Returns each outcome by
+    (task id, attempt number)."""
+    plain = [r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem)]
+    # Starts carried by ends (``ExitReport.started``) are written first, in a statement of
+    # their own (``relay.write_reports`` writes them with its other starts).
+    if starts := [r.started for r in reports if r.started is not None]:
+        attempts_started(starts)
+    outcomes: dict[tuple[int, int], str] = {}
+    if plain:
+        if hand_off is not None:
+            from nodeagent.launcher import handoff  # it imports lifecycle, which imports us
+
+            done = handoff.plain_ends(plain, hand_off)
+        else:
+            done = _plain_ends(plain)
+        if done:
+            live.publish_tasks(_row_tasks(done, TaskState.SUCCEEDED))
+        numbers = {report.task_id: report.attempt_no for report in plain}
+        outcomes.update(((row[1], numbers[row[1]]), "succeeded") for row in done)
+    for report in reports:
+        key = (report.task_id, report.attempt_no)
+        if key not in outcomes:
+            outcomes[key] = attempt_finished(
+                report.task_id,
+                report.attempt_no,
+                report.exit_code,
+                timed_out=report.timed_out,
+                problem=report.problem,
+                note=report.note,
+            )
+    return outcomes
+
+
+def attempt_finished(
+    task_id: int,
+    attempt_no: int,
+    exit_code: int | None,
+    *,
+    timed_out: bool = False,
+    problem: str = "",
+    note: str = "",
+) -> str:
+    """Record how an attempt ended and move the task on: done, retried, requeued or failed.
+
+    ``note`` is something the user should know that did not change the outcome (output dropped
+    on a full log disk); it ends the task's reason. Idempotent: the first report wins (the
+    supervisor's, or reconciliation's from the exit file). Returns the outcome.
+    """
+    with transaction.atomic():
+        attempt = (
+            TaskAttempt.objects.select_for_update()
+            .filter(task_id=task_id, number=attempt_no)
+            .first()
+        )
+        if attempt is None:
+            return "unknown"
+        if attempt.outcome:
+            return attempt.outcome
+        task = Task.objects.select_for_update().get(pk=task_id)
+        if attempt.stop_requested == StopRequest.VIOLATION:
+            problem = problem or task.reason
+        outcome = _outcome(attempt, exit_code, timed_out, problem)
+        broken = _broken_gpu(attempt) if outcome == "failed" and not problem else None
+        if broken is not None:
+            outcome = "lost"  # the GPU failed under it: not the user's fault
+        attempt.exit_code, attempt.outcome, attempt.ended_at = exit_code, outcome, timezone.now()
+        attempt.save(update_fields=["exit_code", "outcome", "ended_at"])
+        if task.attempt == attempt_no and task.state in HOLDS_GPUS:
+            if broken is not None:
+                requeue_lost(
+                    task,
+                    f"GPU {broken} became {broken.state} during the attempt (exit {exit_code})",
+                )
+            else:
+                if outcome == "succeeded" and task.state == TaskState.SCHEDULED:
+                    # It ran, but the report that carried its start never arrived (the
+                    # supervisor died after its exit record): the record says it ran.
+                    services.task_transition(
+                        task=task, to_state=TaskState.RUNNING, reason="started (seen at its end)"
+                    )
+                _move_on(task, attempt, outcome, exit_code, problem)
+                if note:
+                    Task.objects.filter(pk=task.pk).update(reason=f"{task.reason}; {note}")
+    return outcome
+
+
+def _broken_gpu(attempt: TaskAttempt) -> GPU | None:
+    """A GPU of the attempt that failed or dropped off the node: the exit is the hardware's."""
+    return (
+        GPU.objects.filter(
+            uuid__in=attempt.gpu_uuids, state__in=[GpuState.FAILED, GpuState.OFFLINE]
+        )
+        .select_related("node")
+        .first()
+    )
+
+
+def _outcome(attempt: TaskAttempt, exit_code: int | None, timed_out: bool, problem: str) -> str:
+    if attempt.stop_requested == StopRequest.CANCEL:
+        return "cancelled"
+    if attempt.stop_requested == StopRequest.PREEMPT:
+        return "preempted"
+    if timed_out:
+        return "timed_out"
+    if problem:
+        return "failed"
+    return "succeeded" if exit_code == 0 else "failed"
+
+
+def _move_on(
+    task: Task, attempt: TaskAttempt, outcome: str, exit_code: int | None, problem: str
+) -> None:
+    if outcome == "succeeded":
+        services.task_transition(
+            task=task, to_state=TaskState.SUCCEEDED, exit_code=0, reason="exited with 0"
+        )
+    elif outcome == "cancelled":
+        # task_cancel said who cancelled and that it was stopping; now it has stopped.
+        services.task_transition(
+            task=task,
+            to_state=TaskState.CANCELLED,
+            exit_code=exit_code,
+            reason=task.reason.removesuffix(STOPPING) or "cancelled",
+        )
+    elif outcome == "preempted":
+        if task.state != TaskState.PREEMPTED:
+            services.task_transition(task=task, to_state=TaskState.PREEMPTED, reason="preempted")
+        services.task_transition(
+            task=task, to_state=TaskState.PENDING, reason="requeued after preemption"
+        )
+    else:
+        _fail_or_retry(task, outcome, exit_code, problem)
+
+
+def _fail_or_retry(task: Task, outcome: str, exit_code: int | None, problem: str) -> None:
+    what = problem or (
+        f"timed out after {task.timeout_s} s"
+        if outcome == "timed_out"
+        else f"exited with {exit_code}"
+    )
+    failures = TaskAttempt.objects.filter(task=task, outcome__in=USER_FAILURES).count()
+    if failures <= task.retries and not problem:
+        delay = min(3600, settings.RETRY_BACKOFF * 2 ** (failures - 1))
+        services.task_transition(
+            task=task,
+            to_state=TaskState.PENDING,
+            reason=f"{what}; retry {failures} of {task.retries} in {delay} s",
+            exit_code=exit_code,
+            not_before=timezone.now() + timedelta(seconds=delay),
+        )
+        return
+    final = TaskState.TIMED_OUT if outcome == "timed_out" else TaskState.FAILED
+    services.task_transition(task=task, to_state=final, exit_code=exit_code, reason=what)
+
+
+# --- Infrastructure failures ----------------------------------------------------------------------
+
+
+def requeue_lost(task: Task, reason: str) -> None:
+    """The node or the supervisor is gone: mark the attempt lost and requeue the task, without
+    spending the user's retries, until INFRA_REQUEUE_LIMIT; then hold it for a person."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        if task.state not in HOLDS_GPUS:
+            return
+        TaskAttempt.objects.filter(task=task, number=task.attempt, outcome="").update(
+            outcome="lost", ended_at=timezone.now()
+        )  # (an attempt already settled, e.g. lost to a failed GPU, keeps its record)
+        services.task_transition(task=task, to_state=TaskState.LOST, reason=reason)
+        requeues = task.infra_requeues + 1
+        hold = ""
+        if requeues > settings.INFRA_REQUEUE_LIMIT:
+            hold = f"held after {requeues - 1} infrastructure requeues; last: {reason}"
+        services.task_transition(
+            task=task,
+            to_state=TaskState.PENDING,
+            reason=hold or f"requeued: {reason}",
+            infra_requeues=requeues,
+            hold_reason=hold,
+        )

@@ -1,0 +1,299 @@
+"""The node's spawner: a small long-lived process that forks task supervisors.
+
+A supervisor forked from a launch worker is a copy of a process that has loaded all of Django
+(about 100 MB). Measured on 2 cores: a fork, a ``Popen`` from the child and the exits cost 9 ms
+of CPU from such a process against 5 ms from one that has only read the settings (25 MB), and
+the launch worker's double fork alone took about 10 ms of the time from submit to a running
+process. So the node agent runs this process beside its launch cluster
+(``python -m nodeagent.launcher.spawner NODE``). It reads the settings and imports the
+supervisor's modules, never Django's apps or models, and forks one supervisor per request. A
+supervisor forked here gets all it needs in its ``messages.Assignment``, reports and asks
+through the node agent (``relay``), and loads Django's apps only if it must write to the
+database itself (``Supervisor.db``).
+
+Requests come over an abstract Unix socket, as the relay's reports do, and are believed only
+from a process of the spawner's own user (SO_PEERCRED) that signed the request with the
+platform's secret key, which tasks never see. A launch worker that cannot reach the spawner
+forks the supervisor itself; one whose request went out but got no answer does not (the
+supervisor may exist): reconciliation sees to a launch that never started (LAUNCH_PATIENCE).
+
+Supervisors are detached as soon as they are forked (their own session; SIGCHLD is ignored
+here, so the kernel reaps them): killing or restarting the spawner leaves them running.
+
+A supervisor whose attempt ended plainly (succeeded or failed, recorded through the agent) does
+not exit: it offers itself back here (``wait_for_work``) and the spawner hands it the next
+assignment instead of forking, up to ``SUPERVISOR_REUSE`` attempts. A fork of this process,
+its copy-on-write faults and the exit that frees them were about 6 ms of CPU per task on 2
+cores (perf: ``copy_page_range``, ``exit_mmap``), most of what a supervisor costs. The spawner
+alone decides when an idle supervisor is done (it closes its connection after ``IDLE_S``, or
+when the pool is full, or when it stops), so an assignment is never sent to one that is
+leaving; a supervisor believes only a spawner of its own user that signed the assignment.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import logging
+import os
+import pwd
+import signal
+import socket
+import struct
+import sys
+import time
+
+from nodeagent.launcher.messages import Assignment
+from nodeagent.launcher.relay import address, genuine, peer, signed
+
+logger = logging.getLogger("scheduling.spawner")
+
+REPLY_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = 0.5  # a client that does not send its request at once is dropped
+MAX_REQUEST = 4 << 20  # a command of 16 KiB and 100 environment values of 8 KiB fit easily
+POOL_MAX = 16  # idle supervisors kept per node (each is 10-20 MB of private memory)
+IDLE_S = 60.0  # an idle supervisor given no work for this long is let go
+_LENGTH = struct.Struct("!I")
+
+
+class NotSent(Exception):
+    """The request never reached a spawner: the caller may start the supervisor itself."""
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message).encode()
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def _receive(sock: socket.socket) -> dict:
+    (length,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
+    if length > MAX_REQUEST:
+        raise ValueError(f"a message of {length} bytes")
+    message = json.loads(_exactly(sock, length))
+    if not isinstance(message, dict):
+        raise ValueError("not an object")
+    return message
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed early")
+        data += chunk
+    return bytes(data)
+
+
+# --- The launch worker's side ---------------------------------------------------------------
+
+
+def request(assignment, sink: str, timeout: float = REPLY_TIMEOUT_S) -> int | None:
+    """Ask the node's spawner to fork the supervisor of ``assignment`` (a
+    ``messages.Assignment``), its output to ``sink``. Returns the supervisor's pid, or None when
+    the request was sent and no answer came. Raises NotSent when no spawner took it."""
+    message = signed({"assignment": assignment.as_dict(), "sink": str(sink)})
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address(assignment.node, "spawner"))
+            _send(sock, message)
+        except OSError as exc:
+            raise NotSent(str(exc)) from exc
+        try:
+            reply = _receive(sock)
+        except (OSError, ValueError) as exc:
+            logger.warning("the spawner of node %s did not answer: %s", assignment.node, exc)
+            return None
+    return reply.get("pid") if reply.get("ok") else None
+
+
+# --- A supervisor's side, between attempts ---------------------------------------------------
+
+
+def wait_for_work(node_name: str) -> tuple[Assignment, str] | None:
+    """Offer this supervisor, whose attempt is over, to the node's spawner and wait for the
+    next assignment and its sink; None when the spawner lets us go (or is not ours)."""
+    message = signed({"idle": os.getpid()})
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.settimeout(REPLY_TIMEOUT_S)
+            sock.connect(address(node_name, "spawner"))
+            _, uid = peer(sock)
+            if uid != os.geteuid():
+                logger.warning("node %s: the spawner's address is held by uid %s", node_name, uid)
+                return None
+            _send(sock, message)
+            sock.settimeout(None)  # the spawner decides how long we wait (IDLE_S)
+            work = _receive(sock)
+            if not genuine(work):
+                logger.warning("node %s: unsigned assignment refused", node_name)
+                return None
+            return Assignment.from_dict(work["assignment"]), str(work["sink"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # let go (closed), or the spawner is gone
+
+
+# --- The spawner ------------------------------------------------------------------------------
+
+
+class Spawner:
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(address(node_name, "spawner"))
+        self.listener.listen(128)
+        self.listener.settimeout(1.0)  # so that a stop request is seen
+        self.stopping = False
+        self.spawned = 0
+        self.reused = 0
+        # Idle supervisors: (connection, pid, since), the most recently idle last.
+        self.idle: collections.deque[tuple[socket.socket, int, float]] = collections.deque()
+
+    def serve(self) -> None:
+        while not self.stopping:
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, InterruptedError):
+                self.let_go_idle(IDLE_S)
+                continue
+            if not self.answer(conn):
+                conn.close()
+            self.let_go_idle(IDLE_S)
+        self.let_go_idle(0)
+        self.listener.close()
+
+    def let_go_idle(self, older_than: float) -> None:
+        """Close the connections of supervisors idle for ``older_than``: they exit."""
+        cutoff = time.monotonic() - older_than
+        while self.idle and self.idle[0][2] <= cutoff:
+            self.idle.popleft()[0].close()
+
+    def answer(self, conn: socket.socket) -> bool:
+        """Serve one connection; True when it is kept (an idle supervisor's)."""
+        try:
+            pid, uid = peer(conn)
+            if uid != os.geteuid():
+                logger.warning("node %s: request from pid %s uid %s refused", self.node_name,
+                               pid, uid)  # fmt: skip
+                return False
+            conn.settimeout(READ_TIMEOUT_S)
+            message = _receive(conn)
+            if not genuine(message):
+                logger.warning("node %s: unsigned request from pid %s refused", self.node_name,
+                               pid)  # fmt: skip
+                return False
+            if "idle" in message:
+                return self.keep_idle(conn, pid, message["idle"])
+            assignment = Assignment.from_dict(message["assignment"])
+            sink = str(message["sink"])
+        except ConnectionError:
+            return False  # closed before a whole request: nothing asked
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("node %s: unreadable request refused: %r", self.node_name, exc)
+            return False
+        child = self.hand_over(assignment, sink)
+        if child is None:
+            child = self.fork(assignment, sink, conn)
+            self.spawned += 1
+        try:
+            _send(conn, {"ok": True, "pid": child})
+        except OSError:
+            pass  # the worker gave up waiting; the supervisor runs and reports all the same
+        return False
+
+    def keep_idle(self, conn: socket.socket, pid: int, claimed) -> bool:
+        """A supervisor (the peer ``pid`` itself) whose attempt is over waits for work."""
+        if claimed != pid or len(self.idle) >= POOL_MAX:
+            return False  # closed: it exits
+        conn.settimeout(READ_TIMEOUT_S)
+        self.idle.append((conn, pid, time.monotonic()))
+        return True
+
+    def hand_over(self, assignment, sink: str) -> int | None:
+        """Give the assignment to the most recently idle supervisor (its pages are the
+        warmest); its pid, or None when none is idle (or alive)."""
+        if not self.idle:
+            return None
+        message = signed({"assignment": assignment.as_dict(), "sink": sink})
+        while self.idle:
+            conn, pid, _ = self.idle.pop()
+            with conn:
+                try:
+                    _send(conn, message)
+                except OSError:
+                    continue  # it died while idle
+            self.reused += 1
+            return pid
+        return None
+
+    def fork(self, assignment, sink: str, conn: socket.socket) -> int:
+        from nodeagent.launcher import supervisor  # reads the settings as it loads: not at the top
+
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.listener.close()
+                conn.close()
+                for idle, _, _ in self.idle:  # or they would not see the spawner let them go
+                    idle.close()
+                os.setsid()
+            except BaseException:
+                os._exit(1)
+            supervisor.become(assignment, sink, pooled=True)  # never returns
+        return pid
+
+
+def warm() -> None:
+    """Import and look up, once, what every supervisor would otherwise do for itself."""
+    from django.conf import settings
+
+    from nodeagent.launcher import environ, identity, procs, relay, supervisor, tracking
+    from scheduling import paths
+
+    procs.warm()
+    tracking.hierarchy()
+    settings.SECRET_KEY  # noqa: B018 - read (from SECRET_KEY_FILE) before any fork
+    # The settings are read: the secrets' names are needed no more, here or in a supervisor,
+    # which would drop them itself (0.1 ms and 26 page faults each, measured).
+    environ.drop_secrets_from_environ()
+    supervisor.exec_helper()  # looked up once, for every supervisor
+    try:  # the name service's configuration, read by the first lookup in a process
+        pwd.getpwuid(os.geteuid())  # a supervisor's getpwnam: 0.16 ms after this 0.08 (measured)
+    except KeyError:
+        pass  # a user without a name: supervisors will say so when it matters
+    del identity, paths, relay
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+    (node_name,) = argv[1:]
+    from nodeagent.launcher import procs, supervisor
+
+    supervisor.log_to_stderr()  # the spawner's own (a supervisor logs to its file: become)
+    warm()
+    procs.hide_from_same_user()
+    procs.set_title(f"gpup-spawner node={node_name}")
+    try:
+        spawner = Spawner(node_name)
+    except OSError as exc:
+        logger.error("node %s: cannot listen (%s): is another spawner running?", node_name, exc)
+        return 1
+
+    def stop(signum, frame):
+        spawner.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps what we fork
+    gc.freeze()  # what is loaded now is never collected: children do not copy it to walk it
+    logger.info("node %s: spawner ready (pid %s)", node_name, os.getpid())
+    spawner.serve()
+    logger.info("node %s: spawner stopped after %d supervisors forked, %d reused", node_name,
+                spawner.spawned, spawner.reused)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

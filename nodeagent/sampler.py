@@ -1,0 +1,92 @@
+"""The node agent's GPU sampler: its own thread, its own database connection, its own pace.
+
+A slow or failing NVML read or database write delays only the next sample, never the heartbeat
+or the launcher, which run on the agent's main thread and its django-q2 cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import DatabaseError, connection
+
+from gpuplatform.db import close_old_connections
+from live import events as live
+from nodeagent.inventory import BackendUnavailable, GpuBackend
+from scheduling.models import Node
+from telemetry import alerts, services
+
+logger = logging.getLogger(__name__)
+
+
+class Sampler:
+    """Samples every GPU of one node each ``interval_s``: ``tick()`` is one step (tests call
+    it), ``start()``/``stop()`` run it on a daemon thread."""
+
+    def __init__(self, *, node_name: str, backend: GpuBackend, interval_s: float = 1.0) -> None:
+        self.node_name = node_name
+        self.backend = backend
+        self.interval_s = interval_s
+        self.stopping = threading.Event()
+        self.ticks = 0
+        self.errors = 0
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> int:
+        """Sample once, store, act on XIDs and alerts; returns how many samples were stored."""
+        state = services.node_state(node_name=self.node_name)
+        if state is None:
+            return 0  # not registered yet: the heartbeat does that
+        node = Node(pk=state.node_id, name=self.node_name)
+        simulated = self.backend.name == "simulated"
+        if simulated and state.faults_pending:
+            services.faults_apply(node=node, backend=self.backend)
+        holders = state.holders
+        reserved = {uuid: h.reserved_mb for uuid, h in holders.items() if h.reserved_mb}
+        samples = self.backend.sample(reserved_mb=reserved)
+        events = self.backend.xid_events()
+        rows = services.record_samples(node=node, samples=samples, holders=holders)
+        live.publish_samples(
+            node_id=node.pk,
+            samples=rows,
+            tenants_by_gpu={h.gpu_id: h.tenant_ids for h in holders.values()},
+        )
+        if events:
+            services.xids_handle(node=node, events=events, simulated=simulated)
+        alerts.check_samples(node=node, rows=rows, open_alerts=state.alerts_open)
+        self.ticks += 1
+        return len(rows)
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                close_old_connections()
+                self.tick()
+            except (DatabaseError, BackendUnavailable, RuntimeError) as exc:
+                self.errors += 1
+                logger.error("node %s: GPU sample failed, will retry: %s", self.node_name, exc)
+                close_old_connections()
+            except Exception:  # the sampler must outlive any one bad sample
+                self.errors += 1
+                logger.exception("node %s: GPU sample failed", self.node_name)
+            # Fixed rate, not fixed delay: samples stay on the second; a late tick skips ahead.
+            next_at += self.interval_s
+            now = time.monotonic()
+            if next_at < now:
+                next_at = now + self.interval_s
+            self.stopping.wait(next_at - now)
+        connection.close()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run, name=f"gpu-sampler-{self.node_name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
