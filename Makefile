@@ -75,9 +75,11 @@ run: setup
 	SECRET_KEY_FILE=var/secret_key SECURE_COOKIES=$${SECURE_COOKIES:-0} \
 		exec $(BIN)/python scripts/run.py
 
+# ruff, then the import contracts in pyproject.toml ([tool.importlinter]: the layers).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 # Each checkout tests in databases of its own (scripts/database_url.py --checkout), dropped at
 # the end however the run ends, so two checkouts can run `make test` at once on one host.

@@ -41,9 +41,10 @@ from bench.common import (
     wait_for,
 )
 from gpuplatform.dburl import current_database_url
-from nodeagent.launcher import lifecycle, procs, reports
-from nodeagent.launcher.procs import ProcessId
+from gpuplatform.procid import ProcessId
+from nodeagent.launcher import lifecycle, procs
 from scheduling import passes
+from scheduling.agentapi import reports
 from scheduling.models import Node, PassRequest, Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.states import TERMINAL

@@ -97,7 +97,7 @@ from bench.common import (
 )
 from gpuplatform import connections as db_connections
 from gpuplatform.dburl import current_database_url
-from nodeagent.launcher.lifecycle import task_cancel
+from scheduling.controls import task_cancel
 from scheduling.models import (
     GPU,
     Allocation,

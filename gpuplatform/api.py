@@ -25,8 +25,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from gpuplatform import throttle
-from gpuplatform.views import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
-from scheduling.spec import SpecError
+from gpuplatform.errors import FieldErrors
+from gpuplatform.outage import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
 from tenants import roles
 from tenants.authentication import TokenContext
 from tenants.models import Membership, Tenant
@@ -158,7 +158,7 @@ def handle_exception(exc, context):
         refused = _pace_by_address(context["request"])
         if refused is not None:
             return refused
-    if isinstance(exc, SpecError):
+    if isinstance(exc, FieldErrors):
         return errors_response(exc.errors)
     if isinstance(exc, DataError) and "NUL (0x00)" in str(exc):
         # PostgreSQL text cannot hold NUL: a query parameter, path part or related field that

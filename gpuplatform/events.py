@@ -1,58 +1,38 @@
-"""Domain events: what a service changed, handed to subscribers once the transaction commits.
+"""Domain events: what a service changed, told to whoever subscribed.
 
-The domain (scheduling, telemetry, monitoring) publishes here and never imports the layers that
-show its changes; ``live`` subscribes in its ``AppConfig.ready``. A topic nobody subscribed to
-costs nothing. A subscriber's failure is logged and never fails the change it reports.
+The domain (scheduling, telemetry, monitoring) and the node agent publish here and never import
+the layers that show their changes: ``live`` subscribes in its ``AppConfig.ready``. Subscribers
+are called at once, inside the publisher's transaction, with the objects as they are now, and
+must send nothing before it commits (``live`` registers its sends with
+``transaction.on_commit``), so nobody hears of a change that rolled back. A topic nobody
+subscribed to costs a dictionary look-up.
 """
 
 from __future__ import annotations
 
-import logging
-from collections import defaultdict
 from collections.abc import Callable
-
-from django.db import transaction
-
-logger = logging.getLogger(__name__)
 
 Handler = Callable[..., None]
 
-TASKS = "tasks"  # task-like objects (id, tenant_id, state, reason, node_id, ...)
-GPUS = "gpus"  # GPU objects or a queryset of them
-NODES = "nodes"  # Node objects or a queryset of them
+# Topics and what their subscribers are given.
+TASKS = "tasks"  # task-like objects: pk, tenant_id, name, state, reason, node_id
+GPUS = "gpus"  # GPU objects (or a queryset of them)
+NODES = "nodes"  # Node objects (or a queryset of them)
 ALERTS = "alerts"  # Alert objects
-PLACEMENTS = "placements"  # (task id, tenant id, node id, [GPU ids]) a placement wrote
-SCHEDULER = "scheduler"  # one pass's figures
+PLACEMENTS = "placements"  # (task id, tenant id, node id, [GPU ids]) of new placements
+SCHEDULER = "scheduler"  # a pass's figures, as a mapping
 REASONS = "reasons"  # (task id, tenant id, pending reason) a pass changed
-SAMPLES = "samples"  # a node's GPU samples of one tick (keywords node_id, samples, ...)
+SAMPLES = "samples"  # keywords node_id, samples, tenants_by_gpu: one node's tick
 
-_subscribers: dict[str, list[Handler]] = defaultdict(list)
+_subscribers: dict[str, list[Handler]] = {}
 
 
 def subscribe(topic: str, handler: Handler) -> None:
-    if handler not in _subscribers[topic]:
-        _subscribers[topic].append(handler)
-
-
-def subscribed(topic: str) -> bool:
-    return bool(_subscribers.get(topic))
+    handlers = _subscribers.setdefault(topic, [])
+    if handler not in handlers:
+        handlers.append(handler)
 
 
 def publish(topic: str, *args: object, **kwargs: object) -> None:
-    """Call ``topic``'s subscribers with these arguments when the current transaction commits
-    (at once outside one); nothing when the transaction rolls back."""
-    handlers = _subscribers.get(topic)
-    if not handlers:
-        return
-    for handler in list(handlers):
-        transaction.on_commit(_guarded(handler, args, kwargs), robust=True)
-
-
-def _guarded(handler: Handler, args: tuple, kwargs: dict) -> Callable[[], None]:
-    def call() -> None:
-        try:
-            handler(*args, **kwargs)
-        except Exception:  # a lost live event must not fail the change it reports
-            logger.exception("event subscriber %r failed", handler)
-
-    return call
+    for handler in _subscribers.get(topic, ()):
+        handler(*args, **kwargs)

@@ -7,32 +7,13 @@ import logging
 import sys
 from http import HTTPStatus
 
-import psycopg
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
+from gpuplatform.outage import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
+
 logger = logging.getLogger(__name__)
-
-# Seconds a client is asked to wait before retrying while the database is unreachable.
-DATABASE_RETRY_AFTER_S = 5
-DATABASE_UNAVAILABLE = "the database is unreachable; retry later"
-
-
-def database_unavailable(exc: BaseException | None) -> bool:
-    """Whether an exception means the database cannot be reached (connection refused or lost,
-    pool exhausted): a temporary condition answered 503, not a bug answered 500."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        # psycopg's own classes too: a pool timeout raised outside Django's error wrapper.
-        if isinstance(
-            exc,
-            (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError),
-        ):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def livez(request: HttpRequest) -> JsonResponse:
@@ -64,7 +45,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     response = readyz(request)
     if response.status_code != HTTPStatus.OK:
         return response
-    from nodeagent.launcher.identity import SINGLE_USER_NOTE
+    from scheduling.agentapi.messages import SINGLE_USER_NOTE
     from scheduling.models import Node
 
     isolation = dict(Node.objects.order_by("name").values_list("name", "isolation"))

@@ -5,3 +5,21 @@ class LiveConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "live"
     verbose_name = "live dashboard"
+
+    def ready(self) -> None:
+        # The domain publishes its changes (gpuplatform.events); the live pages hear of them
+        # through these, each sent to the websocket groups once the change commits.
+        from gpuplatform import events
+        from live import events as live
+
+        for topic in (
+            events.TASKS,
+            events.GPUS,
+            events.NODES,
+            events.ALERTS,
+            events.PLACEMENTS,
+            events.SCHEDULER,
+            events.REASONS,
+            events.SAMPLES,
+        ):
+            events.subscribe(topic, getattr(live, f"publish_{topic}"))

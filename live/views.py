@@ -15,8 +15,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods
 
 from live import history, selectors, tiles
-from nodeagent.launcher import lifecycle
-from scheduling import services
+from scheduling import controls, services
 from scheduling.models import GPU, Node, Task
 from scheduling.states import IllegalTransition
 
@@ -150,9 +149,9 @@ def _perform(kind: str, action: str, obj, user) -> bool:
         act = services.nodes_drain if action == "drain" else services.nodes_undrain
         return bool(act(nodes=[obj], actor=user))
     if action == "cancel":
-        lifecycle.task_cancel(task=obj, by=user)
+        controls.task_cancel(task=obj, by=user)
     else:
-        lifecycle.task_requeue(task=obj, by=user)
+        controls.task_requeue(task=obj, by=user)
     return True
 
 

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from live import events as live
+from gpuplatform import events
 from monitoring import webhook
 from monitoring.models import Alert
 from scheduling.models import GPU, Node, Task
@@ -54,7 +54,7 @@ def alert_raise(
                 raise
         else:
             logger.warning("alert opened: %s", alert)
-            live.publish_alerts([alert])
+            events.publish(events.ALERTS, [alert])
             webhook.notify(alert_ids=[alert.pk], event="opened")
             return alert
     changed = (alert.severity, alert.message) != (severity, message)
@@ -63,7 +63,7 @@ def alert_raise(
     alert.last_seen_at = now
     alert.save(update_fields=["severity", "message", "last_seen_at"])
     if changed:  # a refresh that only says "still so" (every sampling tick) is news to no page
-        live.publish_alerts([alert])
+        events.publish(events.ALERTS, [alert])
     return alert
 
 
@@ -149,5 +149,5 @@ def _resolve(alerts: QuerySet[Alert]) -> int:
         logger.info("%d alert(s) resolved", count)
         for alert in rows:
             alert.resolved_at = now
-        live.publish_alerts(rows)  # one message
+        events.publish(events.ALERTS, rows)  # one message
     return count

@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import psutil
 
-from nodeagent.inventory.base import GpuProcess
-from nodeagent.launcher.procs import ProcessId
+from gpuplatform.procid import ProcessId
+from scheduling.agentapi.messages import GpuProcess
 
 # Slack before a task counts as overusing: the CUDA context alone costs a few hundred MiB that a
 # user's estimate rarely includes, and allocators round up.

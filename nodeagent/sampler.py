@@ -13,7 +13,6 @@ import time
 from django.db import DatabaseError, connection
 
 from gpuplatform.db import close_old_connections
-from live import events as live
 from nodeagent.inventory import BackendUnavailable, GpuBackend
 from scheduling.models import Node
 from telemetry import alerts, services
@@ -48,7 +47,8 @@ class Sampler:
         samples = self.backend.sample(reserved_mb=reserved)
         events = self.backend.xid_events()
         rows = services.record_samples(node=node, samples=samples, holders=holders)
-        live.publish_samples(
+        events.publish(
+            events.SAMPLES,
             node_id=node.pk,
             samples=rows,
             tenants_by_gpu={h.gpu_id: h.tenant_ids for h in holders.values()},

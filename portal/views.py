@@ -21,11 +21,11 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from monitoring import selectors as alert_selectors
-from nodeagent.launcher import lifecycle
 from portal import tenancy
 from portal.controls import controls_for
 from portal.forms import MemberForm, TaskForm, ThrottledLoginForm, TokenForm, YamlForm
-from scheduling import selectors, services
+from scheduling import controls, selectors, services
+from scheduling import usage as tenant_usage
 from scheduling.models import TaskAttempt
 from scheduling.spec import SpecError, parse_yaml
 from scheduling.states import IllegalTransition, TaskState
@@ -39,10 +39,10 @@ from tenants.roles import Action
 PAGE_SIZE = 50
 USAGE_DAYS = (7, 30, 90)
 CONTROLS = {
-    "cancel": lifecycle.task_cancel,
-    "pause": lifecycle.task_pause,
-    "resume": lifecycle.task_resume,
-    "retry": lifecycle.task_retry,
+    "cancel": controls.task_cancel,
+    "pause": controls.task_pause,
+    "resume": controls.task_resume,
+    "retry": controls.task_retry,
 }
 
 
@@ -123,7 +123,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 
 def _quota_bars(tenant) -> dict:
-    use = tenant_selectors.quota_in_use(tenant=tenant)
+    use = tenant_usage.quota_in_use(tenant=tenant)
     quotas = tenant_selectors.quota_limits(tenant=tenant)
     cluster = next((q for q in quotas if q.pool_id is None), None)
     bars = [
@@ -136,7 +136,7 @@ def _quota_bars(tenant) -> dict:
         (_("Running tasks"), _bar(use["running_tasks"], cluster and cluster.max_running_tasks), ""),
         (_("Queued tasks"), _bar(use["queued_tasks"], cluster and cluster.max_queued_tasks), ""),
     ]
-    return {"bars": bars, "fair_share": tenant_selectors.fair_share(tenant=tenant, quotas=quotas)}
+    return {"bars": bars, "fair_share": tenant_usage.fair_share(tenant=tenant, quotas=quotas)}
 
 
 # --- Tasks ----------------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def _bulk_cancel(request: HttpRequest) -> HttpResponse:
             refused.append(task.pk)
             continue
         try:
-            lifecycle.task_cancel(task=task, by=request.user)
+            controls.task_cancel(task=task, by=request.user)
             done += 1
         except (IllegalTransition, services.StaleTask):
             refused.append(task.pk)
@@ -448,8 +448,8 @@ def _usage(tenant, days: int) -> tuple[list[dict], list[dict]]:
     """Per day and per member: GPU-hours allocated (from allocations) beside those actually
     used (utilisation-weighted) and held idle, as telemetry sampled them. A day or member with
     no samples shows None for the sampled figures (not measured), never 0."""
-    per_day = tenant_selectors.usage_per_day(tenant=tenant, days=days)
-    per_member = tenant_selectors.usage_per_member(tenant=tenant, days=days)
+    per_day = tenant_usage.usage_per_day(tenant=tenant, days=days)
+    per_member = tenant_usage.usage_per_member(tenant=tenant, days=days)
     sampled_day: dict[str, list[float]] = {}
     sampled_member: dict[str, list[float]] = {}
     for row in telemetry_selectors.usage_from_samples(tenant=tenant, days=days):

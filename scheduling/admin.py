@@ -11,10 +11,9 @@ from django.utils.html import format_html
 
 from gpuplatform.admin import ReadOnlyAdmin, ReadOnlyInline
 from gpuplatform.units import format_memory_mb
-from nodeagent.launcher import lifecycle
-from nodeagent.launcher.identity import SINGLE_USER_NOTE
-from scheduling import scheduler, services
+from scheduling import controls, scheduler, services
 from scheduling.admin_forms import PriorityForm, SubmitForTenantForm
+from scheduling.agentapi.messages import SINGLE_USER_NOTE
 from scheduling.models import (
     GPU,
     Allocation,
@@ -338,21 +337,21 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cancel the selected tasks", permissions=["control"])
     def cancel(self, request, queryset):
-        self._control(request, queryset, lifecycle.task_cancel, "Cancelled (or stopping)")
+        self._control(request, queryset, controls.task_cancel, "Cancelled (or stopping)")
 
     @admin.action(description="Pause the selected tasks", permissions=["control"])
     def pause(self, request, queryset):
-        self._control(request, queryset, lifecycle.task_pause, "Paused")
+        self._control(request, queryset, controls.task_pause, "Paused")
 
     @admin.action(description="Resume the selected paused tasks", permissions=["control"])
     def resume(self, request, queryset):
-        self._control(request, queryset, lifecycle.task_resume, "Resumed")
+        self._control(request, queryset, controls.task_resume, "Resumed")
 
     @admin.action(
         description="Retry the selected tasks (or release held ones)", permissions=["control"]
     )
     def retry(self, request, queryset):
-        self._control(request, queryset, lifecycle.task_retry, "Retried")
+        self._control(request, queryset, controls.task_retry, "Retried")
 
     def _control(self, request, queryset, act, done: str) -> None:
         changed, refused = 0, []

@@ -24,8 +24,7 @@ from rest_framework.views import APIView
 
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.api_defaults import Page
-from nodeagent.launcher import lifecycle
-from scheduling import logs, selectors, services
+from scheduling import controls, logs, selectors, services
 from scheduling.models import (
     GPU,
     Allocation,
@@ -550,10 +549,10 @@ class TaskLog(APIView):
 
 
 CONTROLS = {
-    "cancel": lifecycle.task_cancel,
-    "pause": lifecycle.task_pause,
-    "resume": lifecycle.task_resume,
-    "retry": lifecycle.task_retry,
+    "cancel": controls.task_cancel,
+    "pause": controls.task_pause,
+    "resume": controls.task_resume,
+    "retry": controls.task_retry,
 }
 
 

@@ -23,10 +23,9 @@ from typing import NamedTuple
 from django.db import connection, transaction
 from django.utils import timezone
 
+from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
-from live import events as live
-from nodeagent.launcher import lifecycle
-from scheduling import estate, fairshare, passes, services, states
+from scheduling import controls, estate, fairshare, passes, services, states
 from scheduling.models import (
     GpuState,
     NodeState,
@@ -128,14 +127,15 @@ def _schedule_pass() -> PassResult:
             passes.book_wake_up(result.wake_at)
         result.ms = (time.perf_counter() - began) * 1000
         record_pass(result, now, decision.line)
-        live.publish_scheduler(
+        events.publish(
+            events.SCHEDULER,
             {
                 "last_pass_at": now.timestamp(),
                 "last_pass_ms": round(result.ms, 1),
                 "placed": len(result.placed),
                 "preempted": len(result.preempted),
                 "waiting": result.waiting,
-            }
+            },
         )
     if result.placed or result.preempted or result.failed:
         logger.info(
@@ -601,8 +601,8 @@ def apply_placements(decision: Decision, now: datetime) -> list[int]:
         attempt, tenant_id, node_id = returned[p.task_id]
         placed.append((p.task_id, tenant_id, node_id, [gpu_id for gpu_id, _ in p.gpus]))
         launches.append((p.task_id, attempt, p.node))
-    lifecycle.dispatch_launches(launches)  # in this transaction, before the live events
-    live.publish_placements(placed)
+    controls.dispatch_launches(launches)  # in this transaction, before the live events
+    events.publish(events.PLACEMENTS, placed)
     return list(returned)
 
 
@@ -736,7 +736,7 @@ def apply_preemptions(decision: Decision) -> list[int]:
         if task is None:
             continue
         try:
-            lifecycle.task_preempt(task=task, reason=preemption.reason)
+            controls.task_preempt(task=task, reason=preemption.reason)
         except (services.StaleTask, states.IllegalTransition):
             continue
         done.append(task.pk)
@@ -790,7 +790,7 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
                 [reasons, records, digest_of, ids, which, TaskState.PENDING.value],
             )
             # Only the reasons that changed: an unchanged queue costs the pages nothing.
-            live.publish_reasons(cursor.fetchall())
+            events.publish(events.REASONS, cursor.fetchall())
     return count
 
 

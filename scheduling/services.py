@@ -13,9 +13,9 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
-from live import events as live
-from nodeagent.inventory import GpuInfo
+from gpuplatform import events
 from scheduling import passes, states
+from scheduling.agentapi.messages import GpuInfo
 from scheduling.models import GPU, Allocation, GpuState, Node, NodeState, Pool, Task, TaskEvent
 from scheduling.spec import SpecError, parse_priority
 from scheduling.states import TaskState
@@ -125,7 +125,7 @@ def _transitioned(
             )
         )
     TaskEvent.objects.bulk_create(events)
-    live.publish_tasks([task for task, _, _ in done])
+    events.publish(events.TASKS, [task for task, _, _ in done])
     # Freed GPUs, a task back in the queue, or a serial queue's head gone: the next may start.
     if wake_scheduler and (frees or to_state in states.TERMINAL or to_state == TaskState.PENDING):
         passes.request_pass()
@@ -164,7 +164,7 @@ def task_set_priority(
         attempt=task.attempt,
         actor=by,
     )
-    live.publish_tasks([task])
+    events.publish(events.TASKS, [task])
     if task.state == TaskState.PENDING:
         passes.request_pass()  # its place in line changed
     return task
@@ -239,8 +239,8 @@ def node_register(
         if gpu.state == GpuState.OFFLINE and gpu.state_reason in (VANISHED, NODE_SILENT):
             _resume(gpu, GpuState.AVAILABLE)
         gpu.save()
-    live.publish_nodes([node])
-    live.publish_gpus(GPU.objects.filter(node=node))
+    events.publish(events.NODES, [node])
+    events.publish(events.GPUS, GPU.objects.filter(node=node))
     passes.request_pass()
     return node
 
@@ -262,9 +262,9 @@ def node_heartbeat(*, name: str) -> bool:
             )
             logger.info("node %s is back: heartbeat resumed", name)
             passes.request_pass()
-            live.publish_gpus(GPU.objects.filter(node=node))
+            events.publish(events.GPUS, GPU.objects.filter(node=node))
         node.save(update_fields=["last_heartbeat", "state", "state_reason", "resume_state"])
-        live.publish_nodes([node])
+        events.publish(events.NODES, [node])
     return True
 
 
@@ -292,8 +292,8 @@ def nodes_mark_silent(*, offline_after: timedelta, now: datetime | None = None) 
         )
         logger.warning("node %s marked offline: no heartbeat since %s", node, node.last_heartbeat)
     if silent:
-        live.publish_nodes(silent)
-        live.publish_gpus(GPU.objects.filter(node__in=silent))
+        events.publish(events.NODES, silent)
+        events.publish(events.GPUS, GPU.objects.filter(node__in=silent))
     return [node.name for node in silent]
 
 
@@ -317,7 +317,7 @@ def gpus_drain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) ->
         state=GpuState.DRAINING, state_reason=_drained_reason(actor)
     )
     if count:
-        live.publish_gpus(GPU.objects.filter(pk__in=ids))
+        events.publish(events.GPUS, GPU.objects.filter(pk__in=ids))
     return count
 
 
@@ -328,7 +328,7 @@ def gpus_undrain(*, gpus: Iterable[GPU], actor: AbstractBaseUser | None = None) 
         state=GpuState.AVAILABLE, state_reason=""
     )
     if count:
-        live.publish_gpus(GPU.objects.filter(pk__in=ids))
+        events.publish(events.GPUS, GPU.objects.filter(pk__in=ids))
         passes.request_pass()
     return count
 
@@ -339,7 +339,7 @@ def nodes_drain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = None)
         state=NodeState.DRAINING, state_reason=_drained_reason(actor)
     )
     if count:
-        live.publish_nodes(Node.objects.filter(pk__in=ids))
+        events.publish(events.NODES, Node.objects.filter(pk__in=ids))
     return count
 
 
@@ -349,6 +349,6 @@ def nodes_undrain(*, nodes: Iterable[Node], actor: AbstractBaseUser | None = Non
         state=NodeState.AVAILABLE, state_reason=""
     )
     if count:
-        live.publish_nodes(Node.objects.filter(pk__in=ids))
+        events.publish(events.NODES, Node.objects.filter(pk__in=ids))
         passes.request_pass()
     return count

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from django.utils.translation import gettext, gettext_lazy
 
+from gpuplatform.errors import FieldErrors
 from gpuplatform.units import format_duration_s, parse_duration_s, parse_memory_mb
 
 MAX_COMMAND_LENGTH = 16384  # characters; anything longer belongs in a script in the workdir
@@ -144,17 +145,8 @@ class TaskSpec:
         }
 
 
-class SpecError(Exception):
+class SpecError(FieldErrors):
     """A spec with problems: ``errors`` maps each field path to the reasons, in the order found."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
-
-    def __str__(self) -> str:
-        return "\n".join(
-            f"{path}: {reason}" for path, items in self.errors.items() for reason in items
-        )
 
 
 def parse_spec(data: object) -> TaskSpec:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from nodeagent.launcher import lifecycle
-from scheduling import estate, passes, scheduler, services
+from scheduling import controls, estate, passes, scheduler, services
 
 
 def mark_silent_nodes() -> dict:
@@ -13,7 +12,7 @@ def mark_silent_nodes() -> dict:
     their tasks, once the node has been silent for ``lost_after``, are lost and requeued."""
     heartbeat = estate.config().heartbeat
     silent = services.nodes_mark_silent(offline_after=timedelta(seconds=heartbeat.offline_after_s))
-    lost = lifecycle.requeue_tasks_of_silent_nodes(timedelta(seconds=heartbeat.lost_after_s))
+    lost = controls.requeue_tasks_of_silent_nodes(timedelta(seconds=heartbeat.lost_after_s))
     return {"silent_nodes": silent, "lost_tasks": lost}
 
 

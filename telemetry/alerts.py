@@ -11,8 +11,7 @@ from django.utils import timezone
 
 from monitoring import services as alert_services
 from monitoring.models import Alert, AlertKind, Severity
-from nodeagent.launcher import lifecycle
-from scheduling import estate
+from scheduling import controls, estate
 from scheduling.models import GPU, Allocation, Node, Task
 from scheduling.states import TaskState
 from telemetry import policies
@@ -144,7 +143,7 @@ def _reclaim(task: Task, gpu: GPU, config) -> int:
         f"reclaimed: GPU {gpu.index} of {gpu.node.name} stayed at or under {config.threshold} % "
         f"utilisation for {(config.window_s + config.grace_s) // 60} min (idle GPU policy)"
     )
-    if lifecycle.task_stop_for_violation(task=task, reason=reason):
+    if controls.task_stop_for_violation(task=task, reason=reason):
         logger.warning("task %s: %s", task.pk, reason)
         return 1
     return 0

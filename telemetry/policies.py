@@ -6,7 +6,7 @@ signal to its supervisor, not a round trip through django-q2.
 * ``drain`` XIDs (and a lost GPU): the GPU becomes ``failed`` (only an operator returns it to
   service) and each task on it is stopped. Its attempt then ends on a failed GPU, which the
   launcher already books as the infrastructure's fault: the task is requeued without spending
-  its retries (``nodeagent.launcher.reports._broken_gpu``), and nothing new is placed on the
+  its retries (``scheduling.agentapi.reports._broken_gpu``), and nothing new is placed on the
   GPU meanwhile. A task whose supervisor is already gone is settled at once by reconciliation.
 * ``fail_task`` XIDs: the application's fault. Its task is stopped and fails with the XID as
   the reason (no retry: it would fail again); the GPU stays in service.
@@ -21,9 +21,8 @@ from django.db import transaction
 
 from monitoring import services as alerts
 from monitoring.models import AlertKind, Severity
-from nodeagent.inventory.base import XidEvent
-from nodeagent.launcher import lifecycle
-from scheduling import estate
+from scheduling import controls, estate
+from scheduling.agentapi.messages import XidEvent
 from scheduling.models import GPU, GpuState, Node, Task
 from scheduling.states import HOLDS_GPUS
 from telemetry.models import XidRecord
@@ -57,7 +56,9 @@ def holding_tasks(gpu: GPU) -> list[Task]:
     return list(
         Task.objects.filter(
             allocations__gpu=gpu, allocations__released_at__isnull=True, state__in=HOLDS_GPUS
-        ).distinct()
+        )
+        .select_related("node")
+        .distinct()
     )
 
 
@@ -88,7 +89,7 @@ def xid_apply(*, node: Node, event: XidEvent, simulated: bool = False) -> XidRec
         gpu_fail(gpu=gpu, reason=f"{what}: drained, its tasks requeued", tasks=tasks)
     elif action == "fail_task":
         for task in tasks:
-            lifecycle.task_stop_for_violation(
+            controls.task_stop_for_violation(
                 task=task, reason=f"{what}: the application's fault; the GPU stays in service"
             )
     return record
@@ -109,7 +110,7 @@ def gpu_fail(*, gpu: GPU, reason: str, tasks: list[Task] | None = None) -> bool:
     logger.error("GPU %s failed: %s", gpu.uuid, reason)
     for task in tasks if tasks is not None else holding_tasks(gpu):
         if task.attempt:
-            lifecycle.control(task.pk, task.attempt, "stop")
+            controls.stop_attempt(task)  # its supervisor, on the task's node
     return True
 
 

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from django.utils import timezone
 
 from gpuplatform.db import server_bound_cursor
-from nodeagent.inventory.base import GpuSample as Reading
-from nodeagent.inventory.base import XidEvent
+from scheduling.agentapi.messages import GpuSample as Reading
+from scheduling.agentapi.messages import XidEvent
 from scheduling.models import GPU, Node
 from scheduling.states import HOLDS_GPUS
 from telemetry.models import FaultKind, GpuSample, SimulatedFault

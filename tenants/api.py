@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.serializers import ModelCleanSerializer
-from scheduling import passes
+from scheduling import passes, usage
 from tenants import selectors, services
 from tenants.authentication import TokenContext
 from tenants.models import ApiToken, Membership, Quota, Role, Tenant
@@ -196,7 +196,7 @@ class QuotaView(APIView):
 
     @extend_schema(responses=QuotaOut)
     def get(self, request: Request) -> Response:
-        return Response(selectors.quota_summary(tenant=request_tenant(request).tenant))
+        return Response(usage.quota_summary(tenant=request_tenant(request).tenant))
 
 
 UsageOut = inline_serializer(
@@ -227,7 +227,7 @@ class UsageView(APIView):
         if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_USAGE_DAYS:
             return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
         tenant = request_tenant(request).tenant
-        days = selectors.usage_per_day(tenant=tenant, days=int(raw))
+        days = usage.usage_per_day(tenant=tenant, days=int(raw))
         return Response(
             {
                 "tenant": tenant.name,

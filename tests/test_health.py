@@ -31,7 +31,7 @@ def test_readiness_reports_the_database(client):
 
 @pytest.mark.django_db
 def test_healthz_says_which_nodes_do_not_isolate_tenants(client):
-    from nodeagent.launcher.identity import SINGLE_USER_NOTE
+    from scheduling.agentapi.messages import SINGLE_USER_NOTE
     from tests.factories import NodeFactory
 
     NodeFactory(name="gpu-01", isolation="tenant users")

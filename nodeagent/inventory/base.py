@@ -3,67 +3,20 @@
 import abc
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
+from scheduling.agentapi.messages import GpuInfo, GpuProcess, GpuSample, XidEvent
 
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    # Stable identity: indices can change across reboots and driver upgrades, UUIDs do not, and
-    # CUDA_VISIBLE_DEVICES accepts them.
-    uuid: str
-    model: str
-    memory_mb: int
-    pci_bus_id: str
-    gpu_type: str
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """A process holding memory on a GPU, as the driver sees it."""
-
-    gpu_uuid: str
-    # In the host's pid namespace: a node agent inside a container sees other pids.
-    pid: int
-    # None where the driver cannot tell (some drivers, WSL, insufficient permissions).
-    used_mb: int | None
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    """One reading of one GPU. A metric the GPU or driver cannot report is None."""
-
-    gpu_uuid: str
-    # Wall-clock seconds (time.time()) of the read, taken once per batch.
-    at: float
-    util_gpu: int | None = None  # percent of time a kernel ran
-    util_memory: int | None = None  # percent of time memory was read or written
-    memory_used_mb: int | None = None
-    memory_total_mb: int | None = None
-    temperature_c: int | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    sm_clock_mhz: int | None = None
-    fan_pct: int | None = None
-    ecc_corrected: int | None = None  # volatile (since driver load) totals
-    ecc_uncorrected: int | None = None
-    throttle_reasons: int | None = None  # NVML's clocksEventReasons bit mask
-    # (pid, used MiB or None) of the processes on this GPU, where the backend lists them.
-    processes: tuple[tuple[int, int | None], ...] = ()
-    # The GPU answered "lost" (fallen off the bus); its other fields are None.
-    lost: bool = False
-    simulated: bool = False
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    """A GPU error reported by the driver (NVIDIA's XID catalogue)."""
-
-    gpu_uuid: str
-    xid: int
-    at: float
+__all__ = [
+    "BackendUnavailable",
+    "GpuBackend",
+    "GpuInfo",
+    "GpuProcess",
+    "GpuSample",
+    "XidEvent",
+    "gpu_type_for",
+]
 
 
 class BackendUnavailable(Exception):

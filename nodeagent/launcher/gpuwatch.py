@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 
+from gpuplatform.procid import ProcessId
 from monitoring import services as alerts
 from monitoring.models import AlertKind, Severity
 from nodeagent.gpumem import gpu_memory_report, owners_from_tree
 from nodeagent.inventory import GpuBackend
-from nodeagent.launcher import lifecycle
-from nodeagent.launcher.procs import ProcessId
-from scheduling import estate, passes
+from scheduling import controls, estate, passes
 from scheduling.models import GPU, Allocation, Node, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS
 
@@ -62,7 +61,7 @@ def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
             task=task,
         )
         keep.add((gpu.pk, task.pk))
-        if policy == "kill" and lifecycle.task_stop_for_violation(task=task, reason=message):
+        if policy == "kill" and controls.task_stop_for_violation(task=task, reason=message):
             logger.warning("stopping %s: %s", task, message)
     alerts.alerts_resolve_except(kind=AlertKind.GPU_MEMORY_OVERUSE, keep=keep, node=node)
     return {"foreign_changed": changed, "overuses": len(report.overuses)}

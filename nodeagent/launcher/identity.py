@@ -30,10 +30,10 @@ from pathlib import Path
 from django.conf import settings
 
 from scheduling import paths
+from scheduling.agentapi.messages import SINGLE_USER_NOTE
 
 logger = logging.getLogger(__name__)
 
-SINGLE_USER_NOTE = "single-user mode: tenants are not isolated on this host"
 MAX_USER_NAME = 32  # useradd's limit
 NOLOGIN = "/usr/sbin/nologin"
 USERADD = "/usr/sbin/useradd"

@@ -1,7 +1,8 @@
 """A task's life on its node: launch, start, stop, finish, retry, and recovery after crashes.
 
-These are the services the node agent, the scheduler and the API call; what the supervisor
-itself reports lives in ``reports`` (this module imports the supervisor, never the reverse).
+What runs on the node: the launch jobs the control plane queues to the node's cluster
+(``scheduling.controls``), the signals it sends, and reconciliation; what a supervisor reports
+goes through ``scheduling.agentapi.reports``.
 Each is idempotent: a duplicate delivery, a retried report or a reconciliation racing the
 supervisor changes nothing the second time.
 """
@@ -15,77 +16,29 @@ import os
 import signal
 import subprocess
 import sys
-from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
-from django_q.conf import Conf
-from django_q.tasks import async_task
 
-from gpuplatform.broker import QueueBatch
 from gpuplatform.db import Query, server_bound_cursor
-from nodeagent.launcher import cgroups, procs, spawner, supervisor, tracking
+from gpuplatform.procid import ProcessId
+from nodeagent.launcher import cgroups, procs, supervisor, tracking, wire
 from nodeagent.launcher.environ import platform_environment
-from nodeagent.launcher.messages import Assignment
-from nodeagent.launcher.procs import ProcessId
-from nodeagent.launcher.reports import STOPPING, attempt_finished, requeue_lost
-from scheduling import passes, paths, services
-from scheduling.models import StopRequest, Task, TaskAttempt
-from scheduling.states import HOLDS_GPUS, TERMINAL, IllegalTransition, TaskState
+from scheduling import paths
+from scheduling.agentapi.messages import Assignment
+from scheduling.agentapi.reports import attempt_finished
+from scheduling.controls import requeue_lost
+from scheduling.models import Task, TaskAttempt
+from scheduling.states import HOLDS_GPUS, TaskState
 
 logger = logging.getLogger(__name__)
 
 # A launch that has not produced a supervisor after this long is tried again by reconciliation.
 LAUNCH_PATIENCE = timedelta(seconds=30)
-
-
-# --- Dispatch (runs where the decision is made) ----------------------------------------------
-
-
-def dispatch(func: str, task: Task, *args: object) -> None:
-    """Hand work to the django-q2 cluster of the task's node (``Q_CLUSTER_NAME=<node>``)."""
-    if not settings.LAUNCH_TASKS or task.node is None:
-        return
-    async_task(f"nodeagent.launcher.tasks.{func}", task.pk, *args, cluster=task.node.name)
-
-
-def dispatch_launches(placed: list[tuple[int, int, str]]) -> None:
-    """One launch job per node for what a pass placed there, not one per task: ``placed``
-    holds (task id, attempt number, node name) as the pass wrote them. A task cancelled since
-    is skipped by the launch itself (``launch_many``), so nothing is read here.
-
-    The jobs are queued in the caller's transaction (the pass's: an outbox), so each job and
-    its NOTIFY become visible at the commit, with the placements, or never. Queued after the
-    commit they were one more transaction per node, each flushing the WAL (4 of a pass's 6
-    commits in the throughput bench), and a scheduler that died between the two left placed
-    tasks to reconciliation (LAUNCH_PATIENCE). A queue that runs its jobs inline (``sync``,
-    in tests) runs them once the transaction has committed instead."""
-    if not settings.LAUNCH_TASKS:
-        return
-    if Conf.SYNC:
-        transaction.on_commit(lambda: _queue_launches(placed))
-    else:
-        _queue_launches(placed)
-
-
-def _queue_launches(placed: list[tuple[int, int, str]]) -> None:
-    by_node: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for task_id, attempt_no, node_name in placed:
-        by_node[node_name].append((task_id, attempt_no))
-    batch = QueueBatch()  # all the nodes' jobs in one statement
-    for node_name, pairs in by_node.items():
-        async_task(
-            "nodeagent.launcher.tasks.launch_many",
-            pairs,
-            cluster=node_name,
-            broker=batch.broker(node_name),
-        )
-    batch.send()
 
 
 # --- Launch (runs on the node) -----------------------------------------------------------------
@@ -266,9 +219,9 @@ def spawn_supervisor(assignment: Assignment, *, may_fork: bool = True) -> None:
     sink = supervisor_sink(assignment)
     if settings.SUPERVISOR_START == "fork":
         try:
-            spawner.request(assignment, str(sink))
+            wire.request(assignment, str(sink))
             return
-        except spawner.NotSent:
+        except wire.NotSent:
             if may_fork:  # no spawner here (yet): this worker forks it
                 _fork_supervisor(assignment, sink)
                 return
@@ -339,119 +292,6 @@ def _forget_inherited_connections() -> None:
             conn.connection = None
 
 
-# --- Controls (cancel, pause, resume, preempt) -------------------------------------------------
-
-
-def _by(verb: str, by: AbstractBaseUser | None) -> str:
-    return f"{verb} by {by.get_username()}" if by is not None else verb
-
-
-def _current_attempt(task: Task) -> TaskAttempt | None:
-    return TaskAttempt.objects.filter(task=task, number=task.attempt).first()
-
-
-def task_cancel(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
-    """Cancel now if nothing runs; otherwise ask the supervisor to stop (SIGTERM, grace, KILL)."""
-    with transaction.atomic():
-        task = Task.objects.select_for_update(of=("self",)).select_related("node").get(pk=task.pk)
-        reason = _by("cancelled", by)
-        attempt = _current_attempt(task) if task.state in HOLDS_GPUS else None
-        if attempt is None or attempt.outcome:
-            return services.task_transition(
-                task=task, to_state=TaskState.CANCELLED, reason=reason, actor=by
-            )
-        TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.CANCEL)
-        Task.objects.filter(pk=task.pk).update(reason=f"{reason}{STOPPING}")
-        transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
-    task.refresh_from_db()
-    return task
-
-
-def task_preempt(*, task: Task, reason: str) -> None:
-    """Called by the scheduler: stop a victim so a more important task can start."""
-    services.task_transition(
-        task=task, to_state=TaskState.PREEMPTED, reason=reason, wake_scheduler=False
-    )
-    attempt = _current_attempt(task)
-    if attempt is None or attempt.outcome:
-        # Never started: nothing to stop, straight back to the queue.
-        services.task_transition(
-            task=task, to_state=TaskState.PENDING, reason=f"{reason}; requeued"
-        )
-        return
-    TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.PREEMPT)
-    transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
-
-
-def task_stop_for_violation(*, task: Task, reason: str) -> bool:
-    """Stop a task that broke a limit; it fails with ``reason`` (no retry: it would again)."""
-    with transaction.atomic():
-        attempt = _current_attempt(task)
-        if attempt is None or attempt.outcome or attempt.stop_requested:
-            return False
-        TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.VIOLATION)
-        Task.objects.filter(pk=task.pk).update(reason=reason)
-        transaction.on_commit(lambda: dispatch("control", task, task.attempt, "stop"))
-    return True
-
-
-def task_pause(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
-    task = services.task_transition(
-        task=task, to_state=TaskState.PAUSED, actor=by, reason=_by("paused", by)
-    )
-    transaction.on_commit(lambda: dispatch("control", task, task.attempt, "pause"))
-    return task
-
-
-def task_resume(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
-    if task.state != TaskState.PAUSED:  # scheduled -> running is the launcher's move, not ours
-        raise IllegalTransition(task.state, "resumed (only a paused task can be)")
-    task = services.task_transition(
-        task=task, to_state=TaskState.RUNNING, actor=by, reason=_by("resumed", by)
-    )
-    transaction.on_commit(lambda: dispatch("control", task, task.attempt, "resume"))
-    return task
-
-
-def task_retry(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
-    """Run a task that ended without success again, or release one held after repeated
-    infrastructure failures."""
-    if task.state == TaskState.PENDING and task.hold_reason:
-        Task.objects.filter(pk=task.pk).update(
-            hold_reason="",
-            infra_requeues=0,
-            reason=_by("released", by),
-            wait={},
-            wait_digest=0,
-        )
-        passes.request_pass()
-        task.refresh_from_db()
-        return task
-    return services.task_transition(
-        task=task,
-        to_state=TaskState.PENDING,
-        actor=by,
-        reason=_by("retried", by),
-        not_before=None,
-        hold_reason="",
-        infra_requeues=0,
-        exit_code=None,
-    )
-
-
-def task_requeue(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
-    """Put a task back in the queue: one that holds GPUs is stopped and requeued as a
-    preemption would (it keeps its attempt count), one that ended is retried."""
-    if task.state in TERMINAL:
-        return task_retry(task=task, by=by)
-    if task.state not in HOLDS_GPUS:
-        raise IllegalTransition(task.state, "requeued (it is not running nor ended)")
-    with transaction.atomic():
-        task_preempt(task=task, reason=_by("requeued", by))
-    task.refresh_from_db()
-    return task
-
-
 SIGNALS = {"stop": signal.SIGTERM, "pause": signal.SIGUSR1, "resume": signal.SIGUSR2}
 
 
@@ -474,6 +314,10 @@ def control(task_id: int, attempt_no: int, action: str) -> str:
             os.kill(supervisor.pid, SIGNALS[action])
             return f"sent {action}"
     return reconcile_attempt(attempt)
+
+
+def current_attempt(task: Task) -> TaskAttempt | None:
+    return TaskAttempt.objects.filter(task=task, number=task.attempt).first()
 
 
 def _supervisor(attempt: TaskAttempt) -> ProcessId | None:
@@ -543,7 +387,7 @@ def reconcile_node(node_name: str, *, startup: bool = False) -> dict[str, int]:
         "tenant", "node"
     )
     for task in tasks:
-        attempt = _current_attempt(task)
+        attempt = current_attempt(task)
         if attempt is None:
             if task.state == TaskState.SCHEDULED and (
                 timezone.now() - (task.scheduled_at or timezone.now()) > LAUNCH_PATIENCE
@@ -642,15 +486,3 @@ def _stop_stale_supervisors(node_name: str) -> int:
             os.kill(pid, signal.SIGTERM)
             stopped += 1
     return stopped
-
-
-def requeue_tasks_of_silent_nodes(lost_after: timedelta) -> list[int]:
-    """Scheduler side: tasks on nodes silent for ``lost_after`` are lost and requeued."""
-    cutoff = timezone.now() - lost_after
-    lost = []
-    for task in Task.objects.filter(
-        state__in=HOLDS_GPUS, node__state="offline", node__last_heartbeat__lt=cutoff
-    ).select_related("node"):
-        requeue_lost(task, f"node {task.node.name} stopped heartbeating")
-        lost.append(task.pk)
-    return lost

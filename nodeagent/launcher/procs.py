@@ -13,9 +13,10 @@ import functools
 import os
 import signal
 import time
-from dataclasses import dataclass
 
 import psutil
+
+from gpuplatform.procid import ProcessId, read_proc
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -69,7 +70,7 @@ def supervising(supervisor: ProcessId, task_id: int, attempt_no: int) -> bool:
 def title_of(pid: int) -> str | None:
     """The command line of ``pid`` as ps shows it (arguments joined by spaces), or None."""
     try:
-        cmdline = _read_proc(f"/proc/{pid}/cmdline")
+        cmdline = read_proc(f"/proc/{pid}/cmdline")
     except OSError:
         return None
     return cmdline.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
@@ -100,66 +101,6 @@ def keep_titles_settable() -> None:
 def set_name(name: str) -> None:
     """The process name ps, top and psutil show (Linux: 15 bytes at most)."""
     prctl(PR_SET_NAME, name.encode()[:15])
-
-
-@dataclass(frozen=True)
-class ProcessId:
-    """A pid plus its start time: a reused pid never passes for the original process."""
-
-    pid: int
-    started: float
-
-    @classmethod
-    def of(cls, pid: int) -> ProcessId | None:
-        try:
-            return cls(pid, start_time(pid))
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def alive(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return (
-                abs(proc.create_time() - self.started) < 0.01
-                and proc.status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.Error:
-            return False
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def start_time(pid: int) -> float:
-    """What ``psutil.Process(pid).create_time()`` says (``alive`` compares the two), computed
-    as psutil does: ``/proc/<pid>/stat`` field 22 in clock ticks after boot, plus the boot
-    time in ``/proc/stat`` (read each time, as psutil does, so a clock step moves both alike).
-    Two raw reads instead of psutil's objects: a supervisor calls it twice per task, and in a
-    freshly forked supervisor psutil's path cost 0.46 ms and 144 page faults, this one
-    0.09 ms (measured, harness of 300 ``true`` tasks). Raises OSError when ``pid`` is gone."""
-    data = _read_proc(f"/proc/{pid}/stat")
-    # The command name, in parentheses, may itself hold spaces and parentheses.
-    ticks = int(data[data.rindex(b")") + 2 :].split()[19])
-    return ticks / CLOCK_TICKS + _boot_time()
-
-
-def _boot_time() -> float:
-    for line in _read_proc("/proc/stat").splitlines():
-        if line.startswith(b"btime "):
-            return float(line.split()[1])
-    raise ValueError("no btime in /proc/stat")
-
-
-def _read_proc(path: str) -> bytes:
-    """The whole file (``/proc/stat`` outgrows one read on hosts with many CPUs)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def exit_fd(pid: int) -> int | None:

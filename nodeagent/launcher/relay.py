@@ -21,93 +21,25 @@ carries an HMAC of the report under the platform's secret key, which tasks never
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 from dataclasses import replace
 
-from django.conf import settings
 from django.db import DatabaseError, OperationalError
 
 from gpuplatform.db import close_old_connections
-from nodeagent.launcher.messages import Assignment, ExitReport, StartReport
+from nodeagent.launcher import wire
+from scheduling.agentapi.messages import Assignment, ExitReport, StartReport
 
 logger = logging.getLogger(__name__)
 
-REPLY_TIMEOUT_S = 5.0  # then the supervisor reports itself
 GATHER_S = 0.005  # how long the first report of a batch waits for others
 MAX_BATCH = 256
-MAX_MESSAGE = 64 * 1024
-_PEERCRED = struct.Struct("3i")  # pid, uid, gid
-
-
-def address(node_name: str, service: str = "relay") -> str:
-    """The abstract socket of one of a node's services (``relay``, ``spawner``)."""
-    digest = hashlib.sha256(f"{settings.VAR_DIR}\0{node_name}".encode()).hexdigest()[:24]
-    return f"\0gpuplatform-{service}-{digest}"
-
-
-def peer(sock: socket.socket) -> tuple[int, int]:
-    """The pid and uid of the process at the other end of a Unix socket, from the kernel."""
-    pid, uid, _ = _PEERCRED.unpack(
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    )
-    return pid, uid
-
-
-def signature(message: dict) -> str:
-    """An HMAC of the whole report but its signature."""
-    subject = json.dumps({k: v for k, v in message.items() if k != "sig"}, sort_keys=True)
-    return hmac.new(settings.SECRET_KEY.encode(), subject.encode(), hashlib.sha256).hexdigest()
-
-
-def signed(message: dict) -> dict:
-    """``message`` with its signature (``sig``), for the relay or the spawner to believe."""
-    return {**message, "sig": signature(message)}
-
-
-def genuine(message: dict) -> bool:
-    """Whether ``message`` carries the signature of what it says (``signed``)."""
-    return hmac.compare_digest(str(message.get("sig", "")), signature(message))
-
-
-# --- Supervisor side ---------------------------------------------------------------------------
-
-
-KINDS = {"StartReport": "started", "ExitReport": "finished", "FenceQuery": "fence"}
-
-
-def send(node_name: str, report, timeout: float = REPLY_TIMEOUT_S) -> dict | None:
-    """Send this supervisor's ``messages.StartReport``, ``ExitReport`` or ``FenceQuery`` to the
-    agent of ``node_name`` and wait for its answer; None if there is none (then write or ask
-    the database yourself)."""
-    message = signed(
-        {
-            "kind": KINDS[type(report).__name__],
-            "supervisor": os.getpid(),
-            "report": report.as_dict(),
-        }
-    )
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            sock.settimeout(timeout)
-            sock.connect(address(node_name))
-            sock.sendall(json.dumps(message).encode())
-            data = sock.recv(MAX_MESSAGE)
-    except OSError:
-        return None
-    try:
-        reply = json.loads(data)
-    except ValueError:
-        return None
-    return reply if isinstance(reply, dict) and reply.get("ok") else None
 
 
 # --- Agent side ----------------------------------------------------------------------------------
@@ -135,7 +67,7 @@ class Relay(threading.Thread):
         self.stopping = threading.Event()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # Bound here, not in run: a supervisor started right after the agent finds it.
-        self.listener.bind(address(node_name))
+        self.listener.bind(wire.address(node_name))
         self.listener.listen(MAX_BATCH)
         self.listener.setblocking(False)
         _LISTENERS.add(self.listener)
@@ -185,24 +117,24 @@ class Relay(threading.Thread):
                 conn, _ = self.listener.accept()
             except BlockingIOError:
                 return
-            conn.settimeout(REPLY_TIMEOUT_S)
+            conn.settimeout(wire.RELAY_TIMEOUT_S)
             selector.register(conn, selectors.EVENT_READ)
 
     def _read(self, conn: socket.socket) -> dict | None:
         """The report, if it comes from the supervisor it names; None (and a warning) if not."""
         try:
-            data = conn.recv(MAX_MESSAGE)
-            pid, uid = peer(conn)
+            data = conn.recv(wire.MAX_MESSAGE)
+            pid, uid = wire.peer(conn)
             message = json.loads(data)
             kind, claimed = message["kind"], message["supervisor"]
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             logger.warning("node %s: unreadable report refused: %r", self.node_name, exc)
             return None
         if (
-            kind not in KINDS.values()
+            kind not in wire.KINDS.values()
             or uid != os.geteuid()
             or pid != claimed
-            or not genuine(message)
+            or not wire.genuine(message)
         ):
             logger.warning(
                 "node %s: report refused from pid %s uid %s (claims to be supervisor %s)",
@@ -215,9 +147,10 @@ class Relay(threading.Thread):
         return message
 
     def _answer(self, pending: list[tuple[socket.socket, dict]]) -> None:
-        from nodeagent.launcher import handoff, lifecycle  # Django's models: the agent's only
+        from nodeagent.launcher import lifecycle  # Django's models: the agent's only
+        from scheduling.agentapi import handoff
 
-        hand = handoff.HandOff(self.node_name)
+        hand = handoff.HandOff(self.node_name, launcher=lifecycle)
         try:
             replies = write_reports([message for _, message in pending], hand)
         except DatabaseError as exc:
@@ -267,8 +200,8 @@ def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
     ends (any other end on its own), whose GPUs are handed on to the next tasks with
     ``hand_off`` (a node agent's ``handoff.HandOff``), one query for the fences; an answer per
     message, in order: a ready supervisor's answer may name its next attempt (``next``,
-    signed)."""
-    from nodeagent.launcher import reports
+    ``wire.signed``)."""
+    from scheduling.agentapi import reports
 
     def of(kind: str) -> list[dict]:
         return [m["report"] for m in messages if m["kind"] == kind]
@@ -297,7 +230,7 @@ def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
         reply = {"ok": True, "outcome": outcomes.get(key, "unknown")}
         if fields["task_id"] in given:
             assignment, sink = given[fields["task_id"]]
-            reply["next"] = signed({"assignment": assignment.as_dict(), "sink": sink})
+            reply["next"] = wire.signed({"assignment": assignment.as_dict(), "sink": sink})
         return reply
 
     return [answer(m["kind"], m["report"]) for m in messages]

@@ -34,105 +34,22 @@ from __future__ import annotations
 
 import collections
 import gc
-import json
 import logging
 import os
 import pwd
 import signal
 import socket
-import struct
 import sys
 import time
 
-from nodeagent.launcher.messages import Assignment
-from nodeagent.launcher.relay import address, genuine, peer, signed
+from nodeagent.launcher import wire
+from scheduling.agentapi.messages import Assignment
 
 logger = logging.getLogger("scheduling.spawner")
 
-REPLY_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 0.5  # a client that does not send its request at once is dropped
-MAX_REQUEST = 4 << 20  # a command of 16 KiB and 100 environment values of 8 KiB fit easily
 POOL_MAX = 16  # idle supervisors kept per node (each is 10-20 MB of private memory)
 IDLE_S = 60.0  # an idle supervisor given no work for this long is let go
-_LENGTH = struct.Struct("!I")
-
-
-class NotSent(Exception):
-    """The request never reached a spawner: the caller may start the supervisor itself."""
-
-
-def _send(sock: socket.socket, message: dict) -> None:
-    data = json.dumps(message).encode()
-    sock.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def _receive(sock: socket.socket) -> dict:
-    (length,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
-    if length > MAX_REQUEST:
-        raise ValueError(f"a message of {length} bytes")
-    message = json.loads(_exactly(sock, length))
-    if not isinstance(message, dict):
-        raise ValueError("not an object")
-    return message
-
-
-def _exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("closed early")
-        data += chunk
-    return bytes(data)
-
-
-# --- The launch worker's side ---------------------------------------------------------------
-
-
-def request(assignment, sink: str, timeout: float = REPLY_TIMEOUT_S) -> int | None:
-    """Ask the node's spawner to fork the supervisor of ``assignment`` (a
-    ``messages.Assignment``), its output to ``sink``. Returns the supervisor's pid, or None when
-    the request was sent and no answer came. Raises NotSent when no spawner took it."""
-    message = signed({"assignment": assignment.as_dict(), "sink": str(sink)})
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(address(assignment.node, "spawner"))
-            _send(sock, message)
-        except OSError as exc:
-            raise NotSent(str(exc)) from exc
-        try:
-            reply = _receive(sock)
-        except (OSError, ValueError) as exc:
-            logger.warning("the spawner of node %s did not answer: %s", assignment.node, exc)
-            return None
-    return reply.get("pid") if reply.get("ok") else None
-
-
-# --- A supervisor's side, between attempts ---------------------------------------------------
-
-
-def wait_for_work(node_name: str) -> tuple[Assignment, str] | None:
-    """Offer this supervisor, whose attempt is over, to the node's spawner and wait for the
-    next assignment and its sink; None when the spawner lets us go (or is not ours)."""
-    message = signed({"idle": os.getpid()})
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            sock.settimeout(REPLY_TIMEOUT_S)
-            sock.connect(address(node_name, "spawner"))
-            _, uid = peer(sock)
-            if uid != os.geteuid():
-                logger.warning("node %s: the spawner's address is held by uid %s", node_name, uid)
-                return None
-            _send(sock, message)
-            sock.settimeout(None)  # the spawner decides how long we wait (IDLE_S)
-            work = _receive(sock)
-            if not genuine(work):
-                logger.warning("node %s: unsigned assignment refused", node_name)
-                return None
-            return Assignment.from_dict(work["assignment"]), str(work["sink"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # let go (closed), or the spawner is gone
 
 
 # --- The spawner ------------------------------------------------------------------------------
@@ -142,7 +59,7 @@ class Spawner:
     def __init__(self, node_name: str) -> None:
         self.node_name = node_name
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(address(node_name, "spawner"))
+        self.listener.bind(wire.address(node_name, "spawner"))
         self.listener.listen(128)
         self.listener.settimeout(1.0)  # so that a stop request is seen
         self.stopping = False
@@ -173,14 +90,14 @@ class Spawner:
     def answer(self, conn: socket.socket) -> bool:
         """Serve one connection; True when it is kept (an idle supervisor's)."""
         try:
-            pid, uid = peer(conn)
+            pid, uid = wire.peer(conn)
             if uid != os.geteuid():
                 logger.warning("node %s: request from pid %s uid %s refused", self.node_name,
                                pid, uid)  # fmt: skip
                 return False
             conn.settimeout(READ_TIMEOUT_S)
-            message = _receive(conn)
-            if not genuine(message):
+            message = wire.receive_frame(conn)
+            if not wire.genuine(message):
                 logger.warning("node %s: unsigned request from pid %s refused", self.node_name,
                                pid)  # fmt: skip
                 return False
@@ -198,7 +115,7 @@ class Spawner:
             child = self.fork(assignment, sink, conn)
             self.spawned += 1
         try:
-            _send(conn, {"ok": True, "pid": child})
+            wire.send_frame(conn, {"ok": True, "pid": child})
         except OSError:
             pass  # the worker gave up waiting; the supervisor runs and reports all the same
         return False
@@ -216,12 +133,12 @@ class Spawner:
         warmest); its pid, or None when none is idle (or alive)."""
         if not self.idle:
             return None
-        message = signed({"assignment": assignment.as_dict(), "sink": sink})
+        message = wire.signed({"assignment": assignment.as_dict(), "sink": sink})
         while self.idle:
             conn, pid, _ = self.idle.pop()
             with conn:
                 try:
-                    _send(conn, message)
+                    wire.send_frame(conn, message)
                 except OSError:
                     continue  # it died while idle
             self.reused += 1

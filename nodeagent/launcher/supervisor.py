@@ -39,10 +39,10 @@ from django.apps import apps
 from django.conf import settings  # lazy: read after django.setup()
 
 from gpuplatform.units import parse_memory_mb
-from nodeagent.launcher import environ, identity, procs, relay, tracking
+from nodeagent.launcher import environ, identity, procs, tracking, wire
 from nodeagent.launcher.cgroups import Limits
-from nodeagent.launcher.messages import Assignment, ExitReport, FenceQuery, StartReport
 from scheduling import paths
+from scheduling.agentapi.messages import Assignment, ExitReport, FenceQuery, StartReport
 
 # The launcher's modules are imported here, not in the functions that use them: a supervisor is
 # a fresh fork of the spawner, and each import statement run in it touched the import machinery
@@ -287,12 +287,12 @@ class Supervisor:
         """Through the node agent (with other supervisors' reports); if it cannot take it, to
         the database ourselves. Until this is written, reconciliation treats the attempt as
         still launching (LAUNCH_PATIENCE), then kills what it left, by its cgroup."""
-        reply = relay.send(self.assignment.node, report)  # through the node agent
+        reply = wire.send(self.assignment.node, report)  # through the node agent
         if reply is not None:
             return bool(reply["started"])
 
         def write():
-            from nodeagent.launcher import reports
+            from scheduling.agentapi import reports
 
             return reports.attempts_started([report])[report.attempt_id]
 
@@ -302,12 +302,12 @@ class Supervisor:
         """Fencing, asked of the node agent, or of the database when the agent does not answer;
         True when neither does (a database outage must not stop running tasks)."""
         query = FenceQuery(self.assignment.attempt_id)
-        reply = relay.send(self.assignment.node, query)  # through the node agent
+        reply = wire.send(self.assignment.node, query)  # through the node agent
         if reply is not None:
             return bool(reply["wanted"])
 
         def ask():
-            from nodeagent.launcher import reports
+            from scheduling.agentapi import reports
 
             return reports.still_wanted([query.attempt_id])[query.attempt_id]
 
@@ -419,13 +419,13 @@ class Supervisor:
         report = ExitReport(
             it.task_id, it.attempt_no, exit_code, timed_out, problem, note, ready, self.started
         )
-        reply = relay.send(it.node, report)  # through the node agent
+        reply = wire.send(it.node, report)  # through the node agent
         work = (reply or {}).get("next")
-        if isinstance(work, dict) and relay.genuine(work):
+        if isinstance(work, dict) and wire.genuine(work):
             self.next_work = Assignment.from_dict(work["assignment"]), str(work["sink"])
 
         def write():
-            from nodeagent.launcher import reports
+            from scheduling.agentapi import reports
 
             return reports.attempts_finished([report])[(report.task_id, report.attempt_no)]
 
@@ -581,7 +581,7 @@ def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
     300 ``true`` tasks), and only moved to the next attempt's file after that.
 
     ``pooled`` (forked by the spawner): once an attempt has ended plainly, wait for the next
-    one from the spawner (``spawner.wait_for_work``), up to ``SUPERVISOR_REUSE`` attempts."""
+    one from the spawner (``wire.wait_for_work``), up to ``SUPERVISOR_REUSE`` attempts."""
     code = 1
     handler = None
     try:
@@ -622,14 +622,12 @@ def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
 
 def _idle(node_name: str) -> tuple[Assignment, str] | None:
     """Between attempts: signals that meant the last attempt are ignored, SIGTERM ends us."""
-    from nodeagent.launcher import spawner
-
     procs.set_title(f"{procs.SUPERVISOR_NAME} idle node={node_name}")
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_IGN)
-    return spawner.wait_for_work(node_name)
+    return wire.wait_for_work(node_name)
 
 
 def main(argv: list[str]) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
+from gpuplatform.procid import ProcessId
 from nodeagent.gpumem import (
     DEFAULT_TOLERANCE_MB,
     GpuMemoryReport,
@@ -18,8 +19,7 @@ from nodeagent.gpumem import (
     gpu_memory_report,
     owners_from_tree,
 )
-from nodeagent.inventory.base import GpuProcess
-from nodeagent.launcher.procs import ProcessId
+from scheduling.agentapi.messages import GpuProcess
 
 GPU0 = "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd"
 GPU1 = "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from nodeagent.inventory import BackendUnavailable, GpuInfo, NvmlBackend
-from nodeagent.inventory.base import GpuProcess
+from scheduling.agentapi.messages import GpuProcess
 
 GIB = 1024**3
 

@@ -189,7 +189,7 @@ def test_it_runs_no_processes_unless_told() -> None:
 
 
 def test_it_reports_the_fake_processes_it_is_given_as_they_change() -> None:
-    from nodeagent.inventory.base import GpuProcess
+    from scheduling.agentapi.messages import GpuProcess
 
     backend = SimulatedBackend("workstation-1", spec(count=2))
     uuid = backend.discover()[1].uuid

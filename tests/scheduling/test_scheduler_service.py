@@ -9,8 +9,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from nodeagent.launcher import reports
 from scheduling import passes, scheduler, services
+from scheduling.agentapi import reports
 from scheduling.models import Allocation, PassRequest, SchedulerState, Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState

@@ -9,12 +9,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from scheduling import scheduler
+from scheduling import scheduler, usage
 from scheduling.models import Allocation
 from scheduling.policy import card_share
 from scheduling.policy.core import Books
 from scheduling.shares import CardShare, allocation_share_sql
-from tenants import selectors
 from tests.factories import AllocationFactory, NodeFactory, TaskFactory, TenantFactory, make_gpus
 
 # (exclusive, reserved MiB, card MiB)
@@ -71,10 +70,10 @@ def test_quota_use_fair_share_and_the_policy_books_count_the_same_gpus(held):
     for a in rows:
         books.charge(lab.name, "batch", ((a.gpu_id, a.memory_mb),), a.exclusive)
     policy_gpus = books.tenant[lab.name].gpus
-    assert selectors.quota_in_use(tenant=lab)["gpus"] == pytest.approx(policy_gpus, abs=1e-3)
+    assert usage.quota_in_use(tenant=lab)["gpus"] == pytest.approx(policy_gpus, abs=1e-3)
     # Held for ever, decayed use tends to what is held: after 30 half-lives, it is that.
     Allocation.objects.update(started_at=timezone.now() - timedelta(hours=30))
     recent = scheduler.recent_gpus(timezone.now(), 3600, tenant_id=lab.pk)
     assert recent == {lab.pk: pytest.approx(policy_gpus, rel=1e-6)}
-    hours = sum(d["gpu_hours"] for d in selectors.usage_per_day(tenant=lab, days=3))
+    hours = sum(d["gpu_hours"] for d in usage.usage_per_day(tenant=lab, days=3))
     assert hours == pytest.approx(policy_gpus * 30, rel=1e-3)

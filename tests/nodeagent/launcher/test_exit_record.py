@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.launcher import supervisor
-from nodeagent.launcher.messages import Assignment
 from scheduling import paths
+from scheduling.agentapi.messages import Assignment
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 from monitoring.models import Alert
 from nodeagent.agent import NodeAgent
 from nodeagent.inventory import SimulatedBackend
-from nodeagent.inventory.base import GpuProcess
 from scheduling import scheduler
+from scheduling.agentapi.messages import GpuProcess
 from scheduling.config import SimulatedGpus, parse_config
 from scheduling.models import GPU, Task, TaskAttempt
 from scheduling.spec import TaskSpec

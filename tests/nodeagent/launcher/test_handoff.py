@@ -11,10 +11,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from gpuplatform.dburl import current_database_url
-from nodeagent.launcher import handoff, lifecycle, reports
-from nodeagent.launcher.messages import ExitReport, StartReport
-from nodeagent.launcher.procs import ProcessId
+from gpuplatform.procid import ProcessId
+from nodeagent.launcher import lifecycle
 from scheduling import passes, scheduler
+from scheduling.agentapi import handoff, reports
+from scheduling.agentapi.messages import ExitReport, StartReport
 from scheduling.models import Allocation, Successor, Task, TaskAttempt, TaskEvent
 from scheduling.policy import Placement
 from scheduling.spec import PRIORITIES, TaskSpec
@@ -52,7 +53,7 @@ def running_and_waiting(lab, node, monkeypatch, running: int, waiting: int):
 
 def end(node, *tasks: Task, ready: bool = False) -> handoff.HandOff:
     """Plain ends of ``tasks`` as ``node``'s agent records them; what it handed on."""
-    hand = handoff.HandOff(node.name)
+    hand = handoff.HandOff(node.name, launcher=lifecycle)
     outcomes = reports.attempts_finished(
         [ExitReport(t.pk, 1, 0, ready=ready) for t in tasks], hand_off=hand
     )
@@ -128,7 +129,7 @@ def test_a_successor_cancelled_meanwhile_is_skipped(launcher, node, lab, monkeyp
 
 def test_ends_on_another_node_or_without_one_hand_nothing(launcher, node, lab, monkeypatch):
     first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 2)
-    hand = handoff.HandOff("another-node")
+    hand = handoff.HandOff("another-node", launcher=lifecycle)
     reports.attempts_finished([ExitReport(first[0].pk, 1, 0)], hand_off=hand)
     reports.attempts_finished([ExitReport(first[1].pk, 1, 0)])  # a supervisor writing itself
     assert [state_of(t, "pending")() for t in later] == ["pending", "pending"]

@@ -42,7 +42,7 @@ def test_lifecycle_imports_the_supervisor_at_the_top():
         if isinstance(node, ast.ImportFrom):
             top.add(node.module)
             top.update(f"{node.module}.{alias.name}" for alias in node.names)
-    assert {"nodeagent.launcher.supervisor", "nodeagent.launcher.reports"} <= top
+    assert {"nodeagent.launcher.supervisor", "scheduling.agentapi.reports"} <= top
 
 
 def test_the_spawner_and_its_supervisors_load_no_models():

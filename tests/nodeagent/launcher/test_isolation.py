@@ -24,8 +24,8 @@ from django.db import connections
 
 from gpuplatform.dburl import current_database_url, database_host
 from monitoring.models import Alert, AlertKind
-from nodeagent.launcher import identity, lifecycle, tracking
-from scheduling import scheduler
+from nodeagent.launcher import identity, tracking
+from scheduling import controls, scheduler
 from scheduling.models import Node, TaskAttempt
 from tests.factories import TenantFactory
 from tests.nodeagent.launcher.conftest import state_of, wait_for
@@ -190,7 +190,7 @@ def test_every_process_of_an_attempt_is_in_its_cgroup_and_dies_with_a_cancel(lau
     wait_for(lambda: len(group.pids()) >= 3)
     members = group.pids()
     assert attempt.pid in members
-    lifecycle.task_cancel(task=task)
+    controls.task_cancel(task=task)
     wait_for(state_of(task, "cancelled"))
     assert not [pid for pid in members if psutil.pid_exists(pid)]
     assert cgroups.AttemptCgroup.find(group.hierarchy, *group.parts) is None
@@ -264,7 +264,7 @@ def test_killing_a_supervisor_never_leaves_two_attempts_alive(agents, lab, setti
     last_of_first = max(float(t) for a, t in lines if a == "1")
     first_of_second = min(float(t) for a, t in lines if a == "2")
     assert last_of_first < first_of_second
-    lifecycle.task_cancel(task=task)
+    controls.task_cancel(task=task)
     wait_for(state_of(task, "cancelled"))
 
 

@@ -18,8 +18,8 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from nodeagent.launcher import lifecycle, procs
-from nodeagent.launcher.messages import Assignment
-from scheduling import passes, paths, scheduler
+from scheduling import controls, passes, paths, scheduler
+from scheduling.agentapi.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import SubmitError, task_submit, tasks_submit
@@ -130,7 +130,7 @@ def test_ps_shows_a_supervisor_by_its_task_and_attempt(launcher, node, lab):
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ")
     assert cmdline.decode() == title == procs.title_of(pid) == procs.supervisor_title(task.pk, 1)
     assert Path(f"/proc/{pid}/comm").read_text() == "gpup-supervisor\n"  # and top's name
-    lifecycle.task_cancel(task=task)
+    controls.task_cancel(task=task)
     wait_for(state_of(task, "cancelled"))
     assert gone(attempt.pid)
 
@@ -203,7 +203,7 @@ def test_cancel_leaves_nothing_behind_even_a_stubborn_setsid_grandchild(launcher
     attempt = running(task)
     grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
     assert not gone(grandchild)
-    cancelling = lifecycle.task_cancel(task=task, by=UserFactory(username="alice"))
+    cancelling = controls.task_cancel(task=task, by=UserFactory(username="alice"))
     assert (cancelling.state, cancelling.reason) == ("running", "cancelled by alice; stopping")
     wait_for(state_of(task, "cancelled"))
     # stopped now: the reason no longer says it is stopping
@@ -227,22 +227,22 @@ def test_pause_stops_output_and_resume_continues_it(launcher, node, lab):
     attempt = running(task)
     log = Path(attempt.log_path)
     wait_for(lambda: log.stat().st_size > 0)
-    lifecycle.task_pause(task=task)
+    controls.task_pause(task=task)
     time.sleep(0.5)  # let the pause land
     size = log.stat().st_size
     time.sleep(0.5)
     assert log.stat().st_size == size
     task.refresh_from_db()
-    lifecycle.task_resume(task=task)
+    controls.task_resume(task=task)
     wait_for(lambda: log.stat().st_size > size)
-    lifecycle.task_cancel(task=task)
+    controls.task_cancel(task=task)
     wait_for(state_of(task, "cancelled"))
 
 
 def test_cancelling_a_task_not_yet_launched_needs_no_process(launcher, node, lab, monkeypatch):
     monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
     task = start(lab, "sleep 60")
-    lifecycle.task_cancel(task=task)
+    controls.task_cancel(task=task)
     task.refresh_from_db()
     assert task.state == "cancelled"
     assert lifecycle.launch(task.pk, 1).startswith("stale")
@@ -278,7 +278,7 @@ def test_a_task_of_a_silent_node_is_lost_requeued_and_its_process_fenced(launche
         last_heartbeat=timezone.now() - timedelta(minutes=5)
     )
     services.nodes_mark_silent(offline_after=timedelta(seconds=30))
-    lost = lifecycle.requeue_tasks_of_silent_nodes(timedelta(seconds=60))
+    lost = controls.requeue_tasks_of_silent_nodes(timedelta(seconds=60))
     assert lost == [task.pk]
     task.refresh_from_db()
     assert task.state == "pending"

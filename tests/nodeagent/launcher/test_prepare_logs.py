@@ -6,8 +6,8 @@ import shutil
 import stat
 
 from nodeagent.launcher import lifecycle
-from nodeagent.launcher.messages import Assignment
 from scheduling import paths
+from scheduling.agentapi.messages import Assignment
 
 
 def assignment(task_id: int, attempt: int = 1) -> Assignment:

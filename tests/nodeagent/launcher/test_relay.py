@@ -14,10 +14,11 @@ from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from gpuplatform.dburl import current_database_url
-from nodeagent.launcher import lifecycle, relay, reports, supervisor
-from nodeagent.launcher.messages import Assignment, ExitReport, StartReport
-from nodeagent.launcher.procs import ProcessId
+from gpuplatform.procid import ProcessId
+from nodeagent.launcher import lifecycle, relay, supervisor, wire
 from scheduling import passes, scheduler
+from scheduling.agentapi import reports
+from scheduling.agentapi.messages import Assignment, ExitReport, StartReport
 from scheduling.models import PassRequest, Task, TaskAttempt, TaskEvent, TenantUsage
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
@@ -95,7 +96,7 @@ def test_without_a_relay_the_supervisor_writes_its_reports_itself(
 def ask(node_name: str, message: dict) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
         sock.settimeout(5)
-        sock.connect(relay.address(node_name))
+        sock.connect(wire.address(node_name))
         sock.sendall(json.dumps(message).encode())
         return sock.recv(65536)
 
@@ -114,7 +115,7 @@ def test_a_report_from_anyone_but_the_supervisor_it_names_is_refused(listening, 
                    "problem": "", "note": ""},
     }  # fmt: skip
     # Signed, but sent by this process, not by the supervisor it names.
-    assert ask(node.name, {**finished, "sig": relay.signature(finished)}) == b""
+    assert ask(node.name, {**finished, "sig": wire.signature(finished)}) == b""
     # Naming this process, but unsigned.
     assert ask(node.name, {**finished, "supervisor": os.getpid(), "sig": "0"}) == b""
     wait_for(lambda: listening.reports == 1, timeout=5)  # the start
@@ -122,7 +123,7 @@ def test_a_report_from_anyone_but_the_supervisor_it_names_is_refused(listening, 
     assert task.state == "running"
     # And the real thing, sent as the supervisor would (its pid is this process here).
     mine = {**finished, "supervisor": os.getpid()}
-    assert json.loads(ask(node.name, {**mine, "sig": relay.signature(mine)})) == {
+    assert json.loads(ask(node.name, {**mine, "sig": wire.signature(mine)})) == {
         "ok": True,
         "outcome": "succeeded",
     }
@@ -282,7 +283,7 @@ def blocked_on_a_lock(other: psycopg.Connection) -> bool:
 def test_every_report_is_sent_as_dataclasses_asdict_would_give_it():
     import dataclasses
 
-    from nodeagent.launcher.messages import FenceQuery
+    from scheduling.agentapi.messages import FenceQuery
 
     for report in (
         StartReport(7, ProcessId(11, 1795000000.25), ProcessId(12, 1795000000.5)),

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodeagent.launcher import lifecycle, procs, relay, spawner
-from nodeagent.launcher.messages import Assignment
-from scheduling import scheduler
+from nodeagent.launcher import lifecycle, procs, spawner, wire
+from scheduling import controls, scheduler
+from scheduling.agentapi.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import task_submit
@@ -29,7 +29,7 @@ from tests.nodeagent.launcher.conftest import state_of, wait_for
 def listens(node_name: str) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
-            sock.connect(relay.address(node_name, "spawner"))
+            sock.connect(wire.address(node_name, "spawner"))
         except OSError:
             return False
     return True
@@ -127,7 +127,7 @@ def raw_request(node_name: str, message: dict) -> bytes:
     """Send ``message`` as the launch worker would, and what came back (b"": nothing)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
-        sock.connect(relay.address(node_name, "spawner"))
+        sock.connect(wire.address(node_name, "spawner"))
         data = json.dumps(message).encode()
         sock.sendall(len(data).to_bytes(4, "big") + data)
         return sock.recv(65536)
@@ -153,7 +153,7 @@ def test_a_request_without_the_platforms_signature_forks_nothing(spawning, lab, 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
 def test_a_request_from_another_user_forks_nothing(spawning, lab, node):
     message = {"assignment": assignment(lab, node).as_dict(), "sink": "/dev/null"}
-    message["sig"] = relay.signature(message)  # even signed: a task never has the key
+    message["sig"] = wire.signature(message)  # even signed: a task never has the key
     read, write = os.pipe()
     child = os.fork()
     if child == 0:
@@ -176,8 +176,8 @@ def test_a_request_from_another_user_forks_nothing(spawning, lab, node):
 
 
 def test_without_a_spawner_a_request_is_not_sent(launcher, lab, node):
-    with pytest.raises(spawner.NotSent):
-        spawner.request(assignment(lab, node), "/dev/null")
+    with pytest.raises(wire.NotSent):
+        wire.request(assignment(lab, node), "/dev/null")
 
 
 def test_the_spawner_drops_the_secrets_names_once_it_has_read_the_settings(monkeypatch):
@@ -225,7 +225,7 @@ def test_a_stopped_attempts_supervisor_exits_and_the_next_is_forked(spawning, li
     first = submit(lab, "sleep 300")
     wait_for(state_of(first, "running"))
     supervisor = supervisor_of(first)
-    lifecycle.task_cancel(task=first)
+    controls.task_cancel(task=first)
     wait_for(state_of(first, "cancelled"))
     wait_for(lambda: not procs.running(supervisor))
     second = submit(lab, "true")
@@ -272,7 +272,7 @@ def test_an_idle_offer_needs_the_signature_and_to_come_from_its_sender(spawning,
     unsigned = {"idle": os.getpid()}
     assert raw_request(node.name, unsigned) == b""  # closed at once: nothing kept
     claimed = {"idle": os.getpid() + 1}  # signed, but not the sender's own pid
-    claimed["sig"] = relay.signature(claimed)
+    claimed["sig"] = wire.signature(claimed)
     assert raw_request(node.name, claimed) == b""
     assert spawning.poll() is None
 

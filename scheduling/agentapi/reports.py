@@ -9,24 +9,19 @@ from __future__ import annotations
 
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from gpuplatform import events
 from gpuplatform.db import server_bound_cursor
-from live import events as live
-from nodeagent.launcher.messages import ExitReport, StartReport
-from scheduling import passes, services
+from scheduling import controls, services
+from scheduling.agentapi import handoff
+from scheduling.agentapi.handoff import HandOff
+from scheduling.agentapi.messages import ExitReport, StartReport
 from scheduling.models import GPU, GpuState, StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TaskState
-
-if TYPE_CHECKING:
-    from nodeagent.launcher.handoff import HandOff
-
-# Ends the reason of a task whose cancel is under way (see lifecycle.task_cancel).
-STOPPING = "; stopping"
 
 USER_FAILURES = ("failed", "timed_out")
 
@@ -58,7 +53,7 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
             },
         )
         moved = cursor.fetchall()
-    live.publish_tasks(_row_tasks(moved, TaskState.RUNNING))
+    events.publish(events.TASKS, _row_tasks(moved, TaskState.RUNNING))
     started = dict.fromkeys((report.attempt_id for report in reports), False)
     started.update((row[0], True) for row in moved)
     return started
@@ -95,70 +90,15 @@ _STARTED = """
     SELECT attempt_id, id, tenant_id, name, reason, node_id FROM k
 """
 
-# Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
-# GPUs are released (the trigger of migration 0010 adds their use to the fair-share counters).
-# When it released some and ``claim`` is set (it commits by itself), it also claims the pass
-# flag (``passes.claim_cte``): a third of the agents' statements were that claim, made right
-# after this one (throughput bench, PostgreSQL's statement log).
-_SUCCEEDED = f"""
-    WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
-                          AS r(task_id, number, note)),
-    locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
-                WHERE k.attempt = r.number AND k.state = 'running'
-                ORDER BY k.id FOR UPDATE OF k),
-    a AS (UPDATE scheduling_taskattempt a
-             SET exit_code = 0, outcome = 'succeeded', ended_at = %(now)s
-            FROM locked, r
-           WHERE a.task_id = locked.id AND a.number = locked.attempt AND r.task_id = locked.id
-             AND a.outcome = '' AND a.stop_requested = ''
-       RETURNING a.id, a.task_id, r.note),
-    k AS (UPDATE scheduling_task k
-             SET state = 'succeeded', reason = concat_ws('; ', 'exited with 0', NULLIF(a.note, '')),
-                 wait = '{{}}', wait_digest = 0, updated_at = %(now)s, exit_code = 0,
-                 finished_at = %(now)s
-            FROM a WHERE k.id = a.task_id
-       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
-    freed AS (UPDATE scheduling_allocation f SET released_at = %(now)s
-                FROM k WHERE f.task_id = k.id AND f.released_at IS NULL),
-    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
-          SELECT id, %(now)s, 'running', 'succeeded', reason, attempt FROM k),
-    {passes.claim_cte("%(claim)s AND EXISTS (SELECT 1 FROM k)")}
-    SELECT attempt_id, id, tenant_id, name, reason, node_id, {passes.CLAIMED} FROM k
-"""  # noqa: S608 - constant text
-
 
 def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
-    """What ``live.publish_tasks`` reads of a task, from rows the statements above return."""
+    """What subscribers of ``events.TASKS`` read of a task, from the rows of the statements."""
     return [
         SimpleNamespace(
             pk=pk, tenant_id=tenant, name=name, state=state, reason=reason, node_id=node
         )  # fmt: skip
         for _, pk, tenant, name, reason, node in rows
     ]
-
-
-def _plain_ends(plain: list[ExitReport]) -> list[tuple]:
-    """Record plain ends in one statement (``_SUCCEEDED``), which also claims the pass flag
-    when it commits by itself; returns the ended tasks (its first six columns)."""
-    alone = not connection.in_atomic_block  # the statement commits by itself
-    with server_bound_cursor() as cursor:
-        cursor.execute(_SUCCEEDED, succeeded_params(plain, timezone.now(), claim=alone))
-        rows = cursor.fetchall()
-    if rows:
-        # Their GPUs are free: committed by itself, the statement claimed the flag.
-        passes.request_pass(rows[0][6:] if alone else None)
-    return [row[:6] for row in rows]
-
-
-def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
-    """``_SUCCEEDED``'s parameters for these plain ends, stamped ``now``."""
-    return {
-        "tasks": [r.task_id for r in plain],
-        "numbers": [r.attempt_no for r in plain],
-        "notes": [r.note for r in plain],
-        "now": now,
-        "claim": claim,
-    }
 
 
 def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
@@ -191,14 +131,9 @@ def attempts_finished(
         attempts_started(starts)
     outcomes: dict[tuple[int, int], str] = {}
     if plain:
-        if hand_off is not None:
-            from nodeagent.launcher import handoff  # it imports lifecycle, which imports us
-
-            done = handoff.plain_ends(plain, hand_off)
-        else:
-            done = _plain_ends(plain)
+        done = handoff.plain_ends(plain, hand_off)
         if done:
-            live.publish_tasks(_row_tasks(done, TaskState.SUCCEEDED))
+            events.publish(events.TASKS, _row_tasks(done, TaskState.SUCCEEDED))
         numbers = {report.task_id: report.attempt_no for report in plain}
         outcomes.update(((row[1], numbers[row[1]]), "succeeded") for row in done)
     for report in reports:
@@ -251,7 +186,7 @@ def attempt_finished(
         attempt.save(update_fields=["exit_code", "outcome", "ended_at"])
         if task.attempt == attempt_no and task.state in HOLDS_GPUS:
             if broken is not None:
-                requeue_lost(
+                controls.requeue_lost(
                     task,
                     f"GPU {broken} became {broken.state} during the attempt (exit {exit_code})",
                 )
@@ -304,7 +239,7 @@ def _move_on(
             task=task,
             to_state=TaskState.CANCELLED,
             exit_code=exit_code,
-            reason=task.reason.removesuffix(STOPPING) or "cancelled",
+            reason=task.reason.removesuffix(controls.STOPPING) or "cancelled",
         )
     elif outcome == "preempted":
         if task.state != TaskState.PREEMPTED:
@@ -335,30 +270,3 @@ def _fail_or_retry(task: Task, outcome: str, exit_code: int | None, problem: str
         return
     final = TaskState.TIMED_OUT if outcome == "timed_out" else TaskState.FAILED
     services.task_transition(task=task, to_state=final, exit_code=exit_code, reason=what)
-
-
-# --- Infrastructure failures ----------------------------------------------------------------------
-
-
-def requeue_lost(task: Task, reason: str) -> None:
-    """The node or the supervisor is gone: mark the attempt lost and requeue the task, without
-    spending the user's retries, until INFRA_REQUEUE_LIMIT; then hold it for a person."""
-    with transaction.atomic():
-        task = Task.objects.select_for_update().get(pk=task.pk)
-        if task.state not in HOLDS_GPUS:
-            return
-        TaskAttempt.objects.filter(task=task, number=task.attempt, outcome="").update(
-            outcome="lost", ended_at=timezone.now()
-        )  # (an attempt already settled, e.g. lost to a failed GPU, keeps its record)
-        services.task_transition(task=task, to_state=TaskState.LOST, reason=reason)
-        requeues = task.infra_requeues + 1
-        hold = ""
-        if requeues > settings.INFRA_REQUEUE_LIMIT:
-            hold = f"held after {requeues - 1} infrastructure requeues; last: {reason}"
-        services.task_transition(
-            task=task,
-            to_state=TaskState.PENDING,
-            reason=hold or f"requeued: {reason}",
-            infra_requeues=requeues,
-            hold_reason=hold,
-        )

@@ -9,12 +9,12 @@ next as GPUs free up, in its own order, each with the GPUs it may take and with 
 as if all of them had started. The node agent that records plain ends (``reports``) then, in
 the same transaction:
 
-1. releases the ended tasks' GPUs (``reports._SUCCEEDED``) and locks the first successors
+1. releases the ended tasks' GPUs (``_SUCCEEDED``) and locks the first successors
    that may take one of them still fit to use (``_FREED``: on its node, available, held whole,
    no foreign process), in one round trip (``_CANDIDATES``, ``SKIP LOCKED``);
 2. gives each successor, in rank order, the first freed GPUs it may take
    (``policy.hand_on``), places them as a pass places (``scheduler.place_query``), records
-   their attempts as a launch job does (``lifecycle.launch_query``) and deletes their rows
+   their attempts as a launch job does (the agent's ``HandOff.launcher``) and deletes their rows
    (a placement skipped because its task was placed meanwhile leaves its GPUs to the next
    successor, read again: ``HAND_OFF_ROUNDS``);
 3. after the commit, answers the supervisor whose task freed a successor's GPUs with that
@@ -40,15 +40,14 @@ the list is left, so the next list is ready before this one runs out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from gpuplatform.db import Query, fetch_together
-from live import events as live
-from nodeagent.launcher import lifecycle, reports
-from nodeagent.launcher.messages import Assignment, ExitReport
+from gpuplatform.db import Query, fetch_together, server_bound_cursor
 from scheduling import passes, scheduler
+from scheduling.agentapi.messages import Assignment, ExitReport
 from scheduling.policy import Placement, hand_on
 
 # A placement is skipped when its task was placed after the list was read: by a hand-off from
@@ -59,15 +58,32 @@ from scheduling.policy import Placement, hand_on
 HAND_OFF_ROUNDS = 3
 
 
+class Launcher(Protocol):
+    """What the node agent does for a hand-off, in the same transaction (its launcher module):
+    record the attempts of the placed tasks as a launch job does, and prepare an attempt for a
+    supervisor that takes it at once."""
+
+    def launch_query(self, pairs: list[tuple[int, int]], cluster: str) -> Query: ...
+
+    def launch_assignments(
+        self, pairs: list[tuple[int, int]], rows: list[tuple], cluster: str
+    ) -> tuple[list[str], list[Assignment]]: ...
+
+    def prepare_logs(self, assignment: Assignment) -> None: ...
+
+    def supervisor_sink(self, assignment: Assignment) -> Any: ...
+
+
 @dataclass(slots=True)
 class HandOff:
-    """Where a node agent's batch of plain ends hands its GPUs (``node``: the agent's), and,
-    once it committed, what became of the attempts it started: ``given`` to the supervisor of
-    the ended task whose GPUs they took (ended task id -> (assignment, sink)), when that one
-    offered to take it (``ExitReport.ready``), and the ``rest``, for the spawner to start
-    (``lifecycle.start_supervisors``) once the supervisors have their answers."""
+    """Where a node agent's batch of plain ends hands its GPUs (``node``: the agent's, whose
+    ``launcher`` records the attempts), and, once it committed, what became of the attempts it
+    started: ``given`` to the supervisor of the ended task whose GPUs they took (ended task id
+    -> (assignment, sink)), when that one offered to take it (``ExitReport.ready``), and the
+    ``rest``, for the spawner to start once the supervisors have their answers."""
 
     node: str
+    launcher: Launcher
     given: dict[int, tuple[Assignment, str]] = field(default_factory=dict)
     rest: list[Assignment] = field(default_factory=list)
 
@@ -83,10 +99,13 @@ class Candidate:
     attempt: int  # the task's attempt before it is placed
 
 
-def plain_ends(plain: list[ExitReport], hand: HandOff) -> list[tuple]:
-    """Record these plain ends of tasks on ``hand.node`` and hand their GPUs on; returns the
-    ended tasks as ``reports._SUCCEEDED`` does (attempt id, task id, tenant id, name, reason,
-    node id). Runs in a transaction of its own (or the caller's)."""
+def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
+    """Record these plain ends (exits with 0 nobody asked for) and, with a ``hand``, hand
+    their GPUs on to the successors on ``hand.node``; returns the ended tasks as
+    ``_SUCCEEDED`` does (attempt id, task id, tenant id, name, reason, node id). Runs in a
+    transaction of its own (or the caller's)."""
+    if hand is None:
+        return _record_alone(plain)
     now = timezone.now()
     tasks = [r.task_id for r in plain]
     node = hand.node
@@ -94,7 +113,7 @@ def plain_ends(plain: list[ExitReport], hand: HandOff) -> list[tuple]:
     ready = {r.task_id for r in plain if r.ready}
     with transaction.atomic():
         ended, locked = fetch_together(
-            Query(reports._SUCCEEDED, reports.succeeded_params(plain, now, claim=False)),
+            Query(_SUCCEEDED, succeeded_params(plain, now, claim=False)),
             Query(_CANDIDATES, where),
         )
         for round_ in range(HAND_OFF_ROUNDS):
@@ -143,22 +162,22 @@ def _place(
     pairs = [(p.task_id, attempts[p.task_id]) for p in placements]
     placed, launched, ((took, exists),) = fetch_together(
         scheduler.place_query(placements, now),
-        lifecycle.launch_query(pairs, node),
+        hand.launcher.launch_query(pairs, node),
         Query(
             _TAKEN, {"rows": [c.row for c in candidates if c.task_id in attempts], "claim": claim}
         ),
     )
     gpus = {p.task_id: [gpu for gpu, _ in p.gpus] for p in placements}
     events = [(task_id, tenant, node_id, gpus[task_id]) for task_id, _, tenant, node_id in placed]
-    _, recorded = lifecycle.launch_assignments(pairs, launched, node)
+    _, recorded = hand.launcher.launch_assignments(pairs, launched, node)
 
     def after_commit() -> None:
-        live.publish_placements(events)
+        events.publish(events.PLACEMENTS, events)
         for assignment in recorded:
             donor = donors[assignment.task_id]
             if donor in ready and donor not in hand.given:
-                lifecycle.prepare_logs(assignment)
-                hand.given[donor] = (assignment, str(lifecycle.supervisor_sink(assignment)))
+                hand.launcher.prepare_logs(assignment)
+                hand.given[donor] = (assignment, str(hand.launcher.supervisor_sink(assignment)))
             else:
                 hand.rest.append(assignment)
         if took:
@@ -220,4 +239,60 @@ _TAKEN = f"""
     WITH gone AS (DELETE FROM scheduling_successor WHERE id = ANY(%(rows)s::bigint[])),
     {passes.claim_cte("%(claim)s")}
     SELECT {passes.CLAIMED}
+"""  # noqa: S608 - constant text
+
+
+def _record_alone(plain: list[ExitReport]) -> list[tuple]:
+    """Record plain ends in one statement (``_SUCCEEDED``), which also claims the pass flag
+    when it commits by itself; returns the ended tasks (its first six columns)."""
+    alone = not connection.in_atomic_block  # the statement commits by itself
+    with server_bound_cursor() as cursor:
+        cursor.execute(_SUCCEEDED, succeeded_params(plain, timezone.now(), claim=alone))
+        rows = cursor.fetchall()
+    if rows:
+        # Their GPUs are free: committed by itself, the statement claimed the flag.
+        passes.request_pass(rows[0][6:] if alone else None)
+    return [row[:6] for row in rows]
+
+
+def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
+    """``_SUCCEEDED``'s parameters for these plain ends, stamped ``now``."""
+    return {
+        "tasks": [r.task_id for r in plain],
+        "numbers": [r.attempt_no for r in plain],
+        "notes": [r.note for r in plain],
+        "now": now,
+        "claim": claim,
+    }
+
+
+# Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
+# GPUs are released (the trigger of migration 0010 adds their use to the fair-share counters).
+# When it released some and ``claim`` is set (it commits by itself), it also claims the pass
+# flag (``passes.claim_cte``): a third of the agents' statements were that claim, made right
+# after this one (throughput bench, PostgreSQL's statement log).
+_SUCCEEDED = f"""
+    WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
+                          AS r(task_id, number, note)),
+    locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
+                WHERE k.attempt = r.number AND k.state = 'running'
+                ORDER BY k.id FOR UPDATE OF k),
+    a AS (UPDATE scheduling_taskattempt a
+             SET exit_code = 0, outcome = 'succeeded', ended_at = %(now)s
+            FROM locked, r
+           WHERE a.task_id = locked.id AND a.number = locked.attempt AND r.task_id = locked.id
+             AND a.outcome = '' AND a.stop_requested = ''
+       RETURNING a.id, a.task_id, r.note),
+    k AS (UPDATE scheduling_task k
+             SET state = 'succeeded', reason = concat_ws('; ', 'exited with 0', NULLIF(a.note, '')),
+                 wait = '{{}}', wait_digest = 0, updated_at = %(now)s, exit_code = 0,
+                 finished_at = %(now)s
+            FROM a WHERE k.id = a.task_id
+       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
+    freed AS (UPDATE scheduling_allocation f SET released_at = %(now)s
+                FROM k WHERE f.task_id = k.id AND f.released_at IS NULL),
+    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
+          SELECT id, %(now)s, 'running', 'succeeded', reason, attempt FROM k),
+    {passes.claim_cte("%(claim)s AND EXISTS (SELECT 1 FROM k)")}
+    SELECT attempt_id, id, tenant_id, name, reason, node_id, {passes.CLAIMED} FROM k
 """  # noqa: S608 - constant text
