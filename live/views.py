@@ -17,7 +17,6 @@ from django.views.decorators.http import require_GET, require_http_methods
 from live import history, selectors, tiles
 from scheduling import controls, services
 from scheduling.models import GPU, Node, Task
-from scheduling.states import IllegalTransition
 
 operator_required = user_passes_test(
     lambda user: user.is_active and user.is_staff, login_url=settings.LOGIN_URL
@@ -125,10 +124,9 @@ def act(request: HttpRequest, kind: str, pk: int, action: str) -> HttpResponse:
             "action": action,
         }
         return render(request, "live/confirm.html", context)
-    try:
-        done = _perform(kind, action, obj, request.user)
-    except (IllegalTransition, services.StaleTask) as exc:
-        messages.error(request, _("%(name)s: not done: %(why)s") % {"name": name, "why": exc})
+    done, refused = _perform(kind, action, obj, request.user)
+    if refused:
+        messages.error(request, _("%(name)s: not done: %(why)s") % {"name": name, "why": refused})
     else:
         if done:
             messages.success(
@@ -141,18 +139,16 @@ def act(request: HttpRequest, kind: str, pk: int, action: str) -> HttpResponse:
     return redirect(reverse("live:dashboard"))
 
 
-def _perform(kind: str, action: str, obj, user) -> bool:
+def _perform(kind: str, action: str, obj, user) -> tuple[bool, str]:
+    """Whether the action changed something, and why it was refused ('' if it was not)."""
     if kind == "gpu":
         act = services.gpus_drain if action == "drain" else services.gpus_undrain
-        return bool(act(gpus=[obj], actor=user))
+        return bool(act(gpus=[obj], actor=user)), ""
     if kind == "node":
         act = services.nodes_drain if action == "drain" else services.nodes_undrain
-        return bool(act(nodes=[obj], actor=user))
-    if action == "cancel":
-        controls.task_cancel(task=obj, by=user)
-    else:
-        controls.task_requeue(task=obj, by=user)
-    return True
+        return bool(act(nodes=[obj], actor=user)), ""
+    result = controls.tasks_control(tasks=[obj], action=action, by=user)
+    return bool(result.done), "; ".join(why for _task, why in result.refused)
 
 
 def _int(value: str | None) -> int | None:

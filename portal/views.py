@@ -24,11 +24,11 @@ from monitoring import selectors as alert_selectors
 from portal import tenancy
 from portal.controls import controls_for
 from portal.forms import MemberForm, TaskForm, ThrottledLoginForm, TokenForm, YamlForm
-from scheduling import controls, selectors, services
+from scheduling import controls, selectors
 from scheduling import usage as tenant_usage
 from scheduling.models import TaskAttempt
 from scheduling.spec import SpecError, parse_yaml
-from scheduling.states import IllegalTransition, TaskState
+from scheduling.states import TaskState
 from scheduling.submission import tasks_submit
 from telemetry import selectors as telemetry_selectors
 from tenants import selectors as tenant_selectors
@@ -38,12 +38,6 @@ from tenants.roles import Action
 
 PAGE_SIZE = 50
 USAGE_DAYS = (7, 30, 90)
-CONTROLS = {
-    "cancel": controls.task_cancel,
-    "pause": controls.task_pause,
-    "resume": controls.task_resume,
-    "retry": controls.task_retry,
-}
 
 
 # --- Signing in and landing -----------------------------------------------------------------------
@@ -210,23 +204,18 @@ def _bulk_cancel(request: HttpRequest) -> HttpResponse:
     ids = [int(i) for i in request.POST.getlist("task") if i.isascii() and i.isdigit()]
     ids = ids[:PAGE_SIZE]
     tasks = selectors.task_list(tenant=who.tenant).filter(pk__in=ids).order_by("pk")
-    done, refused = 0, sorted(set(ids) - {task.pk for task in tasks})  # gone, or not ours
-    for task in tasks:
-        if not who.may(Action.CONTROL_TASK, task):
-            refused.append(task.pk)
-            continue
-        try:
-            controls.task_cancel(task=task, by=request.user)
-            done += 1
-        except (IllegalTransition, services.StaleTask):
-            refused.append(task.pk)
-    if done:
-        messages.success(request, _("Cancelled %(n)d task(s).") % {"n": done})
+    refused = sorted(set(ids) - {task.pk for task in tasks})  # gone, or not ours
+    allowed = [task for task in tasks if who.may(Action.CONTROL_TASK, task)]
+    refused += [task.pk for task in tasks if task not in allowed]
+    result = controls.tasks_control(tasks=allowed, action="cancel", by=request.user)
+    refused += [task.pk for task, _why in result.refused]
+    if result.done:
+        messages.success(request, _("Cancelled %(n)d task(s).") % {"n": len(result.done)})
     if refused:
         messages.warning(
             request,
             _("Not cancelled: %(ids)s (ended already, or not yours).")
-            % {"ids": ", ".join(f"#{pk}" for pk in refused)},
+            % {"ids": ", ".join(f"#{pk}" for pk in sorted(refused))},
         )
     return redirect(request.get_full_path())
 
@@ -331,14 +320,12 @@ def _gpu_charts(task) -> dict | None:
 @portal_page
 def task_control(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     who = request.caller
-    if action not in CONTROLS:
+    if action not in controls.TENANT_ACTIONS:
         raise Http404
     task = selectors.task_get(tenant=who.tenant, pk=pk)
     who.require(Action.CONTROL_TASK, task)
-    try:
-        CONTROLS[action](task=task, by=request.user)
-    except (IllegalTransition, services.StaleTask) as exc:
-        messages.error(request, str(exc))
+    for _task, why in controls.tasks_control(tasks=[task], action=action, by=request.user).refused:
+        messages.error(request, why)
     return redirect("portal:task", pk=pk)
 
 

@@ -29,7 +29,6 @@ from scheduling.models import (
     TaskEvent,
 )
 from scheduling.spec import SpecError
-from scheduling.states import IllegalTransition
 from scheduling.submission import tasks_submit
 
 
@@ -337,34 +336,29 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cancel the selected tasks", permissions=["control"])
     def cancel(self, request, queryset):
-        self._control(request, queryset, controls.task_cancel, "Cancelled (or stopping)")
+        self._control(request, queryset, "cancel", "Cancelled (or stopping)")
 
     @admin.action(description="Pause the selected tasks", permissions=["control"])
     def pause(self, request, queryset):
-        self._control(request, queryset, controls.task_pause, "Paused")
+        self._control(request, queryset, "pause", "Paused")
 
     @admin.action(description="Resume the selected paused tasks", permissions=["control"])
     def resume(self, request, queryset):
-        self._control(request, queryset, controls.task_resume, "Resumed")
+        self._control(request, queryset, "resume", "Resumed")
 
     @admin.action(
         description="Retry the selected tasks (or release held ones)", permissions=["control"]
     )
     def retry(self, request, queryset):
-        self._control(request, queryset, controls.task_retry, "Retried")
+        self._control(request, queryset, "retry", "Retried")
 
-    def _control(self, request, queryset, act, done: str) -> None:
-        changed, refused = 0, []
-        for task in queryset.order_by("pk"):
-            try:
-                act(task=task, by=request.user)
-            except (IllegalTransition, services.StaleTask) as exc:
-                refused.append(f"#{task.pk} {task.name}: {exc}")
-            else:
-                changed += 1
-        if changed:
-            self.message_user(request, f"{done}: {changed} task(s).", messages.SUCCESS)
-        self._refusals(request, refused)
+    def _control(self, request, queryset, action: str, done: str) -> None:
+        result = controls.tasks_control(
+            tasks=queryset.order_by("pk"), action=action, by=request.user
+        )
+        if result.done:
+            self.message_user(request, f"{done}: {len(result.done)} task(s).", messages.SUCCESS)
+        self._refusals(request, [f"#{task.pk} {task.name}: {why}" for task, why in result.refused])
 
     @admin.action(description="Change the priority of the selected tasks", permissions=["control"])
     def change_priority(self, request, queryset):

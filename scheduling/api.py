@@ -37,7 +37,7 @@ from scheduling.models import (
 )
 from scheduling.policy.model import free_memory_mb
 from scheduling.spec import parse_specs, parse_yaml
-from scheduling.states import IllegalTransition, TaskState
+from scheduling.states import TaskState
 from scheduling.submission import tasks_submit
 from tenants.roles import Action
 
@@ -548,14 +548,6 @@ class TaskLog(APIView):
         return Response(LogOut(chunk).data)
 
 
-CONTROLS = {
-    "cancel": controls.task_cancel,
-    "pause": controls.task_pause,
-    "resume": controls.task_resume,
-    "retry": controls.task_retry,
-}
-
-
 class TaskControl(APIView):
     """Cancel, pause, resume or retry a task: a member its own tasks, a tenant admin any task of
     the tenant (403 otherwise). Refused with 409 when its state does not allow."""
@@ -568,10 +560,9 @@ class TaskControl(APIView):
     def post(self, request: Request, pk: int) -> Response:
         task = get_task_for(request, pk)
         request_tenant(request).require(Action.CONTROL_TASK, task)
-        try:
-            CONTROLS[self.action](task=task, by=request.user)
-        except (IllegalTransition, services.StaleTask) as exc:
-            return errors_response({"state": [str(exc)]}, code=409)
+        done = controls.tasks_control(tasks=[task], action=self.action, by=request.user)
+        if done.refused:
+            return errors_response({"state": [done.refused[0][1]]}, code=409)
         return Response(TaskDetail(_reloaded(task)).data)
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from scheduling import api
+from scheduling import api, controls
 
 urlpatterns = [
     path("tasks/", api.TaskList.as_view(), name="task-list"),
@@ -13,7 +13,7 @@ urlpatterns = [
             api.TaskControl.as_view(action=action),
             name=f"task-{action}",
         )
-        for action in api.CONTROLS
+        for action in controls.TENANT_ACTIONS
     ),
     path("nodes/", api.NodeList.as_view(), name="node-list"),
     path("gpus/", api.GpuList.as_view(), name="gpu-list"),

@@ -204,6 +204,10 @@ CONTROLS: dict[str, Callable[..., Task]] = {
 }
 
 
+# What a tenant may ask of its own tasks (requeue is an operator's, from the dashboard).
+TENANT_ACTIONS = ("cancel", "pause", "resume", "retry")
+
+
 @dataclass
 class Controlled:
     """What :func:`tasks_control` did: the tasks it changed (as they are now) and those it
