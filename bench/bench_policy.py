@@ -11,7 +11,7 @@ import random
 import time
 
 from bench.common import median, ms, percentile, table, verdict
-from replay.simulator import check_decision
+from replay.checker import check_decision
 from scheduling.policy import (
     BATCH,
     ONLINE,

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from bench.common import verdict
-from replay.simulator import compare, format_table, load_trace
+from replay.report import compare, format_table
+from replay.trace import load_trace
 from scheduling.policy import PolicySettings
 
 NEEDS_DATABASE = False

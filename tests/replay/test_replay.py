@@ -15,18 +15,12 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from replay.simulator import (
-    PolicyViolation,
-    TraceJob,
-    check_decision,
-    compare,
-    format_table,
-    load_trace,
-    percentile,
-    plot,
-    run_policies,
-    simulate,
-)
+from replay.checker import check_decision
+from replay.common import PolicyViolation
+from replay.report import compare, format_table, plot, run_policies
+from replay.results import percentile
+from replay.simulator import simulate
+from replay.trace import TraceJob, load_trace
 from scheduling.policy.model import (
     BATCH,
     ONLINE,

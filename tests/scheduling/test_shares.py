@@ -12,7 +12,7 @@ from django.utils import timezone
 from scheduling import scheduler, usage
 from scheduling.models import Allocation
 from scheduling.policy import card_share
-from scheduling.policy.core import Books
+from scheduling.policy.books import Books
 from scheduling.shares import CardShare, allocation_share_sql
 from tests.factories import AllocationFactory, NodeFactory, TaskFactory, TenantFactory, make_gpus
 

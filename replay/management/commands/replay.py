@@ -12,14 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from gpuplatform.units import parse_duration_s, parse_memory_mb
-from replay.simulator import (
-    POLICIES,
-    PolicyViolation,
-    format_table,
-    load_trace,
-    plot,
-    run_policies,
-)
+from replay.common import POLICIES, PolicyViolation
+from replay.report import format_table, plot, run_policies
+from replay.trace import load_trace
 
 _NODES = re.compile(r"(\d+)x(\d+)")
 
