@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Manager, Prefetch, QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.openapi import AutoSchema
@@ -24,11 +23,10 @@ from rest_framework.views import APIView
 
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.api_defaults import Page
-from scheduling import controls, logs, selectors, services
+from scheduling import controls, idempotency, logs, selectors, services
 from scheduling.models import (
     GPU,
     Allocation,
-    IdempotencyKey,
     Node,
     Pool,
     SchedulerState,
@@ -430,8 +428,8 @@ class TaskList(generics.ListAPIView):
             warnings = _new_queue_warnings(caller.tenant, tasks, new_queues)
             data = submitted_data(tasks, warnings)
             if key:
-                IdempotencyKey.objects.filter(tenant=caller.tenant, key=key).update(
-                    status=201, response=data
+                idempotency.idempotency_record(
+                    tenant=caller.tenant, key=key, status=201, response=data
                 )
         return Response(data, status=status.HTTP_201_CREATED)
 
@@ -474,19 +472,15 @@ def _states(raw: str) -> list[str]:
 
 
 def _idempotent_replay(tenant, key: str, body: bytes) -> Response | None:
-    fingerprint = hashlib.sha256(body).hexdigest()
+    """The first answer again for a key used before (409 for another body); None for a new
+    key, now claimed for this request."""
     try:
-        with transaction.atomic():
-            IdempotencyKey.objects.create(tenant=tenant, key=key, fingerprint=fingerprint)
+        earlier = idempotency.idempotency_claim(tenant=tenant, key=key, body=body)
+    except idempotency.KeyReused as exc:
+        return errors_response({"Idempotency-Key": [str(exc)]}, code=409)
+    if earlier is None:
         return None
-    except IntegrityError:
-        pass
-    earlier = IdempotencyKey.objects.select_for_update().get(tenant=tenant, key=key)
-    if earlier.fingerprint != fingerprint:
-        return errors_response(
-            {"Idempotency-Key": ["already used for a different request"]}, code=409
-        )
-    response = Response(earlier.response, status=earlier.status or 201)
+    response = Response(earlier.response, status=earlier.status)
     response["Idempotent-Replayed"] = "true"
     return response
 
