@@ -432,9 +432,17 @@ class OperatorMemberList(generics.ListCreateAPIView):
             return Membership.objects.none()
         return Membership.objects.filter(tenant=self.tenant()).select_related("user")
 
+    @extend_schema(responses={201: MemberOut, 409: OpenApiTypes.OBJECT})
+    def post(self, request: Request, *args, **kwargs) -> Response:
+        # The tenant's last admin keeps its role here too (409), as in the tenant admins' API.
+        try:
+            return super().post(request, *args, **kwargs)
+        except services.LastAdmin as exc:
+            return errors_response({"role": [str(exc)]}, code=409)
+
     def perform_create(self, serializer):
         data = serializer.validated_data
-        serializer.instance = services.membership_set(
+        serializer.instance = services.membership_change(
             user=data["user"], tenant=self.tenant(), role=data.get("role", Role.MEMBER)
         )
 
