@@ -1,21 +1,23 @@
-"""The operators' admin for tenants, members, quotas and tokens. Membership writes go through
-the services the API and the portal use (``tenants.services``): a removed member's tokens are
-revoked, a tenant keeps its last admin."""
+"""The operators' admin for tenants, members, quotas and tokens. Every write goes through the
+services the API and the portal use (``tenants.services``, ``scheduling.quotas``): a removed
+member's tokens are revoked, a tenant keeps its last admin, a quota change wakes the scheduler."""
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import Count
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 
-from scheduling import passes
+from scheduling import quotas
 from tenants import services
 from tenants.models import ApiToken, Membership, Quota, Tenant
 
-# What a service refuses with.
-REFUSALS = (services.LastAdmin,)
+# What a service refuses with: the form checked the model's rules already, so a ValidationError
+# here means another write got there first.
+REFUSALS = (services.LastAdmin, ValidationError)
 
 
 class RefusalsAsMessages:
@@ -45,7 +47,8 @@ class RefusalsAsMessages:
             return self.refused(request, exc, request.get_full_path())
 
     def refused(self, request, exc: Exception, back: str) -> HttpResponseRedirect:
-        self.message_user(request, str(exc), messages.ERROR)
+        said = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        self.message_user(request, said, messages.ERROR)
         return HttpResponseRedirect(back)
 
 
@@ -115,17 +118,25 @@ class TenantAdmin(RefusalsAsMessages, admin.ModelAdmin):
         return obj.member_count
 
     def save_formset(self, request, form, formset, change):
-        if formset.model is not Membership:
+        if formset.model not in (Membership, Quota):
             super().save_formset(request, form, formset, change)
             return
         formset.save(commit=False)  # sorts the rows into new, changed and deleted; saves none
         kept = [*formset.new_objects, *(row for row, _ in formset.changed_objects)]
-        # Changes before removals: an operator may hand the admin role over in one save.
-        for row in kept:
-            changed = services.membership_change(tenant=row.tenant, user=row.user, role=row.role)
-            take_row(row, changed)
-        for row in formset.deleted_objects:
-            services.membership_remove(membership=row)
+        if formset.model is Membership:
+            # Changes before removals: an operator may hand the admin role over in one save.
+            for row in kept:
+                changed = services.membership_change(
+                    tenant=row.tenant, user=row.user, role=row.role
+                )
+                take_row(row, changed)
+            for row in formset.deleted_objects:
+                services.membership_remove(membership=row)
+        else:
+            for row in formset.deleted_objects:
+                quotas.quota_delete(quota=row)
+            for row in kept:
+                quotas.quota_set(quota=row)
 
 
 @admin.register(Membership)
@@ -156,7 +167,7 @@ class MembershipAdmin(RefusalsAsMessages, admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(RefusalsAsMessages, admin.ModelAdmin):
     list_display = [
         "tenant",
         "pool",
@@ -174,12 +185,15 @@ class QuotaAdmin(admin.ModelAdmin):
     readonly_fields = ["updated_at"]
 
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        passes.request_pass()  # a raised limit may let waiting tasks start
+        quotas.quota_set(quota=obj)
 
     def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        passes.request_pass()
+        quotas.quota_delete(quota=obj)
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():
+            for quota in queryset:
+                quotas.quota_delete(quota=quota)
 
 
 @admin.register(ApiToken)

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.serializers import ModelCleanSerializer
-from scheduling import passes, usage
+from scheduling import quotas, usage
 from tenants import selectors, services
 from tenants.authentication import TokenContext
 from tenants.models import ApiToken, Membership, Quota, Role, Tenant
@@ -448,7 +448,8 @@ class OperatorMemberList(generics.ListCreateAPIView):
 
 
 class QuotaSerializer(ModelCleanSerializer):
-    """Quotas are checked by the model (Quota.validate_constraints), as in the admin."""
+    """Quotas are checked by the model (Quota.validate_constraints), as in the admin, and saved
+    by the quota service (scheduling.quotas), as the admin saves them."""
 
     tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all())
     pool = serializers.SlugRelatedField(
@@ -474,6 +475,14 @@ class QuotaSerializer(ModelCleanSerializer):
         ]
         read_only_fields = ["id", "updated_at"]
 
+    def create(self, validated_data) -> Quota:
+        return quotas.quota_set(quota=Quota(**validated_data))
+
+    def update(self, instance: Quota, validated_data) -> Quota:
+        for name, value in validated_data.items():
+            setattr(instance, name, value)
+        return quotas.quota_set(quota=instance)
+
 
 class OperatorQuotaList(generics.ListCreateAPIView):
     """All quotas; create one (cluster-wide when pool is empty)."""
@@ -481,10 +490,6 @@ class OperatorQuotaList(generics.ListCreateAPIView):
     permission_classes = [IsOperator]
     serializer_class = QuotaSerializer
     queryset = Quota.objects.select_related("tenant", "pool")
-
-    def perform_create(self, serializer):
-        serializer.save()
-        passes.request_pass()
 
 
 class OperatorQuotaDetail(generics.RetrieveUpdateDestroyAPIView):
@@ -494,10 +499,5 @@ class OperatorQuotaDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = QuotaSerializer
     queryset = Quota.objects.select_related("tenant", "pool")
 
-    def perform_update(self, serializer):
-        serializer.save()
-        passes.request_pass()
-
     def perform_destroy(self, instance):
-        instance.delete()
-        passes.request_pass()
+        quotas.quota_delete(quota=instance)

@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from scheduling import quotas
 from tenants import services
 from tenants.models import Quota, Role, Tenant
 
@@ -31,7 +32,7 @@ class Command(BaseCommand):
             lines.append(f"  operator  admin / {password}   (Django admin: /admin/)")
         if not no_demo and not Tenant.objects.filter(name="demo").exists():
             tenant = services.tenant_create(name="demo", display_name="Demo lab")
-            Quota.objects.create(tenant=tenant, max_gpus=4, max_priority=90)
+            quotas.quota_set(quota=Quota(tenant=tenant, max_gpus=4, max_priority=90))
             password = secrets.token_urlsafe(12)
             user = User.objects.create_user("alice", "", password)
             # The demo lab's only person: its admin (quota, members and tokens are admins').
