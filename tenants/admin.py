@@ -117,6 +117,12 @@ class TenantAdmin(RefusalsAsMessages, admin.ModelAdmin):
     def member_count(self, obj: Tenant) -> int:
         return obj.member_count
 
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+        else:
+            take_row(obj, services.tenant_create(**form.cleaned_data))
+
     def save_formset(self, request, form, formset, change):
         if formset.model not in (Membership, Quota):
             super().save_formset(request, form, formset, change)

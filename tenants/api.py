@@ -397,6 +397,9 @@ class OperatorTenantList(generics.ListCreateAPIView):
     serializer_class = TenantOut
     queryset = Tenant.objects.all()
 
+    def perform_create(self, serializer):
+        serializer.instance = services.tenant_create(**serializer.validated_data)
+
 
 class OperatorTenantDetail(generics.RetrieveUpdateAPIView):
     """One tenant: rename its display name, deactivate it (its tokens stop working)."""

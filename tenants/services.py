@@ -14,8 +14,22 @@ from tenants.models import ApiToken, Membership, Role, Tenant
 
 
 @transaction.atomic
-def tenant_create(*, name: str, display_name: str = "", description: str = "") -> Tenant:
-    tenant = Tenant(name=name, display_name=display_name, description=description)
+def tenant_create(
+    *,
+    name: str,
+    display_name: str = "",
+    description: str = "",
+    is_active: bool = True,
+    unix_user: str = "",
+) -> Tenant:
+    """A new tenant, checked by the model's rules (ValidationError naming the field)."""
+    tenant = Tenant(
+        name=name,
+        display_name=display_name,
+        description=description,
+        is_active=is_active,
+        unix_user=unix_user,
+    )
     tenant.full_clean()
     tenant.save()
     return tenant
