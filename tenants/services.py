@@ -35,8 +35,8 @@ def tenant_create(
     return tenant
 
 
-@transaction.atomic
-def membership_set(*, user: AbstractBaseUser, tenant: Tenant, role: str) -> Membership:
+def _membership_set(*, user: AbstractBaseUser, tenant: Tenant, role: str) -> Membership:
+    # Without the last-admin rule: callers go through membership_change.
     membership, _ = Membership.objects.update_or_create(
         user=user, tenant=tenant, defaults={"role": Role(role)}
     )
@@ -104,11 +104,12 @@ def _keeps_an_admin(*, tenant: Tenant, losing: AbstractBaseUser) -> None:
 
 @transaction.atomic
 def membership_change(*, tenant: Tenant, user: AbstractBaseUser, role: str) -> Membership:
-    """A tenant admin adds ``user`` with ``role``, or changes its role; the last admin stays."""
+    """Add ``user`` to the tenant with ``role``, or change its role, for a tenant admin or an
+    operator (API, portal, admin alike); the last admin stays (LastAdmin)."""
     current = Membership.objects.filter(tenant=tenant, user=user).first()
     if current is not None and current.role == Role.ADMIN and role != Role.ADMIN:
         _keeps_an_admin(tenant=tenant, losing=user)
-    return membership_set(user=user, tenant=tenant, role=role)
+    return _membership_set(user=user, tenant=tenant, role=role)
 
 
 @transaction.atomic

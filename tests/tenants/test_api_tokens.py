@@ -100,7 +100,7 @@ def test_only_members_get_tokens_and_expiry_must_be_in_the_future(db):
     user, tenant = UserFactory(), TenantFactory()
     with pytest.raises(ValueError, match="not a member"):
         services.apitoken_create(user=user, tenant=tenant, name="x")
-    services.membership_set(user=user, tenant=tenant, role="member")
+    services.membership_change(user=user, tenant=tenant, role="member")
     with pytest.raises(ValueError, match="expires_at"):
         services.apitoken_create(
             user=user, tenant=tenant, name="x", expires_at=timezone.now() - timedelta(1)

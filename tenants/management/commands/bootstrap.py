@@ -36,7 +36,7 @@ class Command(BaseCommand):
             password = secrets.token_urlsafe(12)
             user = User.objects.create_user("alice", "", password)
             # The demo lab's only person: its admin (quota, members and tokens are admins').
-            services.membership_set(user=user, tenant=tenant, role=Role.ADMIN)
+            services.membership_change(user=user, tenant=tenant, role=Role.ADMIN)
             _, token = services.apitoken_create(user=user, tenant=tenant, name="demo")
             lines.append(f"  admin     alice / {password}   (tenant demo, role admin)")
             lines.append(f"  API token {token}")
