@@ -4,42 +4,54 @@ while its own settings load, so they must not import DRF's views)."""
 from __future__ import annotations
 
 from django.conf import settings
-from rest_framework import exceptions, pagination, throttling
+from rest_framework import pagination, serializers, throttling
 
+from gpuplatform import query
+from gpuplatform.query import WholeNumber
 from gpuplatform.throttle import PACER, consume, parse_rate, token_key
 from tenants.authentication import TokenContext
 
 __all__ = ["Page", "TenantThrottle", "parse_rate"]
 
 
+class PageQuery(serializers.Serializer):
+    limit = WholeNumber(minimum=1, required=False, help_text="rows per page; more than 500 is cut")
+    offset = WholeNumber(required=False, help_text="rows to skip")
+
+
 class Page(pagination.LimitOffsetPagination):
-    """``limit`` (1 to 500; more is cut to 500) and ``offset``. A value that is not a whole
-    number is a 400 naming the parameter, like every other bad parameter, where DRF would
-    quietly use the default."""
+    """``limit`` (1 to 500; more is cut to 500) and ``offset`` (a bigint, as PostgreSQL's
+    OFFSET takes). A value that is not such a whole number is a 400 naming the parameter, like
+    every other bad parameter (gpuplatform.query), where DRF would quietly use the default."""
 
     default_limit = 50
     max_limit = 500
 
     def get_limit(self, request) -> int:
-        raw = request.query_params.get(self.limit_query_param)
-        if raw is None:
-            return self.default_limit
-        limit = _whole_number(self.limit_query_param, raw, minimum=1)
-        return min(limit, self.max_limit)
+        return min(_paging(request).get("limit", self.default_limit), self.max_limit)
 
     def get_offset(self, request) -> int:
-        raw = request.query_params.get(self.offset_query_param)
-        if raw is None:
-            return 0
-        return _whole_number(self.offset_query_param, raw, minimum=0)
+        return _paging(request).get("offset", 0)
+
+    def get_schema_operation_parameters(self, view):
+        return [
+            {**param, "schema": {**param["schema"], **_BOUNDS[param["name"]]}}
+            for param in super().get_schema_operation_parameters(view)
+        ]
 
 
-def _whole_number(param: str, raw: str, *, minimum: int) -> int:
-    # isdigit() alone lets "²" through, which int() refuses.
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < minimum:
-        what = "a positive whole number" if minimum else "a whole number, 0 or more"
-        raise exceptions.ValidationError({param: [f"must be {what}, got {raw!r}"]})
-    return int(raw)
+_BOUNDS = {
+    "limit": {"minimum": 1, "maximum": query.BIGINT_MAX, "format": "int64"},
+    "offset": {"minimum": 0, "maximum": query.BIGINT_MAX, "format": "int64"},
+}
+
+
+def _paging(request) -> dict:
+    """The request's limit and offset, read once."""
+    read = getattr(request, "_paging", None)
+    if read is None:
+        read = request._paging = query.parse(PageQuery, request.query_params)
+    return read
 
 
 class TenantThrottle(throttling.BaseThrottle):
