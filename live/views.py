@@ -13,10 +13,13 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods
+from rest_framework import serializers
 
+from gpuplatform import query
 from live import history, selectors, tiles
 from scheduling import controls, services
-from scheduling.models import GPU, Node, Task
+from scheduling import selectors as scheduling_selectors
+from scheduling.models import GPU, Node
 
 operator_required = user_passes_test(
     lambda user: user.is_active and user.is_staff, login_url=settings.LOGIN_URL
@@ -63,30 +66,44 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "live/dashboard.html", context)
 
 
+class HistoryQuery(serializers.Serializer):
+    node = serializers.PrimaryKeyRelatedField(
+        queryset=Node.objects.all(), error_messages={
+            "does_not_exist": gettext_lazy("expected the id of a node"),
+            "incorrect_type": gettext_lazy("expected the id of a node"),
+        },
+    )  # fmt: skip
+    range = serializers.ChoiceField(choices=list(RANGES), required=False)
+    start = serializers.FloatField(min_value=0, max_value=1e11, required=False)
+    end = serializers.FloatField(min_value=0, max_value=1e11, required=False)
+
+    def validate(self, data: dict) -> dict:
+        if "range" in data:
+            data["end"] = time.time()
+            data["start"] = data["end"] - RANGES[data["range"]]
+            return data
+        errors = {
+            field: [_("expected seconds since the epoch")]
+            for field in ("start", "end")
+            if field not in data
+        }
+        if not errors and not 0 < data["end"] - data["start"] <= MAX_RANGE_S:
+            errors["end"] = [_("expected after start, at most 90 days later")]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return data
+
+
 @operator_required
 @require_GET
 def history_series(request: HttpRequest) -> JsonResponse:
     """A node's GPU series for the time-range picker: ``node`` and either ``range`` (one of
     RANGES) or ``start`` and ``end`` (epoch seconds)."""
-    errors: dict[str, list[str]] = {}
-    node = Node.objects.filter(pk=_int(request.GET.get("node"))).first()
-    if node is None:
-        errors["node"] = [_("expected the id of a node")]
-    now = time.time()
-    if "range" in request.GET:
-        if request.GET["range"] not in RANGES:
-            errors["range"] = [_("expected one of %s") % ", ".join(RANGES)]
-        start, end = now - RANGES.get(request.GET["range"], 0), now
-    else:
-        start, end = _float(request.GET.get("start")), _float(request.GET.get("end"))
-        if start is None:
-            errors["start"] = [_("expected seconds since the epoch")]
-        if end is None:
-            errors["end"] = [_("expected seconds since the epoch")]
-        if start is not None and end is not None and not 0 < end - start <= MAX_RANGE_S:
-            errors["end"] = [_("expected after start, at most 90 days later")]
-    if errors:
-        return JsonResponse({"errors": errors}, status=400)
+    try:
+        asked = query.parse(HistoryQuery, request.GET)
+    except serializers.ValidationError as exc:
+        return JsonResponse({"errors": query.problems(exc)}, status=400)
+    node, start, end = asked["node"], asked["start"], asked["end"]
     series = history.series(node=node, start=start, end=end)
     return JsonResponse({"node": node.pk, "start": start, "end": end, **series})
 
@@ -113,8 +130,10 @@ def act(request: HttpRequest, kind: str, pk: int, action: str) -> HttpResponse:
     """An operator's action, confirmed on a page of its own (GET asks, POST does)."""
     if (kind, action) not in ACTIONS:
         raise Http404
-    model = {"gpu": GPU, "node": Node, "task": Task}[kind]
-    obj = get_object_or_404(model, pk=pk)
+    if kind == "task":
+        obj = scheduling_selectors.task_get_any(pk=pk)
+    else:
+        obj = get_object_or_404({"gpu": GPU, "node": Node}[kind], pk=pk)
     name = str(obj)
     if request.method == "GET":
         context = {
@@ -149,20 +168,3 @@ def _perform(kind: str, action: str, obj, user) -> tuple[bool, str]:
         return bool(act(nodes=[obj], actor=user)), ""
     result = controls.tasks_control(tasks=[obj], action=action, by=user)
     return bool(result.done), "; ".join(why for _task, why in result.refused)
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _float(value: str | None) -> float | None:
-    try:
-        number = float(value) if value is not None else None
-    except ValueError:
-        return None
-    if number is None or number != number or not 0 <= number < 1e11:  # NaN, or out of range
-        return None
-    return number

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 
+from gpuplatform import query
 from gpuplatform.api import IsOperator, IsTenantMember, request_tenant
 from monitoring import selectors
 from monitoring.models import Alert
@@ -37,11 +38,14 @@ class AlertOut(serializers.ModelSerializer):
         return node.name if node else None
 
 
-OPEN = OpenApiParameter("open", bool, description="only alerts still open (open=1)")
+class AlertQuery(serializers.Serializer):
+    open = serializers.BooleanField(
+        default=False, help_text="only alerts still open (open=1, true or yes)"
+    )
 
 
 def _open_only(request) -> bool:
-    return request.query_params.get("open", "").lower() in ("1", "true", "yes")
+    return query.parse(AlertQuery, request.query_params)["open"]
 
 
 class AlertList(generics.ListAPIView):
@@ -51,7 +55,7 @@ class AlertList(generics.ListAPIView):
     permission_classes = [IsTenantMember]
     serializer_class = AlertOut
 
-    @extend_schema(parameters=[OPEN])
+    @extend_schema(parameters=[AlertQuery])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -68,7 +72,7 @@ class OperatorAlertList(generics.ListAPIView):
     permission_classes = [IsOperator]
     serializer_class = AlertOut
 
-    @extend_schema(parameters=[OPEN])
+    @extend_schema(parameters=[AlertQuery])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 

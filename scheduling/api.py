@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from django.db import transaction
-from django.db.models import Manager, Prefetch, QuerySet
+from django.db.models import Manager, QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -21,12 +21,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuplatform import query
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.api_defaults import Page
+from gpuplatform.query import BIGINT_MAX, INT_MAX, WholeNumber
 from scheduling import controls, idempotency, logs, selectors, services
 from scheduling.models import (
     GPU,
-    Allocation,
     Node,
     Pool,
     SchedulerState,
@@ -295,6 +296,39 @@ def get_task_for(request: Request, pk: int) -> Task:
     return selectors.task_get(tenant=request_tenant(request).tenant, pk=pk)
 
 
+class StatesField(serializers.CharField):
+    """Comma-separated task states: a typo is a 400 naming it, not a silently empty list."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(required=False, allow_blank=True, help_text="comma-separated states",
+                         **kwargs)  # fmt: skip
+
+    def to_internal_value(self, data) -> list[str] | None:
+        raw = super().to_internal_value(data)
+        if not raw:
+            return None
+        wanted = raw.split(",")
+        known = [s.value for s in TaskState]
+        unknown = [name for name in wanted if name not in known]
+        if unknown:
+            raise serializers.ValidationError(
+                f"unknown state {unknown[0]!r}; expected some of {', '.join(known)}"
+            )
+        return wanted
+
+
+class TaskListQuery(serializers.Serializer):
+    """The task list's filters (selectors.TaskListing); empty ones filter nothing."""
+
+    state = StatesField(source="states")
+    queue = serializers.CharField(required=False, allow_blank=True)
+    name = serializers.CharField(
+        source="name_contains", required=False, allow_blank=True, help_text="name contains"
+    )
+    submitted_after = serializers.DateTimeField(required=False, help_text="inclusive")
+    submitted_before = serializers.DateTimeField(required=False)
+
+
 class PagedGetSchema(AutoSchema):
     """Only GET pages: the POST beside it answers a plain array, which drf-spectacular would
     otherwise document as the GET's page ({count, next, previous, results}) with its limit and
@@ -316,7 +350,8 @@ class TaskPage(Page):
     def paginate_queryset(self, queryset, request, view=None):
         self.request = request
         self.limit, self.offset = self.get_limit(request), self.get_offset(request)
-        bound = self.offset + self.limit + self.COUNTED_PAST
+        # Counted up to a bigint at most (PostgreSQL's LIMIT), however far the offset.
+        bound = min(self.offset + self.limit + self.COUNTED_PAST, BIGINT_MAX - 1)
         # One more than the bound tells "exactly" from "more".
         if isinstance(queryset, QuerySet):
             counted = queryset[: bound + 1].count()  # SELECT count(*) FROM (... LIMIT n)
@@ -359,15 +394,7 @@ class TaskList(generics.ListAPIView):
     serializer_class = TaskOut
     parser_classes = [JSONParser, YamlParser, TextYamlParser]
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("state", str, description="comma-separated states"),
-            OpenApiParameter("queue", str),
-            OpenApiParameter("name", str, description="name contains"),
-            OpenApiParameter("submitted_after", OpenApiTypes.DATETIME),
-            OpenApiParameter("submitted_before", OpenApiTypes.DATETIME),
-        ]
-    )
+    @extend_schema(parameters=[TaskListQuery])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -379,21 +406,8 @@ class TaskList(generics.ListAPIView):
 
     def listing(self) -> selectors.TaskListing:
         """The caller's tasks with the filters of the query string; a bad one is a 400."""
-        params = self.request.query_params
-        moments = {}
-        for param in ("submitted_after", "submitted_before"):
-            if params.get(param):
-                try:
-                    moments[param] = serializers.DateTimeField().to_internal_value(params[param])
-                except serializers.ValidationError as exc:
-                    raise serializers.ValidationError({param: exc.detail}) from None
-        return selectors.TaskListing(
-            tenant=request_tenant(self.request).tenant,
-            states=_states(params["state"]) if params.get("state") else None,
-            queue=params.get("queue") or None,
-            name_contains=params.get("name") or None,
-            **moments,
-        )
+        filters = query.parse(TaskListQuery, self.request.query_params)
+        return selectors.TaskListing(tenant=request_tenant(self.request).tenant, **filters)
 
     def get_queryset(self) -> QuerySet[Task]:
         # What the schema and DRF's own machinery see; the list reads through listing().
@@ -459,18 +473,6 @@ def _new_queue_warnings(
     return warnings
 
 
-def _states(raw: str) -> list[str]:
-    """The ``state`` filter: a typo is a 400 naming it, not a silently empty list."""
-    wanted = raw.split(",")
-    known = [s.value for s in TaskState]
-    unknown = [name for name in wanted if name not in known]
-    if unknown:
-        raise serializers.ValidationError(
-            {"state": [f"unknown state {unknown[0]!r}; expected some of {', '.join(known)}"]}
-        )
-    return wanted
-
-
 def _idempotent_replay(tenant, key: str, body: bytes) -> Response | None:
     """The first answer again for a key used before (409 for another body); None for a new
     key, now claimed for this request."""
@@ -510,31 +512,22 @@ class TaskEvents(generics.ListAPIView):
         return selectors.task_events(tenant=tenant, pk=self.kwargs["pk"])
 
 
+class LogQuery(serializers.Serializer):
+    attempt = WholeNumber(maximum=INT_MAX, required=False, help_text="default: the latest")
+    offset = WholeNumber(required=False, help_text="byte offset to read from")
+    tail = WholeNumber(maximum=INT_MAX, required=False, help_text="only the last N lines")
+    limit = WholeNumber(required=False, help_text=f"bytes, at most {logs.MAX_READ}")
+
+
 class TaskLog(APIView):
     """Read an attempt's output: from a byte offset (follow with `next_offset`), or its tail."""
 
     permission_classes = [IsTenantMember]
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("attempt", int, description="default: the latest"),
-            OpenApiParameter("offset", int, description="byte offset to read from"),
-            OpenApiParameter("tail", int, description="only the last N lines"),
-            OpenApiParameter("limit", int, description=f"bytes, at most {logs.MAX_READ}"),
-        ],
-        responses=LogOut,
-    )
+    @extend_schema(parameters=[LogQuery], responses=LogOut)
     def get(self, request: Request, pk: int) -> Response:
         task = get_task_for(request, pk)
-        params = {}
-        for name in ("attempt", "offset", "tail", "limit"):
-            raw = request.query_params.get(name)
-            if raw is None:
-                continue
-            # isdigit() alone lets "²" through, which int() refuses.
-            if not (raw.isascii() and raw.isdigit()):
-                return errors_response({name: ["must be a non-negative integer"]})
-            params[name] = int(raw)
+        params = query.parse(LogQuery, request.query_params)
         try:
             chunk = logs.read(task, **params)
         except logs.NoLog as exc:
@@ -557,11 +550,8 @@ class TaskControl(APIView):
         done = controls.tasks_control(tasks=[task], action=self.action, by=request.user)
         if done.refused:
             return errors_response({"state": [done.refused[0][1]]}, code=409)
-        return Response(TaskDetail(_reloaded(task)).data)
-
-
-def _reloaded(task: Task) -> Task:
-    return Task.objects.select_related("node", "owner", "pool").get(pk=task.pk)
+        reloaded = selectors.task_detail(tenant=request_tenant(request).tenant, pk=task.pk)
+        return Response(TaskDetail(reloaded).data)
 
 
 # --- Inventory -----------------------------------------------------------------------------------
@@ -637,9 +627,7 @@ class GpuOut(serializers.ModelSerializer):
         return bool(gpu.active_allocations)
 
     def get_my_tasks(self, gpu: GPU) -> list[dict]:
-        tenant_id = self.context["tenant_id"]
-        mine = [a for a in gpu.active_allocations if a.task.tenant_id == tenant_id]
-        return MyTaskOnGpu(mine, many=True).data
+        return MyTaskOnGpu(gpu.tenant_allocations, many=True).data
 
 
 class PoolOut(serializers.ModelSerializer):
@@ -668,16 +656,9 @@ class GpuList(generics.ListAPIView):
     serializer_class = GpuOut
 
     def get_queryset(self):
-        active = Allocation.objects.filter(released_at__isnull=True).select_related("task")
-        return selectors.gpu_list().prefetch_related(
-            Prefetch("allocations", queryset=active, to_attr="active_allocations")
-        )
-
-    def get_serializer_context(self):
-        context = super().get_serializer_context()
-        if not getattr(self, "swagger_fake_view", False):
-            context["tenant_id"] = request_tenant(self.request).tenant.pk
-        return context
+        if getattr(self, "swagger_fake_view", False):
+            return GPU.objects.none()
+        return selectors.gpu_list(tenant=request_tenant(self.request).tenant)
 
 
 class PoolList(generics.ListAPIView):
@@ -700,6 +681,13 @@ class OperatorTaskOut(TaskOut):
         fields = ["id", "tenant", *TaskOut.Meta.fields[1:]]
 
 
+class OperatorTaskQuery(serializers.Serializer):
+    tenant = serializers.CharField(
+        source="tenant_name", required=False, allow_blank=True, help_text="the tenant's name"
+    )
+    state = StatesField(source="states")
+
+
 class OperatorTaskList(generics.ListAPIView):
     """Every tenant's tasks (operators only)."""
 
@@ -707,22 +695,14 @@ class OperatorTaskList(generics.ListAPIView):
     serializer_class = OperatorTaskOut
     pagination_class = TaskPage
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("tenant", str, description="the tenant's name"),
-            OpenApiParameter("state", str, description="comma-separated states"),
-        ]
-    )
+    @extend_schema(parameters=[OperatorTaskQuery])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
-        tasks = Task.objects.select_related("node", "owner", "tenant")
-        if self.request.query_params.get("tenant"):
-            tasks = tasks.filter(tenant__name=self.request.query_params["tenant"])
-        if self.request.query_params.get("state"):
-            tasks = tasks.filter(state__in=_states(self.request.query_params["state"]))
-        return tasks.order_by("-id")
+        if getattr(self, "swagger_fake_view", False):
+            return Task.objects.none()
+        return selectors.task_list_all(**query.parse(OperatorTaskQuery, self.request.query_params))
 
 
 DrainOut = inline_serializer("DrainResult", {"changed": serializers.IntegerField()})

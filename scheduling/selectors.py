@@ -1,5 +1,7 @@
 """Reads of the GPU estate and tasks. Task reads take the tenant as a required keyword argument:
-another tenant's task is simply not there (404), whoever calls."""
+another tenant's task is simply not there (404), whoever calls. The views, serializers and
+consumers read tasks, attempts and allocations only through here (tests/test_tenancy_choke_point
+checks it); operators' reads of every tenant's tasks are the ``*_all``/``*_any`` ones."""
 
 from __future__ import annotations
 
@@ -23,7 +25,23 @@ QUEUES_COMPARED = 1000
 
 
 def task_list(*, tenant: Tenant) -> QuerySet[Task]:
+    """The tenant's tasks, as a queryset (TaskListing reads the same rows, as SQL)."""
     return Task.objects.filter(tenant=tenant)
+
+
+def task_list_all(*, tenant_name: str = "", states: list[str] | None = None) -> QuerySet[Task]:
+    """Every tenant's tasks, newest first (operators), or one tenant's by its name."""
+    tasks = Task.objects.select_related("node", "owner", "tenant")
+    if tenant_name:
+        tasks = tasks.filter(tenant__name=tenant_name)
+    if states:
+        tasks = tasks.filter(state__in=states)
+    return tasks.order_by("-id")
+
+
+def task_get_any(*, pk: int) -> Task:
+    """Any tenant's task (operators), or 404."""
+    return get_object_or_404(Task.objects.select_related("tenant"), pk=pk)
 
 
 # What a task list's row holds, in this order (scheduling.api._row reads it): Task columns,
@@ -64,12 +82,13 @@ def _task_row_sql() -> tuple[str, str]:
     return select, source
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskListing:
     """A tenant's tasks, newest first, with the task list's filters, as DRF's pagination reads
-    a queryset: ``count()``, and a slice as rows of TASK_ROW. Written as SQL, not as an ORM
-    query: building and compiling the queryset, its count and the values' converters were
-    about 40% of a 50-task page's CPU in the web process. Both statements are prepared
+    a queryset: ``count()``, and a slice as rows of TASK_ROW. The rows ``task_list`` answers
+    for the same tenant (tests/api checks the two agree), written as SQL, not as an ORM query:
+    building and compiling the queryset, its count and the values' converters were a large
+    share of a page's CPU in the web process. Both statements are prepared
     (server_bound_cursor), and only the columns the list shows are read."""
 
     tenant: Tenant
@@ -132,6 +151,12 @@ def task_get(*, tenant: Tenant, pk: int) -> Task:
     return get_object_or_404(task_list(tenant=tenant), pk=pk)
 
 
+def task_attempt(*, tenant: Tenant, task_id: int, number: int) -> TaskAttempt | None:
+    """Attempt ``number`` of the tenant's task (its log file and outcome), or None."""
+    attempts = TaskAttempt.objects.filter(task__tenant=tenant, task_id=task_id, number=number)
+    return attempts.only("task_id", "number", "log_path", "outcome").first()
+
+
 def task_detail(*, tenant: Tenant, pk: int) -> Task:
     """The tenant's task with what its detail shows (node, pool, GPUs, attempts, dependencies)
     in a fixed number of queries, or 404."""
@@ -157,8 +182,18 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.select_related("pool").annotate(gpu_count=Count("gpus"))
 
 
-def gpu_list() -> QuerySet[GPU]:
-    return GPU.objects.select_related("node")
+def gpu_list(*, tenant: Tenant) -> QuerySet[GPU]:
+    """Every GPU, with ``active_allocations`` (every tenant's, for what they reserve) and
+    ``tenant_allocations`` (the tenant's own, with their tasks)."""
+    active = Allocation.objects.filter(released_at__isnull=True)
+    return GPU.objects.select_related("node").prefetch_related(
+        Prefetch("allocations", queryset=active, to_attr="active_allocations"),
+        Prefetch(
+            "allocations",
+            queryset=active.filter(task__tenant=tenant).select_related("task"),
+            to_attr="tenant_allocations",
+        ),
+    )
 
 
 def pool_list() -> QuerySet[Pool]:

@@ -4,42 +4,69 @@ task's for operators; the newest sample of every GPU (``gpuctl top``); usage fro
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
+from gpuplatform import query
+from gpuplatform.api import IsOperator, IsTenantMember, request_tenant
+from gpuplatform.query import INT_MAX, WholeNumber
 from gpuplatform.units import parse_duration_s
+from scheduling import selectors as scheduling_selectors
 from scheduling.models import GPU, Node, Task
 from telemetry import selectors
 
-RANGE_PARAMETERS = [
-    OpenApiParameter(
-        "start", OpenApiTypes.DATETIME, description="ISO 8601; default: end minus since"
-    ),
-    OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO 8601; default: now"),
-    OpenApiParameter(
-        "since",
-        str,
-        description="range length when start is omitted (15m, 6h, "
-        "30d); default 1h, or the task's whole run",
-    ),  # fmt: skip
-    OpenApiParameter(
-        "step",
-        str,
-        description="bucket width (1s, 1m, 1h); default: about 300 points. Under a minute "
-        "reads raw samples, under an hour the 1-minute rollups, else the 1-hour rollups",
-    ),
-]
+
+class Duration(serializers.CharField):
+    """A length of time as ``gpuplatform.units`` reads it (90, 30s, 15m, 6h, 1h30m, 30d), in
+    seconds, at most an integer's worth (68 years)."""
+
+    def to_internal_value(self, data) -> int:
+        try:
+            seconds = parse_duration_s(super().to_internal_value(data), field="")
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        if seconds > INT_MAX:
+            raise serializers.ValidationError(f"must be at most {INT_MAX} seconds, got {data!r}")
+        return seconds
+
+
+class Moment(serializers.DateTimeField):
+    """An ISO 8601 date and time after the Unix epoch (the series count time from it)."""
+
+    def to_internal_value(self, value) -> datetime:
+        moment = super().to_internal_value(value)
+        if moment < EPOCH:
+            raise serializers.ValidationError(f"must be after {EPOCH.isoformat()}, got {value!r}")
+        return moment
+
+
+class RangeQuery(serializers.Serializer):
+    """A metrics range: ``start`` to ``end`` read at ``step``; the defaults depend on what is
+    asked about (a task's whole run, else the last hour), so they are applied by ``_range``."""
+
+    start = Moment(required=False, help_text="ISO 8601; default: end minus since")
+    end = Moment(required=False, help_text="ISO 8601; default: now")
+    since = Duration(
+        required=False,
+        help_text="range length when start is omitted (15m, 6h, 30d); default 1h, or the "
+        "task's whole run",
+    )
+    step = Duration(
+        required=False,
+        help_text="bucket width (1s, 1m, 1h); default: about 300 points. Under a minute reads "
+        "raw samples, under an hour the 1-minute rollups, else the 1-hour rollups",
+    )
+
+
 MAX_USAGE_DAYS = 366
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 SeriesOut = inline_serializer(
     "MetricSeries",
@@ -67,64 +94,30 @@ SeriesOut = inline_serializer(
 )
 
 
-class RangeError(Exception):
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(reason)
-        self.field, self.reason = field, reason
-
-
 def _range(request: Request, *, default_start: datetime | None = None,
            default_end: datetime | None = None) -> tuple[datetime, datetime, int]:  # fmt: skip
-    params = request.query_params
-    end = _moment(params, "end") or default_end or timezone.now()
-    start = _moment(params, "start")
+    asked = query.parse(RangeQuery, request.query_params)
+    end = asked.get("end") or default_end or timezone.now()
+    start = asked.get("start")
     if start is None:
-        if "since" in params or default_start is None:
-            start = end - timedelta(seconds=_duration(params, "since", "1h"))
+        if "since" in asked or default_start is None:
+            start = max(end - timedelta(seconds=asked.get("since", 3600)), EPOCH)
         else:
             start = default_start
     if start >= end:
-        raise RangeError("start", "must be before end")
+        raise serializers.ValidationError({"start": ["must be before end"]})
     span = (end - start).total_seconds()
-    if "step" in params:
-        step = _duration(params, "step", "")
-    else:
-        step = max(1, math.ceil(span / 300))
+    step = asked["step"] if "step" in asked else max(1, math.ceil(span / 300))
     if span / step > selectors.MAX_POINTS:
-        raise RangeError(
-            "step", f"gives {math.ceil(span / step)} points per GPU; at most "
+        raise serializers.ValidationError({"step": [
+            f"gives {math.ceil(span / step)} points per GPU; at most "
             f"{selectors.MAX_POINTS}: use a larger step or a shorter range"
-        )  # fmt: skip
+        ]})  # fmt: skip
     return start, end, step
 
 
-def _moment(params, field: str) -> datetime | None:
-    raw = params.get(field)
-    if raw is None:
-        return None
-    try:
-        value = parse_datetime(raw)
-    except ValueError:
-        value = None
-    if value is None:
-        raise RangeError(field, f"expected an ISO 8601 date and time, got {raw!r}")
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, timezone.get_current_timezone())
-    return value
-
-
-def _duration(params, field: str, default: str) -> int:
-    try:
-        return parse_duration_s(params.get(field, default), field="")
-    except ValueError as exc:
-        raise RangeError(field, str(exc)) from None
-
-
 def _answer(request: Request, windows_for, **defaults) -> Response:
-    try:
-        start, end, step = _range(request, **defaults)
-    except RangeError as exc:
-        return errors_response({exc.field: [exc.reason]})
+    start, end, step = _range(request, **defaults)
     data = selectors.series(windows=windows_for(start, end), start=start, end=end, step_s=step)
     return Response({**data, "start": start.isoformat(), "end": end.isoformat()})
 
@@ -144,7 +137,7 @@ class TaskMetrics(APIView):
 
     permission_classes = [IsTenantMember]
 
-    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    @extend_schema(parameters=[RangeQuery], responses=SeriesOut)
     def get(self, request: Request, pk: int) -> Response:
         task = selectors.task_metrics_get(tenant=request_tenant(request).tenant, pk=pk)
         return _task_answer(request, task)
@@ -155,9 +148,9 @@ class OperatorTaskMetrics(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    @extend_schema(parameters=[RangeQuery], responses=SeriesOut)
     def get(self, request: Request, pk: int) -> Response:
-        return _task_answer(request, get_object_or_404(Task, pk=pk))
+        return _task_answer(request, scheduling_selectors.task_get_any(pk=pk))
 
 
 class GpuMetrics(APIView):
@@ -165,7 +158,7 @@ class GpuMetrics(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    @extend_schema(parameters=[RangeQuery], responses=SeriesOut)
     def get(self, request: Request, pk: int) -> Response:
         gpu = get_object_or_404(GPU, pk=pk)
         return _answer(
@@ -178,7 +171,7 @@ class NodeMetrics(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(parameters=RANGE_PARAMETERS, responses=SeriesOut)
+    @extend_schema(parameters=[RangeQuery], responses=SeriesOut)
     def get(self, request: Request, name: str) -> Response:
         node = get_object_or_404(Node, name=name)
         gpus = selectors.node_gpus(node=node)
@@ -251,11 +244,12 @@ UsageOut = inline_serializer(
 )
 
 
-def _days(request: Request) -> int | Response:
-    raw = request.query_params.get("days", "30")
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_USAGE_DAYS:
-        return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
-    return int(raw)
+class DaysQuery(serializers.Serializer):
+    days = WholeNumber(minimum=1, maximum=MAX_USAGE_DAYS, default=30)
+
+
+def _days(request: Request) -> int:
+    return query.parse(DaysQuery, request.query_params)["days"]
 
 
 class SampledUsage(APIView):
@@ -264,13 +258,9 @@ class SampledUsage(APIView):
 
     permission_classes = [IsTenantMember]
 
-    @extend_schema(
-        parameters=[OpenApiParameter("days", int, description="default 30")], responses=UsageOut
-    )
+    @extend_schema(parameters=[DaysQuery], responses=UsageOut)
     def get(self, request: Request) -> Response:
         days = _days(request)
-        if isinstance(days, Response):
-            return days
         tenant = request_tenant(request).tenant
         return Response(
             {"days": days, "rows": selectors.usage_from_samples(tenant=tenant, days=days)}
@@ -282,13 +272,9 @@ class OperatorSampledUsage(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(
-        parameters=[OpenApiParameter("days", int, description="default 30")], responses=UsageOut
-    )
+    @extend_schema(parameters=[DaysQuery], responses=UsageOut)
     def get(self, request: Request) -> Response:
         days = _days(request)
-        if isinstance(days, Response):
-            return days
         return Response(
             {"days": days, "rows": selectors.usage_from_samples(tenant=None, days=days)}
         )

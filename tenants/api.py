@@ -9,13 +9,15 @@ from django.contrib.auth import get_user_model
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuplatform import query
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
+from gpuplatform.query import WholeNumber
 from gpuplatform.serializers import ModelCleanSerializer
 from scheduling import quotas, usage
 from tenants import selectors, services
@@ -213,21 +215,20 @@ UsageOut = inline_serializer(
 )
 
 
+class UsageQuery(serializers.Serializer):
+    days = WholeNumber(minimum=1, maximum=MAX_USAGE_DAYS, default=30)
+
+
 class UsageView(APIView):
     """GPU-hours your tenant used per day (shared GPUs count their fraction)."""
 
     permission_classes = [IsTenantMember]
 
-    @extend_schema(
-        parameters=[OpenApiParameter("days", int, description="default 30")], responses=UsageOut
-    )
+    @extend_schema(parameters=[UsageQuery], responses=UsageOut)
     def get(self, request: Request) -> Response:
-        raw = request.query_params.get("days", "30")
-        # isdigit() alone lets "²" through, which int() refuses.
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_USAGE_DAYS:
-            return errors_response({"days": [f"must be a whole number from 1 to {MAX_USAGE_DAYS}"]})
+        asked = query.parse(UsageQuery, request.query_params)
         tenant = request_tenant(request).tenant
-        days = usage.usage_per_day(tenant=tenant, days=int(raw))
+        days = usage.usage_per_day(tenant=tenant, days=asked["days"])
         return Response(
             {
                 "tenant": tenant.name,
@@ -433,7 +434,7 @@ class OperatorMemberList(generics.ListCreateAPIView):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Membership.objects.none()
-        return Membership.objects.filter(tenant=self.tenant()).select_related("user")
+        return selectors.member_list(tenant=self.tenant())
 
     @extend_schema(responses={201: MemberOut, 409: OpenApiTypes.OBJECT})
     def post(self, request: Request, *args, **kwargs) -> Response:
