@@ -1,7 +1,8 @@
 """What every API view shares: the caller's tenant, roles, errors, paging and throttling.
 
-One choke point for tenant scoping: views get the tenant from ``request_tenant()`` and read
-through selectors that take it; another tenant's object is simply not found (404), never
+One choke point for tenant scoping: views get the caller and its tenant from
+``request_tenant()`` (``tenants.access.caller_for``, as the portal and the websockets do) and
+read through selectors that take it; another tenant's object is simply not found (404), never
 forbidden. One choke point for roles: ``IsTenantMember`` asks ``tenants.roles`` whether the
 caller's role may do the view's action (``tenant_actions``), and views ask ``Caller.require()``
 about one object (a member may control only its own tasks).
@@ -10,10 +11,9 @@ about one object (a member may control only its own tasks).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured, PermissionDenied, RequestDataTooBig
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DataError
 from django.http import Http404
 from django.utils.translation import gettext as _
@@ -27,59 +27,24 @@ from rest_framework.views import exception_handler
 from gpuplatform import throttle
 from gpuplatform.errors import FieldErrors
 from gpuplatform.outage import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
-from tenants import roles
-from tenants.authentication import TokenContext
-from tenants.models import Membership, Tenant
+from tenants import access
+from tenants.access import Caller
 from tenants.roles import Action
-
-TENANT_HEADER = "HTTP_X_TENANT"
-
-
-@dataclass(frozen=True)
-class Caller:
-    tenant: Tenant
-    role: str
-    user_id: int
-
-    def may(self, action: Action, obj: roles.Owned | None = None) -> bool:
-        return roles.may(role=self.role, action=action, user_id=self.user_id, obj=obj)
-
-    def require(self, action: Action, obj: roles.Owned | None = None) -> None:
-        """403 with the reason unless the caller's role allows ``action`` (on ``obj``): Django's
-        PermissionDenied, which the API (DRF) and the portal's pages both answer as a 403."""
-        problem = roles.denial(role=self.role, action=action, user_id=self.user_id, obj=obj)
-        if problem:
-            raise PermissionDenied(problem)
 
 
 def request_tenant(request: Request) -> Caller:
-    """The tenant a request acts for: the token's, or for a browser session the one named in
-    ``X-Tenant`` (or ``?tenant=``), or the user's only one."""
-    cached = getattr(request, "_caller", None)
-    if cached is not None:
-        return cached
-    if isinstance(request.auth, TokenContext):
-        caller = Caller(request.auth.tenant, request.auth.role, request.user.pk)
-    else:
-        memberships = Membership.objects.filter(
-            user=request.user, tenant__is_active=True
-        ).select_related("tenant")
-        name = request.META.get(TENANT_HEADER) or request.query_params.get("tenant")
-        if name:
-            memberships = memberships.filter(tenant__name=name)
-        found = list(memberships[:2])
-        if not found:
-            if name:
-                problem = _("you are not a member of tenant %(name)s") % {"name": name}
-            else:
-                problem = _("you are not a member of any active tenant")
-            raise exceptions.PermissionDenied(problem)
-        if len(found) > 1:
-            raise exceptions.ValidationError(
-                {"tenant": [_("you belong to several tenants: name one with the X-Tenant header")]}
-            )
-        caller = Caller(found[0].tenant, found[0].role, request.user.pk)
-    request._caller = caller
+    """The caller and the tenant it acts for, as ``tenants.access.caller_for`` resolves them,
+    or the API's refusal: 403 when it is a member of no such tenant; 400 when a session user of
+    several tenants named none (a script must not act for a tenant it did not choose)."""
+    caller = access.caller_for(request)
+    if caller is None:
+        raise exceptions.NotAuthenticated()
+    if caller.tenant is None:
+        raise exceptions.PermissionDenied(caller.problem)
+    if caller.chosen_by == "first":
+        raise exceptions.ValidationError(
+            {"tenant": [_("you belong to several tenants: name one with the X-Tenant header")]}
+        )
     return caller
 
 

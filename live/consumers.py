@@ -1,6 +1,7 @@
 """The websocket every live page opens: ``/ws/live/``.
 
-Browsers authenticate with their session, scripts with an API token (``Authorization: Bearer``).
+Browsers authenticate with their session, scripts with an API token (``Authorization: Bearer``),
+as ``tenants.access.caller_for`` reads them.
 Operators join the operators' group, everyone else the groups of their tenants; the groups carry
 only what their members may see (live.events), so a consumer needs no per-event filtering.
 
@@ -20,6 +21,7 @@ from django.conf import settings
 
 from live import selectors
 from live.events import SAMPLE_FIELDS
+from tenants import access
 
 # More events than this in one message (a pass that placed thousands of tasks): the page is told
 # to catch up from the database instead of applying them one by one.
@@ -28,11 +30,11 @@ MAX_EVENTS = 1000
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        self.viewer = await database_sync_to_async(selectors.viewer_for_scope)(self.scope)
-        if self.viewer is None:
+        self.caller = await database_sync_to_async(access.caller_for)(self.scope)
+        self.joined = selectors.groups_for(self.caller) if self.caller else []
+        if not self.joined:
             await self.close()  # before accept: the handshake is refused (HTTP 403)
             return
-        self.joined = self.viewer.groups()
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         self.samples: dict[int, list] = {}
@@ -42,8 +44,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(
             {
                 "type": "hello",
-                "operator": self.viewer.operator,
-                "tenant_ids": sorted(self.viewer.tenant_ids),
+                "operator": self.caller.operator,
+                "tenant_ids": sorted(self.caller.tenant_ids),
                 "server_time": time.time(),
                 "unacked_frames": settings.LIVE_UNACKED_FRAMES,
                 "sample_fields": SAMPLE_FIELDS,
@@ -69,7 +71,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 await self._error("since", "expected seconds since the epoch (a number)")
                 return
             answer = await database_sync_to_async(selectors.catch_up)(
-                viewer=self.viewer, since=float(since)
+                caller=self.caller, since=float(since)
             )
             await self.send_json({"type": "catch_up", **answer})
         else:

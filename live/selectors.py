@@ -1,18 +1,16 @@
-"""Reads for the live plane: who a socket belongs to, what a reconnecting page missed, and the
+"""Reads for the live plane: the groups a socket joins, what a reconnecting page missed, and the
 dashboard's first render (a fixed number of queries whatever the size of the estate)."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.db.models import Count, IntegerField, Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
-from rest_framework.exceptions import AuthenticationFailed
 
 from live import events, history
 from monitoring.models import Alert
@@ -20,9 +18,8 @@ from scheduling import estate
 from scheduling.models import GPU, Allocation, Node, SchedulerState, Task
 from scheduling.scheduler import recent_gpus
 from scheduling.states import HOLDS_GPUS, TaskState
-from tenants.authentication import ApiTokenAuthentication
+from tenants.access import Caller
 from tenants.models import Quota, Tenant
-from tenants.selectors import tenant_ids_for_user
 
 # A reconnecting page catches up at most this far back; older gaps are reloaded with the page.
 CATCH_UP_MAX_S = 3600
@@ -34,50 +31,25 @@ RUNNING_ROWS = 100
 ALERT_ROWS = 50
 
 
-@dataclass(frozen=True)
-class Viewer:
-    user_id: int
-    operator: bool
-    tenant_ids: frozenset[int]
-
-    def groups(self) -> list[str]:
-        if self.operator:
-            return [events.OPS]
-        return [events.tenant_group(pk) for pk in sorted(self.tenant_ids)]
+def groups_for(caller: Caller) -> list[str]:
+    """The groups a socket joins: the operators' for an operator, else its tenants' (every
+    tenant of a session's user; a token's own); none for someone who may follow nothing."""
+    if caller.operator:
+        return [events.OPS]
+    return [events.tenant_group(pk) for pk in sorted(caller.tenant_ids)]
 
 
-def viewer_for_scope(scope: dict) -> Viewer | None:
-    """Who opened the socket: an API token (``Authorization: Bearer``, scoped to the token's
-    tenant) or the session's user; None when nobody, or someone who may follow nothing."""
-    header = dict(scope.get("headers") or []).get(b"authorization")
-    if header is not None:
-        parts = header.split()
-        if len(parts) != 2 or parts[0].lower() != b"bearer":
-            return None
-        try:
-            user, context = ApiTokenAuthentication().authenticate_token(parts[1].decode())
-        except (AuthenticationFailed, UnicodeDecodeError):
-            return None
-        return Viewer(user.pk, user.is_staff, frozenset({context.tenant.pk}))
-    user = scope.get("user")
-    if user is None or not user.is_authenticated or not user.is_active:
-        return None
-    if user.is_staff:
-        return Viewer(user.pk, True, frozenset())
-    tenant_ids = tenant_ids_for_user(user=user)
-    return Viewer(user.pk, False, tenant_ids) if tenant_ids else None
-
-
-def catch_up(*, viewer: Viewer, since: float) -> dict:
-    """What changed since ``since`` (epoch seconds) that the viewer may see: the current state
-    of tasks changed since, GPUs, nodes and alerts (operators), and the samples kept since."""
+def catch_up(*, caller: Caller, since: float) -> dict:
+    """What changed since ``since`` (epoch seconds) that the caller may see (as its groups,
+    ``groups_for``): the current state of tasks changed since, GPUs, nodes and alerts
+    (operators), and the samples kept since."""
     now = time.time()
     too_old = since < now - CATCH_UP_MAX_S  # what changed before the window is not in it
     since = min(max(since, now - CATCH_UP_MAX_S), now)
     moment = datetime.fromtimestamp(since, UTC)
     tasks = Task.objects.filter(updated_at__gt=moment)
-    if not viewer.operator:
-        tasks = tasks.filter(tenant_id__in=viewer.tenant_ids)
+    if not caller.operator:
+        tasks = tasks.filter(tenant_id__in=caller.tenant_ids)
     changed = list(tasks.order_by("updated_at")[: CATCH_UP_TASKS + 1])
     answer: dict = {
         "since": since,
@@ -85,7 +57,7 @@ def catch_up(*, viewer: Viewer, since: float) -> dict:
         "reload": too_old or len(changed) > CATCH_UP_TASKS,
         "events": [events.task_event(task) for task in changed[:CATCH_UP_TASKS]],
     }
-    if viewer.operator:
+    if caller.operator:
         answer["events"] += [events.gpu_event(gpu) for gpu in GPU.objects.all()]
         answer["events"] += [events.node_event(node) for node in Node.objects.all()]
         alerts = Alert.objects.filter(Q(resolved_at__isnull=True) | Q(resolved_at__gt=moment))
@@ -94,7 +66,7 @@ def catch_up(*, viewer: Viewer, since: float) -> dict:
     else:
         gpu_ids = set(
             Allocation.objects.filter(
-                released_at__isnull=True, task__tenant_id__in=viewer.tenant_ids
+                released_at__isnull=True, task__tenant_id__in=caller.tenant_ids
             ).values_list("gpu_id", flat=True)
         )
     answer["samples"] = history.samples_since(since=since, gpu_ids=gpu_ids)

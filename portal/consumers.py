@@ -2,8 +2,9 @@
 (``scheduling.paths.log_path``) and pushes new bytes as they appear, with the task's
 state when it changes.
 
-Authenticated by the browser's session, scoped to the tenant the session acts for: a task of
-another tenant closes with 4404, like a 404, as does an anonymous socket (4401). It polls the
+Authenticated by the browser's session (or an API token), scoped to the tenant it acts for
+(tenants.access.caller_for): a task of another tenant closes with 4404, like a 404; an
+anonymous socket closes with 4401, and a bad ``attempt`` parameter with 4400. It polls the
 file every POLL_S seconds and the task's row every STATE_EVERY polls, so a line the task
 prints reaches the page well within a second (bench/bench_portal.py measures it).
 """
@@ -21,16 +22,19 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.http import Http404
 from django.template.loader import render_to_string
 from django.utils import translation
+from rest_framework.exceptions import ValidationError
 
-from portal import tenancy
+from gpuplatform import query
 from portal.controls import controls_for
+from portal.views import AttemptQuery
 from scheduling import selectors
-from scheduling.models import TaskAttempt
 from scheduling.states import TERMINAL
+from tenants import access
 
 logger = logging.getLogger(__name__)
 
 CLOSE_INTERNAL = 1011
+CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 POLL_S = 0.1
@@ -39,43 +43,37 @@ FIRST_CHUNK = 256 * 1024  # at most this much of an existing log on connect (its
 MAX_CHUNK = 256 * 1024  # at most this much per message
 
 
-class _Session:
-    """What tenancy.caller needs from a request, built from the websocket's scope."""
-
-    def __init__(self, scope) -> None:
-        self.user = scope["user"]
-        self.session = scope["session"]
-
-
 class TaskLogConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.accept()
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
         self.task_id = int(self.scope["url_route"]["kwargs"]["pk"])
-        query = parse_qs(self.scope.get("query_string", b"").decode())
-        raw = (query.get("attempt") or [""])[0]
-        self.pinned = int(raw) if raw.isascii() and raw.isdigit() else None
         self.language = translation.get_language_from_request(_Headers(self.scope))
-        self.tenant = await sync_to_async(self._tenant)()
-        if self.tenant is None:
-            await self.accept()
-            await self.close(code=CLOSE_NOT_FOUND)
-            return
+        code = await sync_to_async(self._admit)()
         await self.accept()
+        if code:
+            await self.close(code=code)
+            return
         self.pump = asyncio.ensure_future(self._pump())
 
-    def _tenant(self):
-        who = tenancy.caller(_Session(self.scope))
+    def _admit(self) -> int | None:
+        """None when the socket may follow the task (``self.tenant``, ``self.pinned`` set),
+        else the close code saying why not."""
+        who = access.caller_for(self.scope)
         if who is None:
-            return None
+            return CLOSE_UNAUTHENTICATED
+        params = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        try:
+            asked = query.parse(AttemptQuery, params)
+        except ValidationError:
+            return CLOSE_BAD_REQUEST
+        self.pinned = asked.get("attempt") or None
+        if who.tenant is None:
+            return CLOSE_NOT_FOUND
         try:
             selectors.task_get(tenant=who.tenant, pk=self.task_id)
         except Http404:
-            return None
-        return who.tenant
+            return CLOSE_NOT_FOUND
+        self.tenant = who.tenant
+        return None
 
     async def disconnect(self, code) -> None:
         pump = getattr(self, "pump", None)
@@ -86,9 +84,7 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
         """The task's state and the attempt to show (its number and log file, if any)."""
         task = selectors.task_get(tenant=self.tenant, pk=self.task_id)
         number = self.pinned or task.attempt
-        attempt = TaskAttempt.objects.filter(task=task, number=number).only(
-            "log_path", "outcome"
-        ).first()  # fmt: skip
+        attempt = selectors.task_attempt(tenant=self.tenant, task_id=task.pk, number=number)
         return {
             "state": task.state,
             "reason": task.reason_text,

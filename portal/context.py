@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from portal import tenancy
+from tenants import access
 from tenants.roles import Action
 
 
 def portal(request: HttpRequest) -> dict:
     if not request.path.startswith("/portal/"):
         return {}
-    who = tenancy.caller(request)
-    if who is None:
+    who = access.caller_for(request)
+    if who is None or who.tenant is None:
         return {}
     return {
         "caller": who,
-        "memberships": tenancy.memberships(request),
+        "memberships": who.memberships,
         "may_submit": who.may(Action.SUBMIT),
         "is_tenant_admin": who.may(Action.MANAGE_MEMBERS),
     }

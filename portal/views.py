@@ -19,18 +19,20 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
+from rest_framework import serializers
 
+from gpuplatform import query
+from gpuplatform.query import BIGINT_MAX, INT_MAX, WholeNumber
 from monitoring import selectors as alert_selectors
-from portal import tenancy
 from portal.controls import controls_for
 from portal.forms import MemberForm, TaskForm, ThrottledLoginForm, TokenForm, YamlForm
 from scheduling import controls, selectors
 from scheduling import usage as tenant_usage
-from scheduling.models import TaskAttempt
 from scheduling.spec import SpecError, parse_yaml
 from scheduling.states import TaskState
 from scheduling.submission import tasks_submit
 from telemetry import selectors as telemetry_selectors
+from tenants import access
 from tenants import selectors as tenant_selectors
 from tenants import services as tenant_services
 from tenants.models import Role
@@ -74,11 +76,18 @@ def portal_page(view):
     @functools.wraps(view)
     @login_required
     def wrapper(request: HttpRequest, *args, **kwargs):
-        who = tenancy.caller(request)
-        if who is None:
-            return render(request, "portal/no_tenant.html", status=403)
+        who = access.caller_for(request)
+        if who is None or who.tenant is None:
+            # A member somewhere who named another tenant (?tenant=) is told which.
+            context = {"problem": who.problem, "named": bool(who.memberships)} if who else {}
+            return render(request, "portal/no_tenant.html", context, status=403)
         request.caller = who
-        return view(request, *args, **kwargs)
+        try:
+            return view(request, *args, **kwargs)
+        except serializers.ValidationError as exc:
+            # A query parameter the page cannot read (gpuplatform.query): say which, and why.
+            context = {"title": _("Bad request"), "problems": query.problems(exc)}
+            return render(request, "portal/bad_query.html", context, status=400)
 
     return wrapper
 
@@ -86,7 +95,7 @@ def portal_page(view):
 @require_POST
 @portal_page
 def switch_tenant(request: HttpRequest) -> HttpResponse:
-    if not tenancy.switch(request, request.POST.get("tenant", "")):
+    if not access.pick(request, request.POST.get("tenant", "")):
         raise Http404
     return redirect("portal:overview")
 
@@ -136,13 +145,31 @@ def _quota_bars(tenant) -> dict:
 # --- Tasks ----------------------------------------------------------------------------------------
 
 
-def _cursor(raw: str, sort: str) -> tuple[int, ...] | None:
-    parts = raw.split(".") if raw else []
-    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
-        return None
-    if len(parts) != len(selectors.TASK_SORTS[sort]):
-        return None
-    return tuple(int(p) for p in parts)
+class TaskListQuery(serializers.Serializer):
+    """The task list's filters, sort and cursor (``after``: the last row's sort key, as the
+    page's own "next" link writes it)."""
+
+    state = serializers.ListField(
+        child=serializers.ChoiceField(choices=[s.value for s in TaskState]), default=list
+    )
+    queue = serializers.CharField(default="")
+    owner = serializers.ChoiceField(choices=["me"], default="")
+    q = serializers.CharField(default="")
+    sort = serializers.ChoiceField(choices=list(selectors.TASK_SORTS), default="newest")
+    after = serializers.CharField(default="")
+
+    def validate(self, data: dict) -> dict:
+        raw = data["after"]
+        data["after"] = None
+        if raw:
+            parts = raw.split(".")
+            whole = all(p.isascii() and p.isdigit() and int(p) <= BIGINT_MAX for p in parts)
+            if not whole or len(parts) != len(selectors.TASK_SORTS[data["sort"]]):
+                raise serializers.ValidationError(
+                    {"after": [_("not a place in this list, got %(value)r") % {"value": raw}]}
+                )
+            data["after"] = tuple(int(p) for p in parts)
+        return data
 
 
 @portal_page
@@ -152,30 +179,24 @@ def task_list(request: HttpRequest) -> HttpResponse:
         return _bulk_cancel(request)
     params = request.GET
     known = [s.value for s in TaskState]
-    chosen_states = [s for s in params.getlist("state") if s in known]
-    sort = params.get("sort", "newest")
-    if sort not in selectors.TASK_SORTS:
-        sort = "newest"
-    owner_id = None
-    owner = params.get("owner", "")
-    if owner == "me":
-        owner_id = who.user_id
+    asked = query.parse(TaskListQuery, params)
+    chosen_states, sort, owner = asked["state"], asked["sort"], asked["owner"]
     tasks, next_cursor = selectors.task_page(
         tenant=who.tenant,
         states=chosen_states,
-        queue=params.get("queue", "").strip(),
-        owner_id=owner_id,
-        name=params.get("q", "").strip()[:200],
+        queue=asked["queue"],
+        owner_id=who.user_id if owner == "me" else None,
+        name=asked["q"][:200],
         sort=sort,
-        after=_cursor(params.get("after", ""), sort),
+        after=asked["after"],
         limit=PAGE_SIZE,
     )
-    query = params.copy()
-    query.pop("after", None)
+    following = params.copy()
+    following.pop("after", None)
     next_query = None
     if next_cursor is not None:
-        query["after"] = ".".join(str(part) for part in next_cursor)
-        next_query = query.urlencode()
+        following["after"] = ".".join(str(part) for part in next_cursor)
+        next_query = following.urlencode()
     return render(
         request,
         "portal/tasks.html",
@@ -201,8 +222,9 @@ def task_list(request: HttpRequest) -> HttpResponse:
 def _bulk_cancel(request: HttpRequest) -> HttpResponse:
     who = request.caller
     who.require(Action.CONTROL_TASK)
-    ids = [int(i) for i in request.POST.getlist("task") if i.isascii() and i.isdigit()]
-    ids = ids[:PAGE_SIZE]
+    # Ticked boxes of the page's own rows: anything else is no task of the list.
+    given = request.POST.getlist("task")[:PAGE_SIZE]
+    ids = [int(i) for i in given if i.isascii() and i.isdigit() and int(i) <= BIGINT_MAX]
     tasks = selectors.task_list(tenant=who.tenant).filter(pk__in=ids).order_by("pk")
     refused = sorted(set(ids) - {task.pk for task in tasks})  # gone, or not ours
     allowed = [task for task in tasks if who.may(Action.CONTROL_TASK, task)]
@@ -329,14 +351,17 @@ def task_control(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     return redirect("portal:task", pk=pk)
 
 
+class AttemptQuery(serializers.Serializer):
+    attempt = WholeNumber(maximum=INT_MAX, required=False)
+
+
 @portal_page
 def task_log(request: HttpRequest, pk: int) -> HttpResponse:
     """The whole log of one attempt, as a download."""
     who = request.caller
     task = selectors.task_get(tenant=who.tenant, pk=pk)
-    raw = request.GET.get("attempt", "")
-    number = int(raw) if raw.isascii() and raw.isdigit() else task.attempt
-    attempt = TaskAttempt.objects.filter(task=task, number=number).first()
+    number = query.parse(AttemptQuery, request.GET).get("attempt") or task.attempt
+    attempt = selectors.task_attempt(tenant=who.tenant, task_id=task.pk, number=number)
     if attempt is None or not attempt.log_path:
         raise Http404
     try:
@@ -350,15 +375,21 @@ def task_log(request: HttpRequest, pk: int) -> HttpResponse:
 # --- Submitting -----------------------------------------------------------------------------------
 
 
+class SubmitQuery(serializers.Serializer):
+    mode = serializers.ChoiceField(choices=["form", "yaml"], default="form")
+    clone = WholeNumber(required=False)  # a task's id
+
+
 @portal_page
 def submit(request: HttpRequest) -> HttpResponse:
     who = request.caller
     if request.method == "POST":
         who.require(Action.SUBMIT)
-    mode = request.POST.get("mode") or request.GET.get("mode") or "form"
+    asked = query.parse(SubmitQuery, request.GET)
+    mode = request.POST.get("mode") or asked["mode"]
     clone = None
-    if request.GET.get("clone", "").isdigit():
-        clone = selectors.task_get(tenant=who.tenant, pk=int(request.GET["clone"]))
+    if "clone" in asked:
+        clone = selectors.task_get(tenant=who.tenant, pk=asked["clone"])
     form = TaskForm(initial=TaskForm.initial_from(clone) if clone else None, prefix="task")
     yaml_form = YamlForm(
         initial={"spec": yaml.safe_dump(clone.spec, sort_keys=False, allow_unicode=True)}
@@ -425,10 +456,12 @@ def submit_preview(request: HttpRequest) -> JsonResponse:
 # --- Usage ----------------------------------------------------------------------------------------
 
 
+class UsageQuery(serializers.Serializer):
+    days = serializers.ChoiceField(choices=USAGE_DAYS, default=30)
+
+
 def _usage_days(request: HttpRequest) -> int:
-    raw = request.GET.get("days", "")
-    days = int(raw) if raw.isascii() and raw.isdigit() else 30
-    return days if days in USAGE_DAYS else 30
+    return query.parse(UsageQuery, request.GET)["days"]
 
 
 def _usage(tenant, days: int) -> tuple[list[dict], list[dict]]:

@@ -33,21 +33,3 @@ def token_list(*, tenant: Tenant, user: AbstractBaseUser | None) -> QuerySet[Api
 def quota_limits(*, tenant: Tenant) -> list[Quota]:
     """The tenant's quotas: the cluster-wide one (pool empty) and one per pool."""
     return list(Quota.objects.filter(tenant=tenant).select_related("pool"))
-
-
-def memberships_of(*, user: AbstractBaseUser) -> list[Membership]:
-    """The user's memberships in active tenants (the portal's tenant switcher)."""
-    return list(
-        Membership.objects.filter(user=user, tenant__is_active=True)
-        .select_related("tenant")
-        .order_by("tenant__name")
-    )
-
-
-def tenant_ids_for_user(*, user: AbstractBaseUser) -> frozenset[int]:
-    """The active tenants ``user`` is a member of (what their live socket may follow)."""
-    return frozenset(
-        Membership.objects.filter(user=user, tenant__is_active=True).values_list(
-            "tenant_id", flat=True
-        )
-    )
