@@ -14,7 +14,7 @@ from django.db import connections
 from django.test import Client
 
 from gpuplatform.asgi import application
-from portal.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from portal.consumers import CLOSE_BAD_REQUEST, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from scheduling.models import TaskAttempt
 from tests.factories import NodeFactory, TaskFactory
 
@@ -118,3 +118,47 @@ async def test_an_anonymous_socket_is_refused(owner, tmp_path):
         "type": "websocket.close",
         "code": CLOSE_UNAUTHENTICATED,
     }
+
+
+# --- Who the socket is for: tenants.access.caller_for, as the API's and the portal's -----------
+
+
+async def test_an_api_token_follows_its_tenants_task_log(teammate, tmp_path):
+    log = tmp_path / "attempt-1.log"
+    log.write_bytes(b"from a script\n")
+    task = await sync_to_async(_running_task)(teammate, log)
+    bearer = (b"authorization", f"Bearer {teammate.token}".encode())
+    communicator = await _socket(f"/ws/portal/tasks/{task.pk}/log/", bearer)
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await _next(communicator, "chunk"))["text"] == "from a script\n"
+    await communicator.disconnect()
+
+
+async def test_another_tenants_token_closes_like_a_404(owner, outsider, tmp_path):
+    task = await sync_to_async(_running_task)(owner, tmp_path / "x.log")
+    bearer = (b"authorization", f"Bearer {outsider.token}".encode())
+    communicator = await _socket(f"/ws/portal/tasks/{task.pk}/log/", bearer)
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await communicator.receive_output())["code"] == CLOSE_NOT_FOUND
+
+
+async def test_a_refused_token_closes_as_anonymous(owner, tmp_path):
+    task = await sync_to_async(_running_task)(owner, tmp_path / "x.log")
+    bearer = (b"authorization", b"Bearer gpup_AAAAAAAA_" + b"x" * 40)
+    communicator = await _socket(f"/ws/portal/tasks/{task.pk}/log/", bearer)
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await communicator.receive_output())["code"] == CLOSE_UNAUTHENTICATED
+
+
+@pytest.mark.parametrize("attempt", ["x", "²", "-1", "2147483648"])
+async def test_an_attempt_it_cannot_read_closes_as_a_bad_request(owner, tmp_path, attempt):
+    task = await sync_to_async(_running_task)(owner, tmp_path / "x.log")
+    cookie = await sync_to_async(_cookie)(owner.user)
+    path = f"/ws/portal/tasks/{task.pk}/log/?attempt={attempt}"
+    communicator = await _socket(path, cookie)
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await communicator.receive_output())["code"] == CLOSE_BAD_REQUEST
