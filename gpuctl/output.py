@@ -166,3 +166,7 @@ def number(value: Any) -> str:
 def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+def indent(text: str, prefix: str = "  ") -> str:
+    return "".join(prefix + line if line.strip() else line for line in text.splitlines(True))

@@ -437,6 +437,8 @@ def test_a_list_says_when_its_count_is_only_a_lower_bound(monkeypatch):
 def test_get_tasks_says_at_least_when_the_count_is_a_lower_bound(capsys):
     from gpuctl import cli
     from gpuctl.client import Listed
+    from gpuctl.commands import tasks
+    from gpuctl.context import Context
 
     task = {"id": 7, "name": "t", "state": "pending", "gpus": "1", "node": None, "reason": "",
             "submitted_at": "2026-11-27T00:00:00Z"}  # fmt: skip
@@ -449,7 +451,7 @@ def test_get_tasks_says_at_least_when_the_count_is_a_lower_bound(capsys):
             return Listed([task], 10_051, exact=self.exact)
 
     for exact, said in ((False, "showing 1 of at least 10051 tasks"), (True, "showing 1 of 10051")):
-        ctx = cli.Context(cli.build_parser().parse_args(["get", "tasks", "-l", "1"]))
+        ctx = Context(cli.build_parser().parse_args(["get", "tasks", "-l", "1"]))
         ctx._client = Client(exact)
-        assert cli.get_tasks(ctx) == 0
+        assert tasks.get_tasks(ctx) == 0
         assert said in capsys.readouterr().err

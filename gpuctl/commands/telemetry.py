@@ -6,13 +6,11 @@ from __future__ import annotations
 import sys
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuctl import EXIT_OK
 from gpuctl import output as out
-
-if TYPE_CHECKING:
-    from gpuctl.cli import Context
+from gpuctl.context import Context
 
 BAR = 10
 CLEAR = "\x1b[H\x1b[2J"
