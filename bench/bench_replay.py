@@ -49,9 +49,9 @@ def main() -> dict:
     aim_met = ratio <= JCT_AIM
     p99_met = ours["p99_wait_s"] < P99_WAIT_TARGET_S
     max_met = ours["max_wait_s"] <= fifo["max_wait_s"]
-    # The class guarantee (README "Class shares"): a job that fits in its class's unused share
-    # starts, or has its victims chosen, within reclaim_after (stopping is instant in the
-    # replay; a multi-GPU job that no one node could hold even then may wait longer).
+    # The class guarantee (docs/scheduling.md "Class shares"): a job that fits in its class's
+    # unused share starts, or has its victims chosen, within reclaim_after (stopping is instant in
+    # the replay; a multi-GPU job that no one node could hold even then may wait longer).
     bound = PolicySettings().reclaim_after_s
     share_waits = ours["class_share_wait_max_s"]
     guarantee_met = max(share_waits.values()) <= bound

@@ -1,4 +1,4 @@
-"""Settings for gpuplatform, read from the environment (see README: "Configuration")."""
+"""Settings for gpuplatform, read from the environment (see docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     # After sessions, before common: the language comes from the switcher's cookie, else the
-    # browser's Accept-Language (README: "Languages").
+    # browser's Accept-Language (docs/user-guide.md: "Languages").
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -226,8 +226,8 @@ SESSION_COOKIE_SECURE = env.boolean("SECURE_COOKIES", not DEBUG and not TESTING)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
-# HTTPS in production (README: "Production"): off by default because `make run` serves plain
-# HTTP on loopback. HSTS tells browsers to use HTTPS only, for this long (seconds).
+# HTTPS in production (docs/deployment.md: "Production"): off by default because `make run`
+# serves plain HTTP on loopback. HSTS tells browsers to use HTTPS only, for this long (seconds).
 SECURE_HSTS_SECONDS = env.integer("SECURE_HSTS_SECONDS", 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env.boolean("SECURE_HSTS_PRELOAD", False)

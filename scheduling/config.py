@@ -112,7 +112,7 @@ class NodeConfig(_Strict):
 
 
 class SchedulingConfig(_Strict):
-    """How the scheduler shares the GPUs (see README: "Scheduling")."""
+    """How the scheduler shares the GPUs (see docs/scheduling.md)."""
 
     # Guaranteed share of the GPUs for each class, in percent; each may borrow what the other
     # leaves idle, and online may preempt batch work to get its guarantee back.
@@ -181,7 +181,7 @@ class IdleGpuConfig(_Strict):
 
 
 class TelemetryConfig(_Strict):
-    """GPU sampling, history and the alerts that read it (see README: "GPU telemetry")."""
+    """GPU sampling, history and the alerts that read it (see docs/operator-guide.md)."""
 
     # How often the node agent samples every GPU (NVML averages utilisation over up to 1 s:
     # sampling faster buys nothing).

@@ -17,7 +17,7 @@ from scripts.run import web_command
 from tests.live import ROOT, free_port, process_env
 from tests.test_settings import start_django
 
-# README "Production": what a deployment behind a TLS-terminating proxy sets.
+# docs/deployment.md "Production": what a deployment behind a TLS-terminating proxy sets.
 PRODUCTION = {
     "DEBUG": "0",
     "SECRET_KEY": "a-long-random-production-secret-" + "x7Rq9vLmZ2pT" * 4,

@@ -144,7 +144,8 @@ class PolicySettings:
     # other class borrowed beyond its own guarantee, preempting whatever runs there (online
     # or not preemptible included: borrowed capacity is lent, not given). The bound of the
     # invariant. 2 h measured best on the trace replay (10 min, 30 min and 1 h evicted more
-    # long-running services for demand that finishing tasks would soon have met; README).
+    # long-running services for demand that finishing tasks would soon have met;
+    # docs/scheduling.md).
     reclaim_after_s: float = 2 * 3600
     backfill: bool = True
     preemption: bool = True

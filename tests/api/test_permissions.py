@@ -3,8 +3,8 @@
 The matrix below must name every (route, method) the URLconf serves under /api/v1/:
 ``test_every_api_endpoint_is_in_the_matrix`` enumerates them from the resolver, so a new
 endpoint without a row here fails the suite. Each row states which tenant roles it allows
-(README's role matrix; enforced by ``tenants.roles``), written out here rather than read from
-that module, so the two check each other.
+(the role matrix in docs/api.md; enforced by ``tenants.roles``), written out here rather than
+read from that module, so the two check each other.
 
 Actors: anonymous (401), the outsider (charlie, a member of another tenant: 404 on the lab's
 objects, its own rows in lists; erin, that tenant's admin, for the admins' endpoints), a viewer
