@@ -37,6 +37,7 @@ from bench.common import (
     percentile,
     stop_all,
     table,
+    target,
     verdict,
     wait_for,
 )
@@ -440,13 +441,17 @@ def main() -> dict:
         print(f"warning: tasks that did not succeed: {not_succeeded}")
     print()
     print("submit -> running (Task.started_at - Task.submitted_at)")
+    p50_judged = target("submit -> running p50, idle cluster", _fmt(p50),
+                        f"<= {_fmt(TARGET_P50_S)}", p50_met)  # fmt: skip
+    p99_judged = target("submit -> running p99, idle cluster", _fmt(p99),
+                        f"<= {_fmt(TARGET_P99_S)}", p99_met)  # fmt: skip
     print(
         table(
             ["figure", "latency", "target"],
             [
-                ["p50", _fmt(p50), f"<= {_fmt(TARGET_P50_S)}: {verdict(p50_met)}"],
+                ["p50", _fmt(p50), f"<= {_fmt(TARGET_P50_S)}: {p50_judged}"],
                 ["p90", _fmt(p90), ""],
-                ["p99", _fmt(p99), f"<= {_fmt(TARGET_P99_S)}: {verdict(p99_met)}"],
+                ["p99", _fmt(p99), f"<= {_fmt(TARGET_P99_S)}: {p99_judged}"],
                 ["max", _fmt(worst), ""],
                 ["mean", _fmt(mean), ""],
                 ["min", _fmt(min(total)), ""],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench.common import verdict
+from bench.common import target, verdict
 from replay.report import compare, format_table
 from replay.trace import load_trace
 from scheduling.policy import PolicySettings
@@ -59,16 +59,22 @@ def main() -> dict:
     if not aim_met and floor > JCT_AIM:
         aim_note = " (below the floor: no policy can reach it on this trace)"
     print("targets")
-    print(f"  avg JCT ours/fifo <= {JCT_TARGET:.2f}x: {ratio:.3f}x, {verdict(jct_met)}")
+    judged = target("avg JCT, ours / FIFO", f"{ratio:.3f}x", f"<= {JCT_TARGET:.2f}x", jct_met)
+    print(f"  avg JCT ours/fifo <= {JCT_TARGET:.2f}x: {ratio:.3f}x, {judged}")
     print(f"  aim {JCT_AIM:.2f}x: {verdict(aim_met)}{aim_note}")
     print(f"  floor (no job ever waits): mean duration {mean_duration:,.0f}s / fifo avg JCT "
           f"{fifo['avg_jct_s']:,.0f}s = {floor:.3f}x")  # fmt: skip
-    print(f"  p99 wait < {P99_WAIT_TARGET_S:,}s: {ours['p99_wait_s']:,.0f}s, {verdict(p99_met)}")
-    print(f"  max wait <= fifo's {fifo['max_wait_s']:,.0f}s: {ours['max_wait_s']:,.0f}s, "
-          f"{verdict(max_met)}")  # fmt: skip
+    judged = target("p99 wait, ours", f"{ours['p99_wait_s']:,.0f} s", f"< {P99_WAIT_TARGET_S:,} s",
+                    p99_met)  # fmt: skip
+    print(f"  p99 wait < {P99_WAIT_TARGET_S:,}s: {ours['p99_wait_s']:,.0f}s, {judged}")
+    judged = target("max wait, ours", f"{ours['max_wait_s']:,.0f} s",
+                    f"<= FIFO's {fifo['max_wait_s']:,.0f} s", max_met)  # fmt: skip
+    print(f"  max wait <= fifo's {fifo['max_wait_s']:,.0f}s: {ours['max_wait_s']:,.0f}s, {judged}")
     longest = ", ".join(f"{name} {seconds:,.0f}s" for name, seconds in share_waits.items())
+    judged = target("longest wait of a job within its class's share", longest,
+                    f"<= reclaim_after, {bound:,.0f} s", guarantee_met)  # fmt: skip
     print(f"  longest wait of a job within its class's share <= reclaim_after {bound:,.0f}s: "
-          f"{longest}, {verdict(guarantee_met)}")  # fmt: skip
+          f"{longest}, {judged}")  # fmt: skip
     return {
         "trace": str(TRACE),
         "jobs": len(jobs),

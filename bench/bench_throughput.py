@@ -91,7 +91,7 @@ from bench.common import (
     percentile,
     stop_all,
     table,
-    verdict,
+    target,
     wait_for,
     web_server,
 )
@@ -1332,28 +1332,35 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
           f"{'; others: ' + others if others else ''}")  # fmt: skip
     print()
 
-    targets = [
-        (f"tasks completed per second >= {TARGET_PER_S:,.0f}", tput.per_s >= TARGET_PER_S),
-        (f"mean busy GPUs while tasks wait >= {TARGET_BUSY:.0%} of {SLOTS}",
-         busy >= TARGET_BUSY * SLOTS),
-        (f"a freed GPU placed again within tens of milliseconds (p50 < {_ms(TARGET_REUSE_S)})",
-         bool(gaps) and percentile(gaps, 50) < TARGET_REUSE_S),
-        (f"submit -> process exists p50 <= {_ms(TARGET_P50_S)}",
+    reuse_p50 = percentile(gaps, 50) if gaps else None
+    platform_held = roles.get(PLATFORM, 0)
+    targets = [  # what was measured, as measured, the target, met
+        ("tasks completed per second", f"{tput.per_s:,.1f}", f">= {TARGET_PER_S:,.0f}",
+         tput.per_s >= TARGET_PER_S),
+        ("mean busy GPUs while tasks wait", f"{busy:,.1f} of {SLOTS}",
+         f">= {TARGET_BUSY:.0%} of {SLOTS}", busy >= TARGET_BUSY * SLOTS),
+        ("a freed GPU placed again within tens of milliseconds, p50",
+         _ms(reuse_p50) if gaps else "never", f"< {_ms(TARGET_REUSE_S)}",
+         reuse_p50 is not None and reuse_p50 < TARGET_REUSE_S),
+        ("submit -> process exists p50", _ms(lat.p(50)), f"<= {_ms(TARGET_P50_S)}",
          None if lat.p(50) is None else lat.p(50) <= TARGET_P50_S),
-        (f"submit -> process exists p99 <= {_ms(TARGET_P99_S)}",
+        ("submit -> process exists p99", _ms(lat.p(99)), f"<= {_ms(TARGET_P99_S)}",
          None if lat.p(99) is None else lat.p(99) <= TARGET_P99_S),
-        (f"API >= {TARGET_API_PER_S:,.0f} single-task submissions/s, {CLIENTS} clients, 0 errors "
-         "(into a busy estate)",
+        (f"API single-task submissions/s, {CLIENTS} clients (into a busy estate)",
+         f"{queued['per_s']:,.0f}/s, {queued['errors']:,} errors",
+         f">= {TARGET_API_PER_S:,.0f}/s, 0 errors",
          queued["per_s"] >= TARGET_API_PER_S and queued["errors"] == 0),
-        (f"{BATCH:,}-task batch >= {TARGET_BATCH_PER_S:,.0f} tasks/s (both submissions)",
-         min(batches) >= TARGET_BATCH_PER_S),
-        (f"PostgreSQL connections within the documented cap ({cap.total} for these processes, "
-         f"under the server's {ours['max_connections']})",
-         roles.get(PLATFORM, 0) <= cap.total and peak < ours["max_connections"]),
+        (f"{BATCH:,}-task batch (both submissions)",
+         " / ".join(f"{b:,.0f} tasks/s" for b in batches),
+         f">= {TARGET_BATCH_PER_S:,.0f} tasks/s", min(batches) >= TARGET_BATCH_PER_S),
+        ("PostgreSQL connections of the platform, most at once",
+         f"{platform_held} (sessions {peak})",
+         f"<= the documented cap {cap.total}, under the server's {ours['max_connections']}",
+         platform_held <= cap.total and peak < ours["max_connections"]),
     ]  # fmt: skip
-    for label, met in targets:
-        print(f"target: {label}: {verdict(met)}")
-    return targets
+    for figure, value, goal, met in targets:
+        print(f"target: {figure} {goal}: {target(figure, value, goal, met)}")
+    return [(f"{figure} {goal}", met) for figure, value, goal, met in targets]
 
 
 def main() -> dict:

@@ -84,6 +84,26 @@ def verdict(met: bool | None) -> str:
     return "met" if met else "NOT met"
 
 
+@dataclass(frozen=True)
+class Target:
+    """One figure of a run against its target: a row of docs/benchmarks.md (bench/report.py)."""
+
+    figure: str  # what was measured, e.g. "task list p99, 8 clients"
+    value: str  # as measured, formatted for reading
+    goal: str  # the target, e.g. "< 50 ms"
+    met: bool | None  # None: not measured in this run
+
+
+TARGETS: list[Target] = []  # every target of this process's run, in the order they were judged
+
+
+def target(figure: str, value: str, goal: str, met: bool | None) -> str:
+    """Record a figure against its target for the run's report (bench/run.py writes them to
+    docs/benchmarks.md) and return its verdict for the benchmark's own printed line."""
+    TARGETS.append(Target(figure, value, goal, met))
+    return verdict(met)
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f} ms"
 

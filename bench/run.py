@@ -1,9 +1,13 @@
-"""Run the benchmarks and print their figures: ``python bench/run.py [NAME ...] [--json PATH]``.
+"""Run the benchmarks and print their figures: ``python bench/run.py [NAME ...] [--json PATH]
+[--markdown PATH]``.
 
 ``make bench`` runs them all. Each ``bench/bench_<name>.py`` has a ``main()`` that prints its
-tables and returns its figures; modules that set ``NEEDS_DATABASE`` get a throwaway test
-database (Django's test-database machinery), dropped at the end. Benchmarks print figures and
-targets; they never fail on a timing.
+tables and returns its figures, and records each figure it judges against a target with
+``bench.common.target``; modules that set ``NEEDS_DATABASE`` get a throwaway test database
+(Django's test-database machinery), dropped at the end. Benchmarks print figures and targets;
+they never fail on a timing. At the end, a run of every benchmark rewrites docs/benchmarks.md
+with one table of its figures (``bench.report``); a run of some writes only where
+``--markdown`` says.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
+if str(ROOT) not in sys.path:  # run as a script: the repository's packages
+    sys.path.insert(0, str(ROOT))
+
+from bench import common, report  # noqa: E402 - needs the path above
 
 
 def available() -> list[str]:
@@ -32,6 +40,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"benchmarks to run (default: all of {', '.join(names)})")  # fmt: skip
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        type=Path,
+        help="write the run's table of figures and targets to PATH (default: "
+        "docs/benchmarks.md when every benchmark runs, else nowhere)",
+    )
     args = parser.parse_args(argv)
     unknown = [name.removeprefix("bench_") for name in args.names]
     unknown = [name for name in unknown if name not in names]
@@ -42,14 +57,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def header(name: str, module: object) -> str:
-    summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+    summary = report.summary(module)
     title = f"{name}: {summary}" if summary else name
     return f"\n{'=' * 100}\n{title}\n{'=' * 100}"
 
 
+def markdown_path(names: list[str], markdown: Path | None) -> Path | None:
+    """Where the run's table goes: where asked, else docs/benchmarks.md for a run of every
+    benchmark (a run of some would replace the whole table with a part of it)."""
+    if markdown is not None:
+        return markdown
+    return report.DEFAULT_PATH if sorted(names) == available() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
     import django
 
@@ -65,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     figures: dict[str, object] = {}
     failed: list[str] = []
+    results: list[report.BenchResult] = []
+    postgres = "not used"
     original_name = connection.settings_dict["NAME"]
     created = False
     try:
@@ -79,15 +103,26 @@ def main(argv: list[str] | None = None) -> int:
             where = connection.settings_dict.get("HOST") or "local socket"
             print(f"test database {name} on {where} created and migrated "
                   f"in {time.perf_counter() - began:.1f} s")  # fmt: skip
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW server_version")
+                postgres = f"PostgreSQL {cursor.fetchone()[0]}"
+        run_on = report.machine(postgres=postgres)
         for name, module in modules.items():
             print(header(name, module), flush=True)
+            result = report.BenchResult(name, report.summary(module))
+            judged = len(common.TARGETS)
             began = time.perf_counter()
             try:
                 figures[name] = module.main()
+                result.outcome = report.outcome(figures[name])
             except Exception:  # noqa: BLE001 - report it and go on with the others
                 traceback.print_exc()
                 failed.append(name)
-            print(f"({name} took {time.perf_counter() - began:.1f} s)", flush=True)
+                result.outcome = "failed (see the run's output)"
+            result.seconds = time.perf_counter() - began
+            result.targets = common.TARGETS[judged:]
+            results.append(result)
+            print(f"({name} took {result.seconds:.1f} s)", flush=True)
     finally:
         if created:
             connection.creation.destroy_test_db(original_name, verbosity=0)
@@ -96,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
         print(f"\nfigures written to {args.json}")
+    markdown = markdown_path(args.names, args.markdown)
+    if markdown is not None:
+        report.write(markdown, results, run_on)
+        print(f"\nfigures and targets written to {markdown}")
     if failed:
         print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
         return 1
