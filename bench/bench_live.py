@@ -20,7 +20,6 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connections
 from django.test import Client
-from scheduling.inventory import simulated_uuid
 
 from bench.bench_api import server_env
 from bench.common import clear_tasks, median, percentile, table, target, web_server

@@ -14,7 +14,6 @@ import random
 import time
 
 from django.db import connection
-from scheduling.inventory import simulated_uuid
 
 from bench.common import clear_tasks, table, target, verdict
 from nodeagent.inventory import simulated_uuid

@@ -33,8 +33,7 @@ def as_a_web_process() -> Iterator[None]:
     """Python's garbage collector set as a web process sets it once it has started
     (``gpuplatform.gctune.settle``), for in-process timings of what a web process serves; set
     back afterwards, since the benchmarks share this process. With the interpreter's defaults,
-    one render of the live dashboard in 30 took a full collection, about 100 ms more than the
-    others, which a web process does not."""
+    an occasional render paid for a full collection, which a web process does not."""
     from gpuplatform import gctune
 
     threshold, frozen = gc.get_threshold(), gc.get_freeze_count()

@@ -5,12 +5,10 @@ are all synchronous, so every sync-only middleware, every ``process_request``,
 ``process_view`` and ``process_response`` of the rest, the view itself, and the
 ``request_started`` and ``request_finished`` signals each cost a round trip between the event
 loop and a thread (about 17 per API request), and each request got a thread of its own
-(``ThreadSensitiveContext``). Profiled under daphne with 8 clients (bench_api, 2-core reference
-machine), a task submission cost 6.0-7.2 ms of the web process's CPU that way, against 3.1-3.4
-ms with this handler. a2wsgi's WSGI-to-ASGI adapter, which also runs Django once in a thread
-but hands every body read and every response message back to the event loop separately, cost
-3.6-4.2 ms; asgiref's WsgiToAsgi never closes the response, so ``request_finished`` would never
-give the database connection back.
+(``ThreadSensitiveContext``). a2wsgi's WSGI-to-ASGI adapter also runs Django once in a thread
+but hands every body read and every response message back to the event loop separately;
+asgiref's WsgiToAsgi never closes the response, so ``request_finished`` would never give the
+database connection back.
 
 Here the event loop reads the body and sends the answer, as Django's handler does, and one call
 in a thread pool does everything in between exactly as a WSGI server would: the

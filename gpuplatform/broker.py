@@ -3,9 +3,7 @@
 django-q2's ORM broker looks at its queue table, and when it finds nothing sleeps ``poll``
 seconds and looks again. A launch crosses two queues (the scheduler's, then its node's), so
 each poll interval is paid twice in the latency from submit to a running process, and every
-idle cluster queries PostgreSQL 1/poll times a second. Measured on 2 cores with 50 ms polls:
-from a pass being queued to it beginning, 40-90 ms; from a launch being queued to it beginning,
-the same again; five idle clusters, 100 queries a second.
+idle cluster queries PostgreSQL 1/poll times a second.
 
 This broker (``Q_CLUSTER["broker_class"]``, the extension point django-q2 provides for it)
 keeps the same table and the same claim (a conditional UPDATE of ``lock``), so delivery,
@@ -20,8 +18,8 @@ re-delivery after ``retry`` and acknowledgement are django-q2's own. It adds two
   left no row ready it waits the same way before it claims again: a job costs one claim, not
   a second that finds the queue empty.
 
-An idle cluster so costs two small queries every ``IDLE_S``, and a queued task starts within
-about a millisecond of its commit.
+An idle cluster so costs two small queries every ``IDLE_S``, and a queued task starts as soon
+as its commit is notified.
 
 Each operation is one statement on the process's own connection, bound on the server (so
 prepared after a few runs): an enqueue inserts the row and notifies in one statement, a dequeue
@@ -63,8 +61,8 @@ IDLE_S = 1.0
 MIN_WAIT_S = 0.002
 # How often a cluster's statistics (what `qmonitor` and `qinfo` show) reach the cache, at most.
 # django-q2 saves them every guard cycle (0.5 s) with a 3 s expiry; with the database cache
-# each save is three statements, so five idle clusters made 30 statements a second, about all
-# of an idle estate's load on PostgreSQL. They are kept three times as long as this.
+# each save is three statements, most of an idle estate's load on PostgreSQL. They are kept
+# three times as long as this.
 STAT_EVERY_S = 5.0
 
 

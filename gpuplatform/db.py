@@ -18,10 +18,10 @@ from gpuplatform.pgpool import quiet
 @contextmanager
 def server_bound_cursor(*, binary_results: bool = False, using: str = DEFAULT_DB_ALIAS) -> Iterator:
     """A cursor on Django's connection (so in its transaction) that binds parameters on the
-    server, in binary: Django's client-side binding quotes a 10,000-element array in Python
-    (about 18 ms), psycopg's C dumpers send it in well under one. ``binary_results`` also has
-    the rows come back in binary (arrays of numbers arrive as machine words, not text to parse:
-    a third less time for a 32-GPU quarter-hour of samples). Wrapped as ``_wrap`` says."""
+    server, in binary: Django's client-side binding quotes a large array in Python, where
+    psycopg's C dumpers send it as it is. ``binary_results`` also has the rows come back in
+    binary (arrays of numbers arrive as machine words, not text to parse). Wrapped as ``_wrap``
+    says."""
     connection = connections[using]
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as raw:
@@ -66,8 +66,8 @@ def fetch_together(*queries: Query, using: str = DEFAULT_DB_ALIAS) -> list[list[
     ``server_bound_cursor``'s statements are.
 
     Why: on a busy machine each round trip also waits for the server's process to be scheduled
-    and then this one. A scheduling pass read its snapshot in ten of them, 22 ms of waiting
-    against 2.5 ms of its own CPU (throughput bench, 2 cores)."""
+    and then this one, which can cost a scheduling pass reading its snapshot in ten statements
+    far more time than its own CPU."""
     connection = connections[using]
     connection.ensure_connection()
     raw = connection.connection
@@ -94,10 +94,9 @@ def no_flush_wait(using: str = DEFAULT_DB_ALIAS) -> str:
     acknowledged again: django-q2 delivers at least once), a rate limit's step. Only a crash of
     PostgreSQL itself (not of the platform) can lose such a commit, one made in its last
     moments (a few times ``wal_writer_delay``), and never one that a later synchronous commit
-    followed: the WAL is flushed in order. The database stays consistent either way. In the
-    throughput bench each task's launch job is claimed and acknowledged once: two flushes of
-    the WAL that every other commit waited behind, on a busy machine (LWLock ``WALWrite`` and
-    ``WALSync`` were the most seen wait events)."""
+    followed: the WAL is flushed in order. The database stays consistent either way. Each
+    task's launch job is claimed and acknowledged once: two flushes of the WAL that every other
+    commit would wait behind on a busy machine (LWLock ``WALWrite`` and ``WALSync`` waits)."""
     if connections[using].in_atomic_block:
         return "NULL"
     return "set_config('synchronous_commit', 'off', true)"
@@ -115,8 +114,8 @@ def check_kept_connections(**_signal) -> None:
     round trip of Django's ``SELECT 1`` where it can be.
 
     After ``close_old_connections`` Django checks a kept connection with a ``SELECT 1`` on its
-    first use: in the throughput bench that was half a statement per task (a launch job's, a
-    pass's, an agent's round). A connection whose session is quiet (``pgpool.quiet``: its
+    first use: a round trip more for much of the per-task work (a launch job's, a pass's, an
+    agent's round). A connection whose session is quiet (``pgpool.quiet``: its
     socket has nothing to read) is marked checked, and any other (something came: a
     notification or the end) is left to Django's own check, which replaces it if it is gone.
     Connected to django-q2's ``pre_execute``, which its workers send after closing old

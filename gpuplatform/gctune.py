@@ -5,10 +5,7 @@ collection walks every object that generation holds, however little of it is gar
 process that has loaded Django, DRF and our apps holds about 150,000 such objects for its
 whole life; a request that builds many objects (a 1,000-task submission makes a Task, dicts
 and strings per task) then triggers dozens of collections that walk the request's live objects
-again and again and, once they age, the long-lived ones too. Measured in-process with Django's
-test client on the 2-core reference machine (medians of four rounds): a 1,000-task POST took
-165 ms of CPU with the defaults, 152 ms with this, 147 ms with the collector off; a single-task
-POST 6.0, 5.3 and 5.6 ms (within the machine's noise).
+again and again and, once they age, the long-lived ones too.
 
 ``settle()``: everything loaded so far goes to the permanent generation (``gc.freeze``, as
 Instagram's Django servers do: collections never walk it again), and the youngest generation

@@ -27,8 +27,7 @@ def quiet(pgconn) -> bool:
 class PooledConnection(psycopg.Connection):
     """The pool's ``connection_class`` (settings). The pool checks each connection it lends
     (Django passes ``ConnectionPool.check_connection`` with ``CONN_HEALTH_CHECKS``) by sending
-    an empty query: a round trip for every request, 7% of a daphne process's samples while it
-    served task submissions (py-spy, bench_api). A quiet session (``quiet``) answers that
+    an empty query: a round trip for every request. A quiet session (``quiet``) answers that
     check here; any other goes to the server, and one that is gone fails it, so the pool drops
     it and lends another."""
 

@@ -119,12 +119,11 @@ APPLICATION_NAME = connections.application_name(WEB_PROCESS)
 # The hot statements the platform writes in SQL (gpuplatform.db.server_bound_cursor: a pass's
 # reads and placements, a launch, the agents' start and end reports, a submission's token,
 # rate step, estate read and INSERT) are prepared once they have run 5 times on a connection,
-# so PostgreSQL stops parsing and planning them each time (planning was a fifth of the server's
-# CPU in the throughput bench: perf; preparing a submission's four statements halved
-# PostgreSQL's CPU per single-task POST in the api bench, 4.0-4.4 ms to 1.7-2.3). Django turns
-# psycopg's preparing off by default, for poolers such as PgBouncer in transaction mode, which
-# we do not use; its own queries bind on the client and are never prepared either way. Not for
-# channels_postgres, which hands its OPTIONS to libpq (which knows no such option).
+# so PostgreSQL stops parsing and planning them each time (planning was a large share of the
+# server's CPU for these short statements). Django turns psycopg's preparing off by default,
+# for poolers such as PgBouncer in transaction mode, which we do not use; its own queries bind
+# on the client and are never prepared either way. Not for channels_postgres, which hands its
+# OPTIONS to libpq (which knows no such option).
 _OPTIONS = {
     **_default_db.get("OPTIONS", {}),
     "prepare_threshold": 5,
@@ -182,7 +181,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 if TESTING:
-    # The default hasher costs ~300 ms per hash; tests hash thousands of passwords.
+    # The default hasher is slow on purpose; tests hash thousands of passwords.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 LANGUAGE_CODE = "en"
@@ -275,18 +274,16 @@ def _rate(name: str, default: str) -> str:
 
 
 # Requests per tenant (or per user for browser sessions), paced evenly and shared by every web
-# process (gpuplatform/throttle.py). Measured with bench/bench_neighbours.py on the 2-core
-# reference machine: one daphne process serves 45-80 task listings a second (about 27 without
-# the connection pool). A tenant gets 5 a second, about a sixteenth of a process: then one
-# tenant flooding it keeps another's p95 latency within twice its baseline. Raise it with the
-# number of web processes and cores.
+# process (gpuplatform/throttle.py). A tenant gets 5 a second, a small share of what one
+# daphne process serves on the 2-core reference machine (bench/bench_neighbours.py prints that
+# capacity), so one tenant flooding the API keeps another's p95 latency within twice its
+# baseline. Raise it with the number of web processes and cores.
 API_THROTTLE_RATE = _rate("API_THROTTLE_RATE", "300/min")
 # Requests a key may send at once after a pause, before the even pace applies.
 API_THROTTLE_BURST = env.integer("API_THROTTLE_BURST", 10, minimum=1)
 # API requests one daphne process has handed to Django and not yet answered; past this, the
 # next is answered 503 with Retry-After at once (gpuplatform.throttle.EarlyThrottle). daphne
-# runs the views one at a time: at the 6.5-8.7 ms of CPU a submission costs there (bench_api,
-# 2-core reference machine), 64 waiting requests are about half a second of queue, past which a
+# runs the views one at a time, so a long queue only makes every answer later; past it, a
 # prompt 503 serves a client better than an answer that keeps getting later.
 WEB_MAX_IN_FLIGHT = env.integer("WEB_MAX_IN_FLIGHT", 64, minimum=1)
 # Requests without a valid token (none, bad, expired, revoked), per client address.
@@ -328,12 +325,12 @@ Q_CLUSTER = {
     # Successful jobs are not stored (-1; failures always are): the platform records what a
     # pass or a launch did in its own tables. With 1,000, each finished job made the cluster's
     # monitor lock up to 1,000 stored results (SELECT ... FOR UPDATE) to prune one, every
-    # cluster contending for the same rows: about 3 ms of PostgreSQL per job, most of a core
-    # at 200 tasks a second (NOTES.md). A positive Q_SAVE_LIMIT keeps that many per function.
+    # cluster contending for the same rows (NOTES.md). A positive Q_SAVE_LIMIT keeps that many
+    # per function.
     "save_limit": env.integer("Q_SAVE_LIMIT", -1, minimum=-1),
     "save_limit_per": "func",
-    # Queues are woken by LISTEN/NOTIFY, not polled (gpuplatform/broker.py): a job starts about
-    # a millisecond after its commit, and an idle cluster costs two small queries a second.
+    # Queues are woken by LISTEN/NOTIFY, not polled (gpuplatform/broker.py): a job starts when
+    # its commit is notified, and an idle cluster costs two small queries a second.
     "broker_class": "gpuplatform.broker.NotifyingOrm",
     "ALT_CLUSTERS": {},
 }
@@ -412,7 +409,7 @@ if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,15}", TENANT_USER_PREFIX):
 USE_CGROUPS = env.boolean("USE_CGROUPS", True)
 CGROUP_NAME = env.string("CGROUP_NAME", "gpuplatform")
 # The node agent turns on the cgroup v2 mount's favordynmods (cgroups.favor_dynmods): a task's
-# first process otherwise waits 4-32 ms to join its new cgroup after a quiet spell.
+# first process otherwise waits for the kernel to join its new cgroup after a quiet spell.
 CGROUP_FAVOR_DYNMODS = env.boolean("CGROUP_FAVOR_DYNMODS", True)
 if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", CGROUP_NAME) or CGROUP_NAME in (".", ".."):
     raise ImproperlyConfigured(f"CGROUP_NAME: a plain directory name, got {CGROUP_NAME!r}")
@@ -426,12 +423,12 @@ INFRA_REQUEUE_LIMIT = env.integer("INFRA_REQUEUE_LIMIT", 5, minimum=0)
 SUPERVISOR_START = env.choice("SUPERVISOR_START", "fork", ("fork", "exec"))
 # How many attempts one supervisor process may supervise, one after another: a supervisor whose
 # attempt ended plainly waits at the node's spawner for the next instead of exiting (a fork and
-# an exit fewer per task, about 6 ms of CPU on 2 cores). 1: every attempt gets a new process.
+# an exit fewer per task). 1: every attempt gets a new process.
 SUPERVISOR_REUSE = env.integer("SUPERVISOR_REUSE", 100, minimum=1)
 # The small program (nodeagent/launcher/gpup_exec.c, built by make into the virtualenv) that
 # takes a task's process from the supervisor's vfork to the command: cgroup, user, work
 # directory. Empty, or missing on disk: the supervisor does that in Python (preexec_fn), which
-# copies its whole address space for each task (about 4 ms more CPU per task, measured).
+# copies its whole address space for each task.
 TASK_EXEC_HELPER = env.string("TASK_EXEC_HELPER", str(Path(sys.prefix) / "bin" / "gpup-exec"))
 # Start processes for placed tasks. Off in tests, which turn it on where they mean to.
 LAUNCH_TASKS = env.boolean("LAUNCH_TASKS", not TESTING)

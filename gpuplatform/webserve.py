@@ -1,11 +1,10 @@
 """Several daphne processes on one listening socket: ``python -m gpuplatform.webserve``.
 
-daphne is one process, so it serves on one CPU at a time (the GIL): measured with bench_api
-on 2 cores, 8 clients, in one run, one daphne answered 181 task submissions a second, two 238,
-gunicorn's gthread workers 239; and a platform's websockets cannot move to gunicorn. This
-launcher binds the address itself, then starts ``--workers`` daphne processes that each accept
-from that one socket (daphne's ``--fd``, as a process manager such as systemd or circus hands a
-socket over), so the kernel spreads connections across them. daphne adopts IPv4 sockets only:
+daphne is one process, so it serves on one CPU at a time (the GIL), and a platform's
+websockets cannot move to gunicorn (the ``api`` benchmark compares them). This launcher binds
+the address itself, then starts ``--workers`` daphne processes that each accept from that one
+socket (daphne's ``--fd``, as a process manager such as systemd or circus hands a socket over),
+so the kernel spreads connections across them. daphne adopts IPv4 sockets only:
 an IPv6 address is served by one daphne process that binds it itself. Live events reach every
 process through the PostgreSQL channel layer, and each process borrows its database
 connections from its own pool (``DB_POOL_SIZE`` each).

@@ -10,8 +10,8 @@ that rolled back. Call sites that change many rows publish once, with a batch.
 
 Nobody watching costs nothing: each connection that publishes remembers which groups have
 members (the INSERT returns them) and sends nothing to the others, so an estate nobody watches
-makes no statement per event (the INSERT that found no group row was 1.2 round trips per task
-in the throughput bench: PostgreSQL's statement log). A socket joining a group inserts its row
+makes no statement per event (otherwise every task's events would each cost an INSERT that
+finds no group row). A socket joining a group inserts its row
 in channels_postgres' group table, whose trigger (live migration 0001) NOTIFYs
 ``LISTENERS_CHANNEL``; every publishing connection LISTENs there and forgets what it
 remembered. The notification reaches a publisher before its next COMMIT returns (PostgreSQL

@@ -187,8 +187,8 @@ class TaskSubmitted(TaskOut):
 def submitted_data(tasks: list[Task], warnings: dict[int, list[str]]) -> list[dict]:
     """``TaskSubmitted(tasks, many=True).data`` for tasks just created, built directly
     (``task_row``): DRF builds a ModelSerializer's fields from the model for every response
-    and then runs each field of each task, about 0.5 ms of CPU for one task and 0.1 ms per task
-    of a batch. The serializer remains the schema; tests/api/test_tasks_api.py checks that
+    and then runs each field of each task, a noticeable share of a submission's CPU. The
+    serializer remains the schema; tests/api/test_tasks_api.py checks that
     this answers exactly what it would."""
     written: dict = {}
     return [{**task_row(task, written), "warnings": warnings.get(task.pk, [])} for task in tasks]

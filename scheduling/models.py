@@ -453,9 +453,9 @@ class Successor(models.Model):
     listed = models.PositiveIntegerField(help_text="How many the pass listed.")
     gpus = models.PositiveSmallIntegerField(help_text="Whole GPUs it takes, on one node.")
     # 4-byte ids, so that a list on 256 GPUs stays under PostgreSQL's 2 kB threshold for moving
-    # a value out of the row: as 8-byte ids each row's array was compressed (pglz, 256 rows of
-    # 256 ids: 175 ms of a 260 ms pass, against 7 ms). Bigger estates' arrays are compressed
-    # with lz4 where the server has it (migration 0018: 1,000 ids per row, 18 ms).
+    # a value out of the row: as 8-byte ids each row's array was compressed with pglz, most of a
+    # pass's time. Bigger estates' arrays are compressed with lz4 where the server has it
+    # (migration 0018).
     gpu_ids = ArrayField(models.IntegerField(), help_text="The GPUs it may take.")
     fenced = models.BooleanField(
         help_text="Its tenant has a quota: a pass takes the row before it reads anything."

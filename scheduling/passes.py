@@ -22,10 +22,9 @@ task ends, and its node agent hands them to the last pass's successors at once (
 handoff``). What a pass adds then (new tasks' reasons and places in line, a preemption for a
 more important one, successors for a list running short) can wait a moment, so such passes
 start at least ``scheduling.busy_pass_gap_ms`` after the last one ended (``defer_while_busy``),
-as Slurm's ``sched_min_interval`` spaces its main loop's runs. Measured by the throughput bench
-(8 clients submitting one task per POST into 32 busy GPUs, 2 CPUs, 2026-11-27): back to back,
-251 passes in 6 s, 1.7 ms of the scheduler's CPU per submission and 2.7 ms of PostgreSQL's
-(the POST's own included), 232 submissions/s; 100 ms apart, 59 passes, 0.4 and 1.3 ms, 390/s.
+as Slurm's ``sched_min_interval`` spaces its main loop's runs: back to back, a burst of
+submissions into a busy estate ran a pass for nearly every one, spending the CPUs the
+submissions needed (the throughput bench's busy-estate phase shows the passes per submission).
 The pass a submission asks for waits up to the gap: its task could start sooner only by
 preempting another.
 
@@ -185,7 +184,7 @@ def defer_while_busy(gap_ms: int) -> datetime | None:
     where jobs run inline (``sync``, tests): nothing would run the delayed one.
 
     A list handed out to its end runs the pass at once: ends then free GPUs that nobody takes
-    until the next pass (16 cores, 976 tasks/s: 30.9 of 32 GPUs busy while it waited anyway)."""
+    until the next pass."""
     if gap_ms <= 0 or Conf.SYNC:
         return None
     last = (

@@ -121,8 +121,9 @@ class TaskListing:
 
     def count(self, at_most: int | None = None) -> int:
         """How many tasks match, or ``at_most`` when at least that many do: a tenant's history
-        can hold millions of tasks, and counting a million cost PostgreSQL 28-32 ms, where
-        counting up to ``at_most`` costs what reading that many entries of an index does."""
+        can hold millions of tasks, and counting them all for every page grows with the
+        history, where counting up to ``at_most`` costs what reading that many entries of an
+        index does."""
         where, args = self._where()
         matching = f'FROM "{Task._meta.db_table}" WHERE {where}'
         if at_most is not None:

@@ -59,9 +59,8 @@ class _Estate:
     quota: Quota | None
 
 
-# One round trip for everything a submission checks against: at 300 submissions a second each
-# query costs more in Django's compiler and in PostgreSQL's parser than in its execution (four
-# ORM queries here took about 2 ms of the web process's CPU per POST; this takes about 0.3).
+# One round trip for everything a submission checks against: for queries this small, Django's
+# compiler and PostgreSQL's parser cost more than the execution, so four ORM queries became one.
 # Read fresh every time rather than cached: a cached pool could have been deleted since, and
 # the task's INSERT would then fail on its foreign key. Prepared (server_bound_cursor), as are
 # the INSERT, the token's read and the rate step: PostgreSQL plans each once per connection.
@@ -234,7 +233,7 @@ def _known_tasks(specs: list[TaskSpec], tenant: Tenant) -> tuple[set[int], dict[
     ids = {ref for spec in specs for ref in spec.after if isinstance(ref, int)}
     names = {ref for spec in specs for ref in spec.after if isinstance(ref, str)}
     if not ids and not names:
-        return set(), {}  # most submissions: not even a queryset to build (~4% of a POST)
+        return set(), {}  # most submissions: not even a queryset to build
     mine = Task.objects.filter(tenant=tenant)
     by_id = set(mine.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
     by_name = (
@@ -283,9 +282,9 @@ def _own_columns(specs: Sequence[TaskSpec], pools: dict[str, int]) -> list[dict[
     """Each task's columns (``_spec_columns``). When every spec is the first one under
     another name (copies, as spec._task_like makes for a list of alike tasks), they share one
     stored spec object: the batch then sends it once, and the INSERT writes each task's own
-    name into it (``_insert_sql``'s ``renamed``), where 1,000 specs of ``true`` were 0.37 MB
-    of JSON to write and for PostgreSQL to parse (5 ms of the statement's 20). All or none:
-    a shared spec bears the first task's name, which only the INSERT's renaming corrects."""
+    name into it (``_insert_sql``'s ``renamed``), instead of a copy per task for PostgreSQL to
+    parse. All or none: a shared spec bears the first task's name, which only the INSERT's
+    renaming corrects."""
     first = specs[0]
     others = {key: value for key, value in first.__dict__.items() if key != "name"}
     if len(specs) > 1 and all(_renamed_copy(spec, others) for spec in specs[1:]):
@@ -348,12 +347,9 @@ def _insert_sql(varying: tuple[str, ...], claim: bool, renamed: bool = False) ->
     row type, so the columns and their types come from the table, and the task columns from the
     model (any field it gains is written too). From ``jsonb`` rather than ``json``: each task's
     spec then goes into its jsonb column as it is, where from ``json`` its text was parsed a
-    second time (a 1,000-task batch, the statement with its commit and foreign-key checks: 37.7
-    ms against 41.7, medians of 12 alternating runs). Django's bulk_create spent about 0.15 ms
-    of the web process's CPU per task preparing each value of each row (about 150 ms for a
-    1,000-task batch, more than half of the request) and 0.7 ms for one task. Sending the columns a
-    batch's tasks share once rather than per task leaves each task's spec and name (1,000 tasks
-    of ``true``: 1.0 MB of JSON to 0.5 MB; PostgreSQL parsed 1.0 MB in about 40 ms).
+    second time. Django's bulk_create spent most of a large batch's request preparing each
+    value of each row in Python. Sending the columns a batch's tasks share once rather than per
+    task leaves only each task's spec and name to send and parse.
     Ids are taken in the array's order (ORDER BY ordinality), so sorted they match the tasks.
     With ``claim``, the statement also claims the pass flag (``passes.claim_cte``) and each row
     says what the claim found (``passes.CLAIMED``). With ``renamed``, the tasks share one spec
@@ -385,8 +381,8 @@ def _insert(
     with a "submitted" event; the tasks as loaded from the database, and with ``claim`` what
     the pass flag's claim in the same statement found (for ``passes.request_pass``).
 
-    The tasks are built as ``_loaded`` builds them (2.2 ms for 1,000 tasks against 7.5 through
-    ``Model.from_db``, which itself took 10 us a task against 27 with keyword arguments)."""
+    The tasks are built as ``_loaded`` builds them, cheaper than ``Model.from_db`` (itself
+    cheaper than keyword arguments) for a batch of a thousand."""
     concrete = Task._meta.concrete_fields
     batch = {f.attname: getattr(template, f.attname) for f in concrete}
     varying = tuple(name for name in own[0] if not _same([row[name] for row in own]))

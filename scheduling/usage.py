@@ -27,7 +27,7 @@ def quota_in_use(*, tenant: Tenant) -> dict[str, float | int]:
         gpus=Sum(CardShare()), memory=Sum("memory_mb")
     )
     # Only the states counted: with the (tenant, state) index this reads the tenant's live
-    # tasks, not its whole history (25 ms at 100,000 finished tasks otherwise).
+    # tasks, not its whole history.
     live = [*HOLDS_GPUS, TaskState.PENDING]
     counts = Task.objects.filter(tenant=tenant, state__in=live).aggregate(
         running=Count("id", filter=Q(state__in=HOLDS_GPUS)),

@@ -32,15 +32,10 @@ def trusted_proxies() -> str:
 def web_command(python: str, host: str, port: str) -> list[str]:
     """WEB_WORKERS daphne processes (ASGI: HTTP and websockets) on one socket
     (gpuplatform.webserve) by default; WEB_SERVER=gunicorn serves HTTP only, with WEB_WORKERS
-    sync workers. Measured with bench_api (8 clients, 2-core machine, other work running) once
-    the submit path was cut down: daphne spent 6.5-8.7 ms of CPU per
-    submission and 13-15 per task listing, gunicorn's sync workers 5.0-7.2 and 9-12 (before the
-    cuts: daphne 20 and 17, sync workers 13-14 and 12). gthread workers (keep-alive) measured
-    no better: 6.4-6.9 ms per submission, and fewer tasks a second in a 1,000-task batch.
-    Since daphne runs each request's Django work in one hop to a thread
-    (gpuplatform.asgi_handler), it costs about what gunicorn does: 3.2-4.7 ms per submission
-    and 9.2-14.5 per listing, against 3.0-4.2 and 8.4-11.4 for gunicorn (two runs, each server
-    measured in the same run).
+    sync workers. Since daphne runs each request's Django work in one hop to a thread
+    (gpuplatform.asgi_handler), it costs about what gunicorn does per request, and it serves
+    websockets too; bench/bench_api.py measures both (and gunicorn's gthread workers) in one
+    run.
 
     Forwarded headers are believed only from TRUSTED_PROXIES, and Django decides that
     (gpuplatform.middleware.TrustedProxyMiddleware), for both servers. daphne therefore never

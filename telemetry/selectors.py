@@ -64,7 +64,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         return {"source": source, "step": step_s, "columns": COLUMNS, "series": []}
     if source == "raw":
         table, time_col = GpuSample._meta.db_table, "at"
-        # float8 on the server: psycopg turns numeric into Decimal, ten times slower to build.
+        # float8 on the server: psycopg turns numeric into Decimal, far slower to build.
         means = [f"avg({m})::float8" for m in SERIES_METRICS]
         peak, weight = "max(util_gpu)::float8", "count(*)"
         extra = " AND NOT lost"
@@ -83,9 +83,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         reach = 60 if source == "1m" else 3600
     # One (gpu, start, end, task) row per window, each read by its own range scan of the
     # (gpu, time) index: LATERAL with OFFSET 0 (or an aggregate), which keeps PostgreSQL from
-    # flattening the subquery into a hash join over a sequential scan of every sample
-    # (measured: 1 s instead of milliseconds for 15 minutes of 32 GPUs in a 2-hour, 256-GPU
-    # table).
+    # flattening the subquery into a hash join over a sequential scan of every sample.
     values = ", ".join(
         ["(%s::bigint, %s::timestamptz, %s::timestamptz, %s::bigint)"] * len(windows)
     )
@@ -95,7 +93,7 @@ def series(*, windows: Iterable[Window], start: datetime, end: datetime, step_s:
         params += [w.gpu_id, w_start, min(w.end, end), w.task_id]
     # Each GPU comes back as one row of arrays, a column each, and is handed on as columns (what
     # chart libraries take): tens of thousands of rows, or of Python lists built from them, cost
-    # more than the scan that finds them (measured: 168 ms as rows, see README).
+    # more than the scan that finds them.
     if source == "raw" and step_s == 1:
         # One sample a second at most: every sample is its own point, no grouping to do. Each
         # window's samples are aggregated where they are read (a sort of a few hundred rows,

@@ -55,9 +55,9 @@ def _token_sql() -> str:
     whether any token above it (the one that made it, and so on) is revoked or expired.
 
     Written as SQL, not as an ORM query: every API request authenticates, and compiling the
-    equivalent queryset (a subquery, a raw expression, two joins) cost about 1.5 ms of the web
-    process's CPU per request, several times what PostgreSQL spends running it. The text is
-    built once, from the models' own table and column names."""
+    equivalent queryset (a subquery, a raw expression, two joins) cost the web process several
+    times what PostgreSQL spends running it. The text is built once, from the models' own table
+    and column names."""
     user_model = get_user_model()
     token, user, tenant = ApiToken._meta.db_table, user_model._meta.db_table, Tenant._meta.db_table
     membership = Membership._meta.db_table

@@ -81,8 +81,8 @@ class RunningView:
 
 
 # Not frozen: a pass builds one per pending task (10,000 and more), and a frozen dataclass's
-# __init__ (object.__setattr__ per field) cost four times as much (20 ms against 5 ms per
-# 10,000). Nothing writes to one after it is built.
+# __init__ (object.__setattr__ per field) costs several times as much. Nothing writes to one
+# after it is built.
 @dataclass(slots=True)
 class PendingView:
     id: int
@@ -143,9 +143,8 @@ class PolicySettings:
     # How long a task of a class under its guarantee waits before it may take back GPUs the
     # other class borrowed beyond its own guarantee, preempting whatever runs there (online
     # or not preemptible included: borrowed capacity is lent, not given). The bound of the
-    # invariant. 2 h measured best on the trace replay (10 min, 30 min and 1 h evicted more
-    # long-running services for demand that finishing tasks would soon have met;
-    # docs/scheduling.md).
+    # invariant. 2 h did best on the trace replay (shorter ones evicted more long-running
+    # services for demand that finishing tasks would soon have met; docs/scheduling.md).
     reclaim_after_s: float = 2 * 3600
     backfill: bool = True
     preemption: bool = True
