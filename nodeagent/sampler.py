@@ -12,6 +12,7 @@ import time
 
 from django.db import DatabaseError, connection
 
+from gpuplatform import events
 from gpuplatform.db import close_old_connections
 from nodeagent.inventory import BackendUnavailable, GpuBackend
 from scheduling.models import Node
@@ -45,7 +46,7 @@ class Sampler:
         holders = state.holders
         reserved = {uuid: h.reserved_mb for uuid, h in holders.items() if h.reserved_mb}
         samples = self.backend.sample(reserved_mb=reserved)
-        events = self.backend.xid_events()
+        xids = self.backend.xid_events()
         rows = services.record_samples(node=node, samples=samples, holders=holders)
         events.publish(
             events.SAMPLES,
@@ -53,8 +54,8 @@ class Sampler:
             samples=rows,
             tenants_by_gpu={h.gpu_id: h.tenant_ids for h in holders.values()},
         )
-        if events:
-            services.xids_handle(node=node, events=events, simulated=simulated)
+        if xids:
+            services.xids_handle(node=node, events=xids, simulated=simulated)
         alerts.check_samples(node=node, rows=rows, open_alerts=state.alerts_open)
         self.ticks += 1
         return len(rows)

@@ -109,11 +109,11 @@ def _transitioned(
         Allocation.objects.filter(task_id__in=frees, released_at__isnull=True).update(
             released_at=now
         )
-    events = []
+    audit = []
     for task, from_state, updates in done:
         for name, value in updates.items():
             setattr(task, name, value)
-        events.append(
+        audit.append(
             TaskEvent(
                 task=task,
                 at=now,
@@ -124,7 +124,7 @@ def _transitioned(
                 actor=actor,
             )
         )
-    TaskEvent.objects.bulk_create(events)
+    TaskEvent.objects.bulk_create(audit)
     events.publish(events.TASKS, [task for task, _, _ in done])
     # Freed GPUs, a task back in the queue, or a serial queue's head gone: the next may start.
     if wake_scheduler and (frees or to_state in states.TERMINAL or to_state == TaskState.PENDING):

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 from django.db import connection, transaction
 from django.utils import timezone
 
+from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
 from scheduling import passes, scheduler
 from scheduling.agentapi.messages import Assignment, ExitReport
@@ -168,11 +169,11 @@ def _place(
         ),
     )
     gpus = {p.task_id: [gpu for gpu, _ in p.gpus] for p in placements}
-    events = [(task_id, tenant, node_id, gpus[task_id]) for task_id, _, tenant, node_id in placed]
+    rows = [(task_id, tenant, node_id, gpus[task_id]) for task_id, _, tenant, node_id in placed]
     _, recorded = hand.launcher.launch_assignments(pairs, launched, node)
 
     def after_commit() -> None:
-        events.publish(events.PLACEMENTS, events)
+        events.publish(events.PLACEMENTS, rows)
         for assignment in recorded:
             donor = donors[assignment.task_id]
             if donor in ready and donor not in hand.given:
