@@ -16,7 +16,7 @@ from live import events, history
 from monitoring.models import Alert
 from scheduling import estate
 from scheduling.models import GPU, Allocation, Node, SchedulerState, Task
-from scheduling.scheduler import recent_gpus
+from scheduling.snapshot import recent_gpus
 from scheduling.states import HOLDS_GPUS, TaskState
 from tenants.access import Caller
 from tenants.models import Quota, Tenant

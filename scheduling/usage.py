@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from scheduling import estate
 from scheduling.models import Allocation, Task
-from scheduling.scheduler import recent_gpus
 from scheduling.shares import CardShare, allocation_share_sql
+from scheduling.snapshot import recent_gpus
 from scheduling.states import HOLDS_GPUS, TaskState
 from tenants.models import Quota, Tenant
 from tenants.selectors import quota_limits

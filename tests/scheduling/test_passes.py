@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from scheduling import passes, scheduler
+from scheduling import passes, scheduler, snapshot
 from scheduling.models import PassRequest
 from tests.nodeagent.launcher.conftest import wait_for
 
@@ -76,13 +76,13 @@ def paused_pass(monkeypatch):
     scheduler.schedule_pass()  # keeps the fair-share counters: the passes below lock no rows
     passes.request_pass()  # the pass about to start clears what this set
     read, release = threading.Event(), threading.Event()
-    build_snapshot = scheduler.build_snapshot
+    build_snapshot = snapshot.build_snapshot
 
     def snapshot_then_wait(*args, **kwargs):
-        snapshot = build_snapshot(*args, **kwargs)
+        taken = build_snapshot(*args, **kwargs)
         read.set()
         release.wait(timeout=30)
-        return snapshot
+        return taken
 
     monkeypatch.setattr(scheduler, "build_snapshot", snapshot_then_wait)
     running = in_thread(scheduler.schedule_pass)

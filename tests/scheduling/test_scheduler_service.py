@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from scheduling import passes, scheduler, services
+from scheduling import passes, scheduler, services, snapshot
 from scheduling.agentapi import reports
 from scheduling.models import Allocation, PassRequest, SchedulerState, Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
@@ -382,7 +382,7 @@ def test_recent_usage_decays_with_the_half_life(lab, workstation):
         started_at=now - timedelta(seconds=2 * half_life),
         released_at=now - timedelta(seconds=half_life),
     )
-    usage = scheduler.recent_gpus(now, half_life)
+    usage = snapshot.recent_gpus(now, half_life)
     # 2^-1 - 2^-2 = 0.25 GPUs: an hour of one GPU that ended an hour ago.
     assert usage[lab.pk] == pytest.approx(0.25)
 

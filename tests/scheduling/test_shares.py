@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from scheduling import scheduler, usage
+from scheduling import snapshot, usage
 from scheduling.models import Allocation
 from scheduling.policy import card_share
 from scheduling.policy.books import Books
@@ -73,7 +73,7 @@ def test_quota_use_fair_share_and_the_policy_books_count_the_same_gpus(held):
     assert usage.quota_in_use(tenant=lab)["gpus"] == pytest.approx(policy_gpus, abs=1e-3)
     # Held for ever, decayed use tends to what is held: after 30 half-lives, it is that.
     Allocation.objects.update(started_at=timezone.now() - timedelta(hours=30))
-    recent = scheduler.recent_gpus(timezone.now(), 3600, tenant_id=lab.pk)
+    recent = snapshot.recent_gpus(timezone.now(), 3600, tenant_id=lab.pk)
     assert recent == {lab.pk: pytest.approx(policy_gpus, rel=1e-6)}
     hours = sum(d["gpu_hours"] for d in usage.usage_per_day(tenant=lab, days=3))
     assert hours == pytest.approx(policy_gpus * 30, rel=1e-3)

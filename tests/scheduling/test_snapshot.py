@@ -8,7 +8,7 @@ import pytest
 
 from scheduling.models import Node
 from scheduling.policy.model import GpuView, Limits, PendingView, RunningView
-from scheduling.scheduler import build_snapshot
+from scheduling.snapshot import build_snapshot
 from tests.factories import (
     AllocationFactory,
     NodeFactory,
@@ -124,7 +124,8 @@ def test_a_pass_reads_the_active_tasks_not_the_finished_history():
     from django.db import connection
 
     from scheduling.models import Allocation, Task
-    from scheduling.scheduler import _LINKS, _RUNNING
+    from scheduling.snapshot import _RUNNING
+    from scheduling.snapshot import LINKS as _LINKS
 
     node = NodeFactory(name="n")
     gpus = make_gpus(node, count=8)
