@@ -13,7 +13,7 @@ from django.utils import timezone
 from gpuplatform.dburl import current_database_url
 from gpuplatform.procid import ProcessId
 from nodeagent.launcher import lifecycle
-from scheduling import passes, scheduler
+from scheduling import controls, passes, scheduler
 from scheduling.agentapi import handoff, reports
 from scheduling.agentapi.messages import ExitReport, StartReport
 from scheduling.models import Allocation, Successor, Task, TaskAttempt, TaskEvent
@@ -35,7 +35,7 @@ def running_and_waiting(lab, node, monkeypatch, running: int, waiting: int):
     ``waiting`` more, listed by a second pass as its successors. Nothing really starts: the
     pass's launches are dropped, the hand-off's are left in its ``HandOff``; the passes asked
     for are counted."""
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     queued: list = []
     monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: queued.append(kwargs))
     first = [submit(lab, "true", name=f"r{i}") for i in range(running)]

@@ -167,7 +167,7 @@ def test_a_long_task_is_started_exactly_once_however_often_the_launch_arrives(
     launcher, node, lab, monkeypatch
 ):
     # Hold the first delivery back so several arrive together, like django-q2 re-deliveries.
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     marker = launcher / "tasks" / "vision-lab" / "starts"
     task = start(lab, f"echo started >> {marker}; sleep 2")
     results = []
@@ -240,7 +240,7 @@ def test_pause_stops_output_and_resume_continues_it(launcher, node, lab):
 
 
 def test_cancelling_a_task_not_yet_launched_needs_no_process(launcher, node, lab, monkeypatch):
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     task = start(lab, "sleep 60")
     controls.task_cancel(task=task)
     task.refresh_from_db()
@@ -378,7 +378,7 @@ def test_a_pass_queues_its_launches_per_node_and_a_launch_takes_one_statement(
     settings.TASK_LOG_DIR = str(tmp_path / "logs")
     monkeypatch.delenv("Q_CLUSTER_NAME", raising=False)
     queued = []
-    monkeypatch.setattr(lifecycle, "async_task", lambda *args, **kw: queued.append((args, kw)))
+    monkeypatch.setattr(controls, "async_task", lambda *args, **kw: queued.append((args, kw)))
     spawned = []
     monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda a, **_: spawned.append(a))
     specs = [TaskSpec(name=f"t{i}", command="true", gpus_min=2, gpus_max=2) for i in range(2)]
@@ -446,7 +446,7 @@ def test_a_pass_queues_its_launches_in_its_own_transaction(node, lab, monkeypatc
 def test_a_launch_on_another_node_s_cluster_records_nothing(launcher, node, lab, monkeypatch):
     spawned = []
     monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda a, **_: spawned.append(a))
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     task = task_submit(tenant=lab, spec=TaskSpec(name="here", command="true", gpus_min=1))
     scheduler.schedule_pass()
 
@@ -463,7 +463,7 @@ def test_a_launch_on_another_node_s_cluster_records_nothing(launcher, node, lab,
 def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, monkeypatch):
     spawned = []
     monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda a, **_: spawned.append(a))
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     spec = TaskSpec(name="twice", command="echo $A", workdir="runs/a", env={"A": "1"},
                     gpus_min=2, gpus_max=2, pids=50, timeout_s=60)  # fmt: skip
     task = tasks_submit(tenant=lab, specs=[spec])[0]
@@ -482,7 +482,7 @@ def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, 
 def test_the_launch_statement_is_not_planned_again_at_every_call(launcher, node, lab, monkeypatch):
     """PostgreSQL keeps the prepared launch statement's generic plan (see ``_LAUNCH``)."""
     monkeypatch.setattr(lifecycle, "spawn_supervisor", lambda assignment, **_: None)
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     specs = [TaskSpec(name=f"t{i}", command="true", gpus_min=1) for i in range(3)]
     tasks = tasks_submit(tenant=lab, specs=specs)
     scheduler.schedule_pass()

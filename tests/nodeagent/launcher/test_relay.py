@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from gpuplatform.dburl import current_database_url
 from gpuplatform.procid import ProcessId
-from nodeagent.launcher import lifecycle, relay, supervisor, wire
-from scheduling import passes, scheduler
+from nodeagent.launcher import relay, supervisor, wire
+from scheduling import controls, passes, scheduler
 from scheduling.agentapi import reports
 from scheduling.agentapi.messages import Assignment, ExitReport, StartReport
 from scheduling.models import PassRequest, Task, TaskAttempt, TaskEvent, TenantUsage
@@ -146,7 +146,7 @@ def placed_attempts(lab, node, count: int) -> tuple[list[Task], list[TaskAttempt
 def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
     launcher, node, lab, monkeypatch
 ):
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)  # reports by hand
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)  # reports by hand
     tasks, attempts = placed_attempts(lab, node, 4)
     TaskAttempt.objects.filter(pk=attempts[3].pk).update(stop_requested="cancel")
     gone = ProcessId(4_194_303, 0.0)  # no such process: the fixture's clean-up kills nothing
@@ -190,7 +190,7 @@ def test_a_batch_of_starts_and_ends_is_written_as_each_alone_would_be(
 def test_a_batch_of_starts_and_plain_ends_takes_one_statement_each(
     launcher, node, lab, monkeypatch
 ):
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     monkeypatch.setattr(reports.passes, "request_pass", lambda claimed=None: None)  # counted apart
     tasks, attempts = placed_attempts(lab, node, 3)
     me = ProcessId(os.getpid(), 123.5)
@@ -230,7 +230,7 @@ def test_a_batch_of_starts_and_plain_ends_takes_one_statement_each(
 def test_an_end_racing_a_requeue_waits_for_it_and_reports_what_it_decided(
     launcher, node, lab, monkeypatch
 ):
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     (task,), (attempt,) = placed_attempts(lab, node, 1)
     gone = ProcessId(4_194_303, 0.0)
     assert reports.attempts_started([StartReport(attempt.pk, gone, gone)]) == {attempt.pk: True}
@@ -304,7 +304,7 @@ def test_plain_ends_claim_the_pass_flag_in_their_own_statement(launcher, node, l
     """The statement that frees the GPUs also asks for the pass that places them again: no
     request statement after it. In a caller's transaction the request follows the commit, and
     ends that free nothing (a repeated report) ask for nothing."""
-    monkeypatch.setattr(lifecycle, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
     queued = []
     monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: queued.append(kwargs))
     tasks, attempts = placed_attempts(lab, node, 4)

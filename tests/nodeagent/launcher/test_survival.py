@@ -17,8 +17,7 @@ from django.db import connection
 from django_q.tasks import async_task
 
 from gpuplatform import connections
-from nodeagent.launcher import lifecycle
-from scheduling import scheduler
+from scheduling import controls, scheduler
 from scheduling.models import Node, Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import task_submit
@@ -48,7 +47,7 @@ COUNT_TO_100K = (
 def via_clusters(monkeypatch):
     """Launches go through the django-q2 broker to each node's own cluster, as in production
     (the test settings would otherwise run them inline, in whichever process asked)."""
-    monkeypatch.setattr(lifecycle, "async_task", functools.partial(async_task, sync=False))
+    monkeypatch.setattr(controls, "async_task", functools.partial(async_task, sync=False))
     monkeypatch.setenv("Q_SYNC", "0")  # for the agents, their clusters and the supervisors
 
 
