@@ -153,7 +153,7 @@ def test_a_pass_beside_a_hand_off_under_way(launcher, node, lab, monkeypatch, qu
     try:
         now = reports.timezone.now()
         ends = [ExitReport(t.pk, 1, 0) for t in first[:2]]
-        other.execute(reports._SUCCEEDED, reports.succeeded_params(ends, now, claim=False))
+        other.execute(handoff._SUCCEEDED, handoff.succeeded_params(ends, now, claim=False))
         other.execute(handoff._CANDIDATES, {"tasks": [first[0].pk], "now": now, "node": node.name})
         place = scheduler.place_query(
             [Placement(later[0].pk, node.name, ((freed, 24576),), exclusive=True)], now
