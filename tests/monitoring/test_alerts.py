@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from gpuplatform import events
 from monitoring import services
 from monitoring.models import Alert, AlertKind, Severity
 from tests.factories import NodeFactory, TaskFactory, make_gpus
@@ -33,7 +34,7 @@ def test_only_a_change_of_an_open_alert_reaches_the_live_dashboard(gpus, monkeyp
     """The sampler raises a hot GPU's alert every second: the dashboard hears of it when it
     opens, changes and closes, not at every refresh."""
     sent = []
-    monkeypatch.setattr("live.events.publish_alerts", lambda alerts: sent.extend(alerts))
+    monkeypatch.setitem(events._subscribers, events.ALERTS, [sent.extend])
     task = TaskFactory()
     overuse(gpus[0], task, "using 5000 MiB")
     overuse(gpus[0], task, "using 5000 MiB")
