@@ -36,7 +36,7 @@ def ending(tmp_path, monkeypatch):
 
 def test_a_report_the_agent_took_leaves_the_record_unsynced(ending, monkeypatch):
     sup, synced = ending
-    monkeypatch.setattr(supervisor.relay, "send", lambda node, report: {"outcome": "failed"})
+    monkeypatch.setattr(supervisor.wire, "send", lambda node, report: {"outcome": "failed"})
     assert sup.finish(3) == 0
     assert json.loads(sup.exit_file.read_text())["exit_code"] == 3  # readable on this host
     assert synced == []  # the database has the outcome: no fsync for every task
@@ -45,7 +45,7 @@ def test_a_report_the_agent_took_leaves_the_record_unsynced(ending, monkeypatch)
 def test_a_report_nobody_took_syncs_the_record_first(ending, monkeypatch):
     sup, synced = ending
     order: list[str] = []
-    monkeypatch.setattr(supervisor.relay, "send", lambda node, report: None)  # no agent
+    monkeypatch.setattr(supervisor.wire, "send", lambda node, report: None)  # no agent
     real_sync = paths.sync_exit_record
 
     def sync(path: Path) -> bool:

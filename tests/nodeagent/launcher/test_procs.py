@@ -9,6 +9,7 @@ import sys
 
 import psutil
 
+from gpuplatform import procid
 from nodeagent.launcher import procs
 from tests.live import ROOT
 from tests.nodeagent.launcher.conftest import wait_for
@@ -42,8 +43,8 @@ def test_start_time_is_what_psutil_says_for_the_same_process():
         assert child.stdout.readline() == b"ready\n"
         assert b"(odd) (x y) " in open(f"/proc/{child.pid}/stat", "rb").read()
         for pid in (os.getpid(), child.pid, 1):
-            assert procs.start_time(pid) == psutil.Process(pid).create_time()
-        assert procs.ProcessId.of(child.pid).alive()
+            assert procid.start_time(pid) == psutil.Process(pid).create_time()
+        assert procid.ProcessId.of(child.pid).alive()
     finally:
         child.kill()
         child.wait()
@@ -61,7 +62,7 @@ sys.stdin.read()
 def test_a_process_that_is_gone_has_no_process_id():
     child = subprocess.Popen(["/bin/true"])  # noqa: S603 - fixed argv
     child.wait()
-    assert procs.ProcessId.of(child.pid) is None
+    assert procid.ProcessId.of(child.pid) is None
 
 
 def test_the_title_of_a_process_is_its_command_line_and_none_once_gone():
