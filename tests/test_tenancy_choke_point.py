@@ -29,10 +29,6 @@ RAW_SQL = {"cursor", "raw", "extra", "server_bound_cursor", "execute"}
 ALLOWED = {
     ("gpuplatform/views.py", "cursor()"): "the readiness probe's SELECT 1 reads no table",
     ("gpuplatform/views.py", "execute()"): "the readiness probe's SELECT 1 reads no table",
-    # Issue 38 item 5 moves these reads and writes into an idempotency claim/record pair of
-    # services; until then the submit view keeps them. Delete these two lines with it.
-    ("scheduling/api.py", "IdempotencyKey.objects.filter(tenant="): "idempotency, see above",
-    ("scheduling/api.py", "IdempotencyKey.objects.select_for_update().get(tenant="): "ditto",
 }
 
 
