@@ -51,10 +51,11 @@ chromium:
 	else echo "chromium: /usr/bin/chromium missing and not installable here (needs root and" \
 		"apt-get): browser tests will skip"; fi
 
-# The task exec helper (nodeagent/launcher/gpup_exec.c, TASK_EXEC_HELPER in README.md): a small
-# static C program that takes a task's process from the supervisor's vfork to its command. Built
-# with Debian's gcc, installed here when missing and possible (root, apt-get). Without a compiler
-# supervisors do that step in Python, about 4 ms of CPU more per task, and log that they do.
+# The task exec helper (nodeagent/launcher/gpup_exec.c, TASK_EXEC_HELPER in
+# docs/configuration.md): a small static C program that takes a task's process from the
+# supervisor's vfork to its command. Built with Debian's gcc, installed here when missing and
+# possible (root, apt-get). Without a compiler supervisors do that step in Python, at more CPU
+# per task, and log that they do.
 HELPER := $(BIN)/gpup-exec
 $(HELPER): nodeagent/launcher/gpup_exec.c $(STAMP)
 	@command -v cc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
@@ -90,7 +91,8 @@ test: lint $(HELPER) messages chromium
 		$(BIN)/pytest'
 
 # On a host with NVIDIA GPUs (stop `make run` first): the NVML tests on the real GPUs, then two
-# one-GPU CUDA tasks through the running platform (TASK_PYTHON: their interpreter, see README).
+# one-GPU CUDA tasks through the running platform (TASK_PYTHON: their interpreter, see
+# docs/configuration.md).
 gpu-check: setup
 	SECRET_KEY_FILE=var/secret_key PYTHON=$(BIN)/python bash scripts/gpu_check.sh
 

@@ -3,11 +3,10 @@
 In-process figures: Django's test client asks for /dashboard/ as a logged-in operator, so each
 time is the server's whole work for the page (middleware, the reads, the template), without a
 network or a browser, with the garbage collector set as a web process sets it
-(``bench.common.as_a_web_process``: with the interpreter's defaults the slowest of 30 renders
-took 190-204 ms against 111-113, a full collection in one of them). The estate: 32 nodes of 8
-GPUs, a latest sample for each GPU, 200 running tasks holding GPUs, 10,000 pending tasks with
-their positions and reasons, 20 open alerts. The query count is compared with a one-node,
-one-task estate: it must not grow with the estate.
+(``bench.common.as_a_web_process``: with the interpreter's defaults a full collection lands in
+some renders). The estate: 32 nodes of 8 GPUs, a latest sample for each GPU, 200 running tasks
+holding GPUs, 10,000 pending tasks with their positions and reasons, 20 open alerts. The query
+count is compared with a one-node, one-task estate: it must not grow with the estate.
 """
 
 from __future__ import annotations

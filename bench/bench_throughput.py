@@ -22,12 +22,11 @@ capacity). All traffic goes over HTTP with tenant tokens. Phases, in order:
    tasks run meanwhile (every GPU free); then into a busy estate, 32 ``sleep`` tasks of a third
    tenant holding every GPU (``estate_held``), so that they queue, as a burst does on a working
    estate, and the holders are cancelled through the API afterwards. Issue 9's 300 a second is
-   judged on the second: on 2 CPUs a task's whole life costs about as much CPU as 300 a second
-   leave each submission. What is still pending a while after each is cancelled.
+   judged on the second: in the first, the tasks' own lives share the CPUs with the
+   submissions. What is still pending a while after each is cancelled.
 3. Throughput: 2,000 one-GPU ``true`` tasks in two POSTs of 1,000 (each also measured as a
-   batch, tasks/s, with how many processes were runnable on the machine meanwhile: sampled
-   once beside ``pg_stat_activity`` too, the second's INSERT was on the CPU or waiting for it,
-   never for a lock, its backend sharing 2 CPUs with a median of 11 runnable processes).
+   batch, tasks/s, with how many processes were runnable on the machine meanwhile, to tell
+   waiting for the CPU from waiting for a lock).
    Completed per second runs from the first POST to the last
    ``Task.finished_at``; mean busy GPUs is the allocations' overlap (``Allocation.started_at`` to
    ``released_at``) with the time tasks waited: from the first POST's answer (its tasks are

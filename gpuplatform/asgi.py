@@ -31,7 +31,7 @@ application = ProtocolTypeRouter(
 )
 
 # Start-up is over: what it loaded is never walked by the garbage collector again, and the
-# young generation is collected less often (gpuplatform.gctune: a tenth of a large POST).
+# young generation is collected less often (gpuplatform.gctune: a large POST makes many objects).
 from gpuplatform import gctune  # noqa: E402
 
 gctune.settle()

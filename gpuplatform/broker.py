@@ -170,7 +170,7 @@ class NotifyingOrm(ORM):
             try:
                 # Bound on the server, so prepared after a few runs (settings._PREPARED): in a
                 # node's cluster each job costs a claim and an acknowledgement, and quoting
-                # their parameters in Python was a tenth of it.
+                # their parameters in Python every time is waste.
                 with server_bound_cursor(using=Conf.ORM) as cursor:
                     cursor.execute(statement, params)
                     return cursor.fetchall() if cursor.description else []

@@ -2,7 +2,7 @@
 
 CPython collects its youngest generation after every 700 net container allocations, and each
 collection walks every object that generation holds, however little of it is garbage. A web
-process that has loaded Django, DRF and our apps holds about 150,000 such objects for its
+process that has loaded Django, DRF and our apps holds a great many such objects for its
 whole life; a request that builds many objects (a 1,000-task submission makes a Task, dicts
 and strings per task) then triggers dozens of collections that walk the request's live objects
 again and again and, once they age, the long-lived ones too.

@@ -419,7 +419,8 @@ RETRY_BACKOFF = env.integer("RETRY_BACKOFF", 10, minimum=0)
 # hold it with the reason for a person to look at.
 INFRA_REQUEUE_LIMIT = env.integer("INFRA_REQUEUE_LIMIT", 5, minimum=0)
 # How the node's launch worker starts a supervisor: "fork" (fast: Django is loaded already) or
-# "exec" (a fresh interpreter, seconds slower; for platforms where forking is unwelcome).
+# "exec" (a fresh interpreter that imports Django first; for platforms where forking is
+# unwelcome).
 SUPERVISOR_START = env.choice("SUPERVISOR_START", "fork", ("fork", "exec"))
 # How many attempts one supervisor process may supervise, one after another: a supervisor whose
 # attempt ended plainly waits at the node's spawner for the next instead of exiting (a fork and

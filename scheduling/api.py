@@ -73,7 +73,7 @@ _MOMENT = serializers.DateTimeField()  # how DRF writes a datetime (ISO 8601, UT
 
 def _moment(value, written: dict) -> str | None:
     """``value`` as DRF writes it, once per value in ``written`` (the tasks of one submission
-    share their submission time: DRF's conversion per task was a tenth of a 1,000-task POST)."""
+    share their submission time: DRF's conversion per task was a real share of a large POST)."""
     if value is None:
         return None
     if value not in written:
@@ -101,7 +101,7 @@ def task_row(task: Task, written: dict) -> dict:
 def task_rows(rows: list[tuple]) -> list[dict]:
     """What TaskOut makes of each task, from its row (selectors.TASK_ROW): the places in
     line of those a pass assessed in one query, and no Task, Node or User built (the
-    instances were a fifth of a 50-task page's CPU)."""
+    instances were a real share of a page's CPU)."""
     waiting = [row[0] for row in rows if row[2] == TaskState.PENDING and row[4] is not None]
     places = SchedulerState.places(waiting) if waiting else {}
     written: dict = {}

@@ -42,7 +42,7 @@ def workdir(tenant_name: str, relative: str, *, create: bool = False) -> Path:
 
 
 # Each path is made in one Path() call, not joined part by part: a supervisor's pathlib objects
-# were about a tenth of its Python time (cProfile).
+# showed in its profile.
 
 
 def attempt_dir(tenant_name: str, task_id: int) -> Path:
@@ -79,8 +79,8 @@ def write_exit_record(path: Path, record: dict) -> bool:
     Not synced: readers on this host (reconciliation after the supervisor died) see it at once,
     and only a crash of the host itself could lose it, which matters only if the database never
     got the outcome either. So the supervisor syncs it (``sync_exit_record``) only when its
-    report did not go through; the fsync on every exit was about 2% of the machine's CPU in
-    the throughput bench (perf: ``ext4_sync_file``), most of what the record cost."""
+    report did not go through; an fsync on every exit was most of what the record cost
+    (perf: ``ext4_sync_file``)."""
     data = json.dumps(record).encode()
     return _write_from_start(path, data.ljust(EXIT_RECORD_SIZE), 0, None)
 

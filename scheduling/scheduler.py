@@ -68,8 +68,8 @@ def schedule_pass() -> PassResult:
     """Run one pass now (waiting for any pass already running elsewhere to finish)."""
     # A pass builds tens of thousands of short-lived objects (one view per waiting task, their
     # reasons) that hold no reference cycles: left on, the cycle collector ran full collections
-    # in the middle of one pass in four, adding about 70 ms each (10,000 waiting tasks). It is
-    # off for the pass, and back on (if it was) as soon as the pass ends.
+    # in the middle of passes, for nothing. It is off for the pass, and back on (if it was) as
+    # soon as the pass ends.
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -89,8 +89,7 @@ def _schedule_pass() -> PassResult:
     # nor a next one (seen on a real GPU host). It is cleared only once a pass already running
     # has committed (its lock taken, and let go at once when not in a transaction): requests
     # made meanwhile then find it still set for this pass, which will see them, rather than
-    # each queueing one more (throughput bench, 2,000 tasks: 194 passes when it was cleared
-    # first, 175 and 182 with this wait).
+    # each queueing one more.
     _take_pass_lock()
     passes.mark_started()
     with transaction.atomic():
@@ -160,9 +159,9 @@ def _read_for_pass(
     now: datetime, half_life: float
 ) -> tuple[list[tuple[int, int, str, str]], SnapshotRows]:
     """The pass's lock, then everything it reads (its dependency links and its snapshot's
-    rows), in one round trip (``fetch_together``): read one after another, a pass's ten reads
-    waited 22 ms for the server and the scheduler to be scheduled in turn, against 2.5 ms of
-    their CPU (throughput bench, 2 busy cores)."""
+    rows), in one round trip (``fetch_together``): read one after another, a pass's reads
+    waited far longer for the server and the scheduler to be scheduled in turn than they
+    spent working on a busy machine."""
     _, _, links, *read = fetch_together(
         Query(_LOCK, [PASS_LOCK]),
         Query(_FORGET_SPENT),
@@ -184,7 +183,7 @@ def _read_for_pass(
 # commits. It only inserts rows: it never waits for an agent while it holds what the agent's
 # hand-off needs (the tasks it placed, its tenants' usage counters). Waiting for the agents
 # there, the passes and the agents deadlocked; deleting the whole list before reading left the
-# agents nothing to hand for most of each pass (throughput bench).
+# agents nothing to hand for most of each pass.
 _FORGET_SPENT = """
     DELETE FROM scheduling_successor
      WHERE fenced OR generation < (SELECT max(generation) FROM scheduling_successor)
@@ -227,8 +226,8 @@ def list_successors(decision: Decision, placed: Container[int] = frozenset()) ->
 
 
 # The new list, unless the newest one is the same, row for row, and whole (no row taken): with
-# a backlog that does not move (10,000 waiting, history bench) each pass wrote the same 256
-# rows, about 7 ms of a 100 ms pass with the next pass's DELETE of them.
+# a backlog that does not move each pass would write the same rows, and the next pass delete
+# them.
 _LIST_SUCCESSORS = """
     WITH sets AS (SELECT n, ids::integer[] AS ids
                     FROM unnest(%(sets)s::text[]) WITH ORDINALITY AS u(ids, n)),
@@ -315,10 +314,9 @@ def _stand_ins(decision: Decision, skipped: list[Placement]) -> tuple[list[Place
 
     A placement is skipped mostly because an agent handed the same task GPUs while the pass
     ran: the head of the pass's order is the head of the list the agents take from. Asking
-    for another pass instead, the next one placed the same head and lost it again: in the
-    throughput bench freed GPUs stood idle for 0.1 to 3.6 s through a run of such passes.
-    The successors' quotas were counted as if all of them and all the placements started, so
-    any of them may take a placement's GPUs."""
+    for another pass instead, the next one placed the same head and lost it again, and freed
+    GPUs stood idle through a run of such passes. The successors' quotas were counted as if all
+    of them and all the placements started, so any of them may take a placement's GPUs."""
     free: dict[str, list[tuple[int, int]]] = defaultdict(list)
     shared = False
     for p in skipped:
@@ -501,8 +499,8 @@ def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
     sure exists). The line is one array, so a placement ahead of 10,000 waiting tasks moves
     their places without rewriting them, and it is not written again while it stays the same."""
     digest = hash(tuple(line))
-    # As the array's text: psycopg dumps a Python list element by element in Python (about
-    # 15 ms for 10,000 ids); joining the digits is a fraction of that.
+    # As the array's text: psycopg dumps a Python list element by element in Python; joining
+    # the digits costs a fraction of that.
     text = "{" + ",".join(map(str, line)) + "}"
     with connection.cursor() as cursor:
         cursor.execute(

@@ -89,8 +89,8 @@ def _dependency_links() -> list[tuple[int, int, str, str]]:
 
 # Each dependency is looked up by its primary key (LATERAL ... LIMIT 1 keeps it a lookup):
 # joined plainly, PostgreSQL hashed every task not succeeded, finished history included, even
-# with no dependency at all (12 ms a pass with 11,000 tasks in the history bench's estate,
-# growing with the task table). The states are in the SQL, as in _RUNNING.
+# with no dependency at all (a cost growing with the task table). The states are in the SQL,
+# as in _RUNNING.
 LINKS = f"""
     SELECT d.from_task_id, d.to_task_id, t.name, t.state
       FROM scheduling_task_depends_on d
@@ -127,13 +127,13 @@ class SnapshotRows(NamedTuple):
 
 def snapshot_queries(now: datetime, half_life: float) -> list[Query]:
     """The reads a snapshot is built from (``SnapshotRows``), in a fixed number whatever the
-    cluster's size. Plain SQL: through the ORM, compiling these queries was half of a small
-    pass's CPU (a pass placing 9 tasks among 1,700 pending on 4 x 8 GPUs took 18 ms)."""
+    cluster's size. Plain SQL: through the ORM, compiling these queries was much of a small
+    pass's CPU."""
     return [
         Query(_NAMES),
         Query(_GPUS, [GpuState.OFFLINE]),
         Query(_RUNNING, {"now": now}),
-        # In binary: 1.1 ms of CPU for 1,400 rows, against 1.5-2.1 ms as text.
+        # In binary: cheaper to read than as text.
         Query(_PENDING, binary=True),
         Query(_QUOTAS),
         *fairshare.usage_queries(now, half_life),
@@ -192,8 +192,7 @@ def build_snapshot(
     if digests is not None:
         digests.update((row[0], row[-1]) for row in rows.pending)
     # Positional, in PendingView's field order (test_snapshot compares every field with a view
-    # built by keywords): keywords made building 10,000 of them take twice as long, 33 ms
-    # against 15 on the 2-core machine.
+    # built by keywords): keywords made building them take longer.
     pending = [
         PendingView(
             task_id,
@@ -256,15 +255,15 @@ _GPUS = """
 # Tasks holding GPUs, newest first, each with its open allocations (gpu id, MiB, exclusive),
 # latest first; times as epoch seconds, a task not yet started from when it was scheduled. The
 # open allocations are aggregated once and joined: read per task in a subquery, PostgreSQL
-# walked every open allocation for each running task through the per-GPU index (256 x 256
-# rows, 8.8 ms a pass, history bench) wherever its statistics of the partial indexes were
-# older than the running set, as they stay on a large allocation table.
+# walked every open allocation for each running task through the per-GPU index wherever its
+# statistics of the partial indexes were older than the running set, as they stay on a large
+# allocation table.
 #
 # The states are written into this statement, _PENDING and LINKS, not passed: prepared
 # (after its fifth run), a statement may switch to a generic plan, which cannot see which
 # states it reads. For the running tasks that plan walked the task table in id order (for the
-# ORDER BY), finished history and all: 101,844 rows and 44 ms in an estate of 100,000
-# finished tasks, against 512 rows and 1.6 ms with the states in the SQL.
+# ORDER BY), finished history and all, where the states in the SQL let it read only the
+# running ones.
 _HOLDING = ", ".join(f"'{state.value}'" for state in sorted(states.HOLDS_GPUS))
 
 _RUNNING = f"""
@@ -282,7 +281,7 @@ _RUNNING = f"""
 """  # noqa: S608 - the states are the code's constants
 
 
-# Every pending task's fields, times as epoch seconds: with 10,000 pending tasks, reading them
+# Every pending task's fields, times as epoch seconds: with many pending tasks, reading them
 # through the ORM (model rows, datetime objects) cost more than the policy itself.
 _PENDING = f"""
     SELECT id, tenant_id, priority, task_class,

@@ -319,8 +319,8 @@ def _task_like(
 ) -> TaskSpec | None:
     """``_task``, reusing what an earlier task of the same list that differed only in its name
     parsed to (``alike``, keyed by the rest of the mapping's ``repr``): a list of a thousand
-    specs is most often one spec under a thousand names, and checking each in full was about
-    a quarter of the web process's CPU for such a submission (9.1 ms of 34-40; now 3.4).
+    specs is most often one spec under a thousand names, and checking each in full was much
+    of the web process's CPU for such a submission.
     ``repr`` tells apart every value JSON and YAML (safe_load) give, types included (``1``,
     ``1.0``, ``True``, ``"1"``), and only a mapping that parsed without problems is reused.
     No field's check depends on the task's own name, which is still checked for each."""
@@ -337,7 +337,7 @@ def _task_like(
     if name is None:
         return None
     # A copy with its own name: what dataclasses.replace makes (it shares env too), without
-    # its field-by-field __init__ (12 us against 1 a task).
+    # its field-by-field __init__, which costs far more per task.
     spec = object.__new__(TaskSpec)
     spec.__dict__.update(template.__dict__, name=name)
     return spec
@@ -562,8 +562,8 @@ def _gpus(value: object) -> tuple[int, int]:
         low, ranged = int(match[1]), match[2] is not None
         high = int(match[2]) if ranged else low
     else:
-        # Worded only when needed: translating it for every good spec was an eighth of a
-        # 1,000-task submission's CPU.
+        # Worded only when needed: translating it for every good spec was a real share of a
+        # large submission's CPU.
         raise ValueError(
             gettext('must be a whole number of GPUs or a range like "1-4", got %(got)s')
             % {"got": _got(value)}

@@ -52,7 +52,7 @@ for _ in $(seq 120); do
     sleep 0.5
 done
 # The web answers before the node is ready to launch: wait for its spawner too, so that
-# "submitted -> running" below measures the platform, not its start-up (3.2 s on an H100 run).
+# "submitted -> running" below measures the platform, not its start-up.
 for _ in $(seq 120); do
     grep -q "spawner ready" var/gpu_check_platform.log && break
     sleep 0.5

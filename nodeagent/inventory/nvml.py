@@ -1,8 +1,8 @@
 """GPU discovery through NVML (the nvidia-ml-py package, imported as pynvml).
 
-NVML answers in microseconds under the driver's lock; nvidia-smi costs 10-20 ms a call and is
-never used. NVML state must not cross a fork, so a backend refuses to work in a child process:
-open a new one there.
+NVML answers quickly under the driver's lock; nvidia-smi, a process per call, is never used.
+NVML state must not cross a fork, so a backend refuses to work in a child process: open a new
+one there.
 """
 
 import os
@@ -88,8 +88,8 @@ class NvmlBackend(GpuBackend):
     def processes(self) -> list[GpuProcess]:
         """Compute and graphics processes on every GPU, one entry per (GPU, pid).
 
-        NVML takes ~4.5 ms per device for this under the driver's global lock: call it once per
-        heartbeat, not in a loop. A GPU that fails is left out, named in unlisted_gpus (when its
+        NVML lists them slowly, under the driver's global lock: call it once per heartbeat,
+        not in a loop. A GPU that fails is left out, named in unlisted_gpus (when its
         UUID is known) and described in process_problems.
         """
         self._check_usable()
@@ -137,9 +137,9 @@ class NvmlBackend(GpuBackend):
         return [GpuProcess(gpu_uuid=uuid, pid=pid, used_mb=mb) for pid, mb in used.items()]
 
     def sample(self, *, reserved_mb: Mapping[str, int] | None = None) -> list[GpuSample]:
-        """Read every GPU once (~10 NVML calls each, microseconds apiece, no process listing:
-        that costs ~4.5 ms per GPU and stays on the heartbeat). A metric the GPU does not
-        support reads None; a GPU that answers "lost" is sampled as lost."""
+        """Read every GPU once (a few cheap NVML calls each, no process listing: that is slow
+        and stays on the heartbeat). A metric the GPU does not support reads None; a GPU that
+        answers "lost" is sampled as lost."""
         self._check_usable()
         nvml = self._nvml
         at = time.time()
@@ -200,8 +200,8 @@ class NvmlBackend(GpuBackend):
 
     def _memory(self, handle: Any) -> Any:
         """Memory as nvidia-smi shows it: version 2 of the call (drivers since 510) leaves the
-        driver's own reserve out of ``used``; version 1 counts it in (480 MiB on an idle H100,
-        seen on a real one). Older drivers and bindings answer version 1."""
+        driver's own reserve out of ``used``; version 1 counts it in. Older drivers and
+        bindings answer version 1."""
         nvml = self._nvml
         v2 = getattr(nvml, "nvmlMemory_v2", None)
         if v2 is not None:

@@ -196,13 +196,11 @@ def favor_dynmods_mount(mountinfo: str) -> tuple[str, str, str, int, str] | None
     mountinfo text, keeping its other options; None when there is no v2 mount or it is on.
 
     Every task attempt gets a new cgroup and its first process moves into it. By default the
-    kernel makes such a move wait for an RCU grace period whenever none happened for a while:
-    measured here (kernel 6.18, 2 cores), the first write to ``cgroup.procs`` after 0.5 s of
-    quiet took 4-32 ms, against 0.1 ms with ``favordynmods`` ("reduce the latencies of dynamic
-    cgroup modifications such as task migrations ... at the cost of making hot path operations
-    such as forks and exits more expensive", Documentation/admin-guide/cgroup-v2.rst), which is
-    the trade a node that starts tasks all day wants. (Seen here: with the option removed again,
-    moves stayed fast until reboot.)"""
+    kernel makes such a move wait for an RCU grace period whenever none happened for a while;
+    ``favordynmods`` "reduce[s] the latencies of dynamic cgroup modifications such as task
+    migrations ... at the cost of making hot path operations such as forks and exits more
+    expensive" (Documentation/admin-guide/cgroup-v2.rst), the trade a node that starts tasks
+    all day wants."""
     mount = next((m for m in parse_mountinfo(mountinfo) if m.version == 2), None)
     if mount is None or "favordynmods" in mount.options:
         return None
@@ -398,7 +396,7 @@ def _keyed(path: Path, key: str) -> int | None:
     """The number after ``key`` in a flat-keyed file (cgroup.events, memory.events).
 
     One os.read: a supervisor reads ``cgroup.events`` at least twice per task, and a text file
-    object cost twice as much (15 us against 7 us, measured)."""
+    object costs more."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -435,9 +433,8 @@ def _procs(directory: Path) -> set[int]:
 def _rmdir_tree(directory: Path, deadline: float) -> bool:
     """Remove ``directory`` and its sub-cgroups, bottom up; True when it is gone."""
     try:
-        # The common case, an attempt that made no sub-cgroups, without the walk: with this,
-        # the plain mkdir below and _keyed's one read, making and removing an attempt's cgroup
-        # cost a freshly forked supervisor 0.55 ms instead of 1.0 ms (measured).
+        # The common case, an attempt that made no sub-cgroups, without the walk: making and
+        # removing a cgroup is on every attempt's path.
         os.rmdir(directory)
         return True
     except FileNotFoundError:

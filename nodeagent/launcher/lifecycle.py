@@ -131,8 +131,8 @@ def start_supervisors(recorded: list[Assignment], *, may_fork: bool = True) -> N
 
 
 # Tenants' log directories this process made or found: made once, not looked for again on
-# every launch (py-spy on a node agent in the throughput bench: the three mkdir calls of each
-# attempt, two of which found the directory there, were a tenth of its samples).
+# every launch (the mkdir calls of each attempt, most of which found the directory there, showed
+# in a node agent's profile).
 _TENANT_LOG_DIRS: set[Path] = set()
 
 
@@ -168,10 +168,8 @@ def supervisor_sink(assignment: Assignment) -> Path:
 # acknowledgement), each a round trip on a busy machine.
 # The arrays are read through scalar subqueries so that the planner sizes them the same way
 # whether it sees their values or not: seeing them, it estimated each call's plan cheaper than
-# the statement's generic plan and planned every call again (pg_prepared_statements: 0 generic
-# plans of 895; 1.7 ms of planning per launch in the throughput bench). Now it keeps the
-# generic plan after five calls: in-process, launching three tasks (and deleting their attempts
-# so that the next call records them again) took 1.1 ms instead of 2.2, over 900 calls.
+# the statement's generic plan and planned every call again (pg_prepared_statements showed no
+# generic plans). Now it keeps the generic plan after five calls, and a launch plans nothing.
 _LAUNCH = """
     WITH w AS (SELECT DISTINCT * FROM unnest((SELECT %(tasks)s::bigint[]),
                                              (SELECT %(numbers)s::integer[]))
@@ -208,13 +206,12 @@ _LAUNCH = """
 def spawn_supervisor(assignment: Assignment, *, may_fork: bool = True) -> None:
     """Start the supervisor fully detached: its own session, not our child once we return.
 
-    By default the node's spawner forks it (``spawner``: a small process, so a fork costs a few
-    milliseconds), or this process when no spawner listens (Django is loaded already: ~10 ms
-    more, instead of the second a fresh interpreter spends importing), unless ``may_fork`` is
-    False: a process with other threads (the node agent, whose relay hands attempts on) must
-    not fork, since the child would inherit locks those threads hold (logging's, a database
-    connection's) with nobody to release them; it starts a new interpreter then, as
-    ``SUPERVISOR_START=exec`` always does.
+    By default the node's spawner forks it (``spawner``: a small process, so a fork is cheap),
+    or this process when no spawner listens (Django is loaded already, which a fresh interpreter
+    would spend far longer importing), unless ``may_fork`` is False: a process with other
+    threads (the node agent, whose relay hands attempts on) must not fork, since the child
+    would inherit locks those threads hold (logging's, a database connection's) with nobody to
+    release them; it starts a new interpreter then, as ``SUPERVISOR_START=exec`` always does.
     """
     sink = supervisor_sink(assignment)
     if settings.SUPERVISOR_START == "fork":
@@ -272,7 +269,7 @@ def _fork_supervisor(assignment: Assignment, sink) -> None:
 def _warm_before_fork() -> None:
     """Load once, in the long-lived parent, what each supervisor would otherwise load for
     itself: libc for prctl, and the channel layer it reports live events through (importing
-    channels_postgres took ~20 ms of CPU in every supervisor)."""
+    channels_postgres would otherwise cost CPU in every supervisor)."""
     from channels.layers import get_channel_layer
 
     procs.warm()
@@ -424,7 +421,7 @@ def watch_supervisors(node_name: str) -> int:
 def watched_supervisors(node_name: str):
     """(attempt id, supervisor pid, its start time) of the node's running attempts: read through
     the attempts' (node, outcome) index, so every second it reads those alone, not the node's
-    whole history (3,198 attempts read for 73 running on a node with 3,125 finished ones)."""
+    whole history of finished ones."""
     return (
         TaskAttempt.objects.filter(
             node__name=node_name,

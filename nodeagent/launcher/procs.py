@@ -29,7 +29,7 @@ SUPERVISOR_NAME = "gpup-supervisor"
 @functools.cache
 def libc() -> ctypes.CDLL:
     # find_library runs ``ldconfig -p`` (a fork and exec) each time: once per process, and
-    # before a fork (``warm``), not in every supervisor (three of them cost ~15 ms each).
+    # before a fork (``warm``), not in every supervisor.
     return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 

@@ -1,8 +1,8 @@
 """Supervisors report through their node agent, which writes many reports in one statement.
 
 A supervisor used to open its own database session twice per task (to say its command started,
-then how it ended) and run a dozen ORM statements each time: at 2,000 short tasks that was about
-half the CPU the platform spent per task, and a PostgreSQL backend started per report. Now it
+then how it ended) and run a dozen ORM statements each time: with many short tasks that was much
+of the CPU the platform spent per task, and a PostgreSQL backend started per report. Now it
 sends each report over a local socket to the node agent's ``Relay`` thread, which gathers what
 arrives within a few milliseconds and writes it with ``reports.attempts_started`` and
 ``reports.attempts_finished``, then answers each supervisor. A running supervisor also asks it,
@@ -176,8 +176,8 @@ class Relay(threading.Thread):
 
 # A batch whose transaction PostgreSQL rolled back for a deadlock or a serialization failure is
 # written again, up to this many times, before its supervisors are told to write their reports
-# themselves: each of them then loads Django (hundreds of ms of CPU apiece; 78% of a spawner's
-# samples in a throughput bench that had one deadlock). Every write here is idempotent.
+# themselves: each of them then loads Django, which costs far more CPU than the retry. Every
+# write here is idempotent.
 CONFLICT_TRIES = 3
 
 
@@ -210,8 +210,7 @@ def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
     exits = [ExitReport.of(fields) for fields in of("finished")]
     fences = [fields["attempt_id"] for fields in of("fence")]
     # The starts that ends carry are written with the others, before any end, not by
-    # ``attempts_finished`` in a statement of their own: 1.29 transactions per task in the
-    # throughput bench against 1.43-1.50 (back to back).
+    # ``attempts_finished`` in a statement of their own: fewer transactions per task.
     starts += [report.started for report in exits if report.started is not None]
     exits = [replace(report, started=None) for report in exits]
     started = again_on_conflict(reports.attempts_started, starts) if starts else {}

@@ -1,10 +1,9 @@
 """The node's spawner: a small long-lived process that forks task supervisors.
 
-A supervisor forked from a launch worker is a copy of a process that has loaded all of Django
-(about 100 MB). Measured on 2 cores: a fork, a ``Popen`` from the child and the exits cost 9 ms
-of CPU from such a process against 5 ms from one that has only read the settings (25 MB), and
-the launch worker's double fork alone took about 10 ms of the time from submit to a running
-process. So the node agent runs this process beside its launch cluster
+A supervisor forked from a launch worker is a copy of a process that has loaded all of Django:
+a fork, a ``Popen`` from the child and the exits cost more CPU from such a process than from one
+that has only read the settings, and the launch worker's double fork delayed every task between
+submit and a running process. So the node agent runs this process beside its launch cluster
 (``python -m nodeagent.launcher.spawner NODE``). It reads the settings and imports the
 supervisor's modules, never Django's apps or models, and forks one supervisor per request. A
 supervisor forked here gets all it needs in its ``messages.Assignment``, reports and asks
@@ -23,11 +22,11 @@ here, so the kernel reaps them): killing or restarting the spawner leaves them r
 A supervisor whose attempt ended plainly (succeeded or failed, recorded through the agent) does
 not exit: it offers itself back here (``wait_for_work``) and the spawner hands it the next
 assignment instead of forking, up to ``SUPERVISOR_REUSE`` attempts. A fork of this process,
-its copy-on-write faults and the exit that frees them were about 6 ms of CPU per task on 2
-cores (perf: ``copy_page_range``, ``exit_mmap``), most of what a supervisor costs. The spawner
-alone decides when an idle supervisor is done (it closes its connection after ``IDLE_S``, or
-when the pool is full, or when it stops), so an assignment is never sent to one that is
-leaving; a supervisor believes only a spawner of its own user that signed the assignment.
+its copy-on-write faults and the exit that frees them (perf: ``copy_page_range``,
+``exit_mmap``) were most of what a supervisor cost. The spawner alone decides when an idle
+supervisor is done (it closes its connection after ``IDLE_S``, or when the pool is full, or
+when it stops), so an assignment is never sent to one that is leaving; a supervisor believes
+only a spawner of its own user that signed the assignment.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from scheduling.agentapi.messages import Assignment
 logger = logging.getLogger("scheduling.spawner")
 
 READ_TIMEOUT_S = 0.5  # a client that does not send its request at once is dropped
-POOL_MAX = 16  # idle supervisors kept per node (each is 10-20 MB of private memory)
+POOL_MAX = 16  # idle supervisors kept per node (each holds its own private memory)
 IDLE_S = 60.0  # an idle supervisor given no work for this long is let go
 
 
@@ -173,11 +172,11 @@ def warm() -> None:
     tracking.hierarchy()
     settings.SECRET_KEY  # noqa: B018 - read (from SECRET_KEY_FILE) before any fork
     # The settings are read: the secrets' names are needed no more, here or in a supervisor,
-    # which would drop them itself (0.1 ms and 26 page faults each, measured).
+    # which would drop them itself, each paying for it.
     environ.drop_secrets_from_environ()
     supervisor.exec_helper()  # looked up once, for every supervisor
     try:  # the name service's configuration, read by the first lookup in a process
-        pwd.getpwuid(os.geteuid())  # a supervisor's getpwnam: 0.16 ms after this 0.08 (measured)
+        pwd.getpwuid(os.geteuid())  # read once here, not by each supervisor's getpwnam
     except KeyError:
         pass  # a user without a name: supervisors will say so when it matters
     del identity, paths, relay

@@ -46,8 +46,7 @@ from scheduling.agentapi.messages import Assignment, ExitReport, FenceQuery, Sta
 
 # The launcher's modules are imported here, not in the functions that use them: a supervisor is
 # a fresh fork of the spawner, and each import statement run in it touched the import machinery
-# again (about 0.1 ms and 30 page faults for the few a task went through, measured). Only what
-# needs Django's apps (``reports``, the models) is imported where it is used.
+# again. Only what needs Django's apps (``reports``, the models) is imported where it is used.
 
 logger = logging.getLogger("scheduling.supervisor")
 
@@ -55,9 +54,8 @@ POLL_S = 0.1
 # A command that ends this soon after it started has its start reported with its end, in one
 # message and one batch of the agent's, instead of a round trip of its own that the end then
 # waits for. No longer than the agent's own gathering of a batch (``relay.GATHER_S``), so a
-# longer task is shown running as soon as before, give or take that. Throughput bench, back to
-# back on 2 CPUs: 1.64 transactions and 14.8 ms of CPU per task without it (0 turns it off),
-# 1.22-1.31 and 10.9-11.7 ms with it.
+# longer task is shown running as soon as before, give or take that. 0 turns it off, at the
+# cost of more transactions and CPU per task.
 START_GRACE_S = 0.005
 FENCE_EVERY_S = 5.0
 REPORT_TRIES = 120  # with an exit file: a report a second for two minutes, then reconciliation
@@ -267,7 +265,7 @@ class Supervisor:
             os.close(self.relay.write_fd)  # the task holds the only writing end now
         # Readable once the command has exited, so its end is seen at once, not at the next
         # poll: the output pipe closes a moment before the exit status can be collected, and a
-        # POLL_S sleep there held the GPUs of most short tasks for up to 100 ms more.
+        # POLL_S sleep there held the GPUs of most short tasks for up to POLL_S more.
         exited = procs.exit_fd(child.pid)
         try:
             start = StartReport(
@@ -549,10 +547,9 @@ def log_to_stderr() -> None:
 
 class SinkHandler(logging.FileHandler):
     """Logging to the attempt's supervisor file (``supervisor-<n>.log`` beside its log), made
-    on its first line: an attempt with nothing to say (a success) leaves no file. Files cost:
-    creating the four of an attempt was a quarter of a supervisor's time in the throughput
-    bench (py-spy; ext4 looks for a free inode on each), and a supervisor file was made for
-    every task to hold one line saying it succeeded. ``to`` moves it to the next attempt's."""
+    on its first line: an attempt with nothing to say (a success) leaves no file. Files cost
+    (ext4 looks for a free inode on each), and a supervisor file was made for every task to
+    hold one line saying it succeeded. ``to`` moves it to the next attempt's."""
 
     def __init__(self, sink) -> None:
         super().__init__(sink, mode="a", encoding="utf-8", delay=True)
@@ -577,8 +574,8 @@ def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
     exit with its status. Never returns. Standard input is /dev/null; standard output and error
     stay the parent's (the node agent's log), where only a crash of Python itself would write.
 
-    Logging is set up once per process (about 50 page faults and 0.1-0.2 ms of CPU, harness of
-    300 ``true`` tasks), and only moved to the next attempt's file after that.
+    Logging is set up once per process, not per attempt, and only moved to the next attempt's
+    file after that.
 
     ``pooled`` (forked by the spawner): once an attempt has ended plainly, wait for the next
     one from the spawner (``wire.wait_for_work``), up to ``SUPERVISOR_REUSE`` attempts."""

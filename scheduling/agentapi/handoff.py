@@ -1,9 +1,8 @@
 """A finished task's GPUs handed straight to the next task, in the transaction that frees them.
 
 Without this a GPU freed by a plain end waited for a scheduling pass to be queued, picked up,
-run and committed, and for the launch job it queued to be picked up on the node: in the
-throughput bench (2,000 tasks of ``true`` on 4 x 8 GPUs) the GPUs were busy 19.5 of 32 on
-average while a thousand tasks waited. Each pass now also lists its successors
+run and committed, and for the launch job it queued to be picked up on the node: with many
+short tasks, GPUs stood idle while tasks waited. Each pass now also lists its successors
 (``policy.Decision.successors``, stored as ``models.Successor``): the tasks it would start
 next as GPUs free up, in its own order, each with the GPUs it may take and with quotas counted
 as if all of them had started. The node agent that records plain ends (``reports``) then, in
@@ -52,10 +51,10 @@ from scheduling.agentapi.messages import Assignment, ExitReport
 from scheduling.policy import Placement, hand_on
 
 # A placement is skipped when its task was placed after the list was read: by a hand-off from
-# the list before, under way as the pass that listed the task again committed (throughput
-# bench: 47 times in 2,000 ends, and each time the GPU stood free for 0.1 to 3.6 s, for a
-# pass), by a pass, or cancelled. The GPUs still free are then read again with their
-# successors, which now sees it, and handed on: at most this many rounds in one transaction.
+# the list before, under way as the pass that listed the task again committed, by a pass, or
+# cancelled. The GPUs still free are then read again with their successors, which now sees it,
+# and handed on rather than left free until the next pass: at most this many rounds in one
+# transaction.
 HAND_OFF_ROUNDS = 3
 
 
@@ -213,10 +212,9 @@ _FREED = """
 # still pending, locked (those another agent or a pass holds are skipped): at most one per
 # freed GPU. Each with how many the list had and has left, and the freed GPUs (as _FREED).
 # Every row of another table is looked up by its key in a subquery of its own: as joins, with
-# the statistics of tables emptied and filled within a minute (the throughput bench's), the
-# planner looped over every pending task for each successor (52 ms, against well under one).
-# What is left of the list is counted once, not for each row gone through (those skipped as
-# locked too: 14 rows for 4 GPUs in the throughput bench, each counting 246).
+# the statistics of tables emptied and filled within a minute, the planner looped over every
+# pending task for each successor. What is left of the list is counted once, not for each row
+# gone through (those skipped as locked too).
 _CANDIDATES = f"""
     WITH freed AS ({_FREED}),
     newest AS (SELECT max(generation) AS generation FROM scheduling_successor)
@@ -270,8 +268,8 @@ def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
 # Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
 # GPUs are released (the trigger of migration 0010 adds their use to the fair-share counters).
 # When it released some and ``claim`` is set (it commits by itself), it also claims the pass
-# flag (``passes.claim_cte``): a third of the agents' statements were that claim, made right
-# after this one (throughput bench, PostgreSQL's statement log).
+# flag (``passes.claim_cte``), which would otherwise be a statement of its own right after
+# this one.
 _SUCCEEDED = f"""
     WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
                           AS r(task_id, number, note)),

@@ -5,10 +5,9 @@ its attempt as an :class:`Assignment` over the spawner's socket, and sends :clas
 and :class:`ExitReport` over the node agent's (``relay``). Nothing here imports Django.
 
 Each message's ``as_dict`` is ``dataclasses.asdict`` written out, for the two reports every
-supervisor sends and the assignment it is given: asdict's recursive deep copy took 13 us for
-both reports in a warm loop against 0.6 us (measured), and about 0.4 ms of cProfile's time in
-freshly forked supervisors, whose first touch of that code costs page faults. A test holds the
-two equal.
+supervisor sends and the assignment it is given: asdict's recursive deep copy costs far more,
+above all in freshly forked supervisors, whose first touch of that code costs page faults. A
+test holds the two equal.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ class Assignment:
 
     def as_dict(self) -> dict:
         # Written out as the reports' are (see above): one per task, in the node agent's thread
-        # that answers supervisors (3.6% of its samples in the throughput bench were asdict).
+        # that answers supervisors.
         return {
             "attempt_id": self.attempt_id,
             "task_id": self.task_id,

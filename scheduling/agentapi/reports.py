@@ -37,8 +37,8 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
 
     Never in a transaction that goes on to lock other tasks: it locks its tasks until the
     commit, and held before the ends of a node agent's hand-off (``handoff.plain_ends``) they
-    deadlocked with the commits of passes and other agents (five times in five throughput
-    benchmarks; none in a statement of its own)."""
+    deadlocked with the commits of passes and other agents (never in a statement of its
+    own)."""
     now = timezone.now()
     with server_bound_cursor() as cursor:
         cursor.execute(
@@ -60,8 +60,8 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
 
 
 # The node agent writes these for every task, so each is one statement, not the dozen round
-# trips of Django's ORM (locks, reads, updates, an insert, BEGIN and COMMIT: about half of the
-# relay thread's CPU was Django compiling them). The tasks are locked first, in id order, as
+# trips of Django's ORM (locks, reads, updates, an insert, BEGIN and COMMIT, which Django
+# would compile for every batch). The tasks are locked first, in id order, as
 # task_cancel and requeue_lost lock them, so nothing changes a task between the check and the
 # update; every condition that picks a row is evaluated again on the row as locked.
 # Each returns the moved tasks as (attempt id, task id, tenant id, name, reason, node id).

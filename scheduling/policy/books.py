@@ -22,10 +22,8 @@ PREEMPT = "preempt"  # the usual rules allow it
 RECLAIM = "reclaim"  # only as capacity borrowed beyond its class's guarantee
 NO_LIMITS = Limits()
 # How many successors a pass lists (``Pass.nominate``): enough for the GPUs to turn over several
-# times before the next pass, which is asked for once half are taken. With one per GPU, the
-# list ran out before that pass came (a pass with 1,000 waiting took 100-400 ms under load):
-# 383 of 1,968 freed GPUs waited for one, 59 GPU-seconds of 308 (throughput bench); with four,
-# 72 waited, 34 GPU-seconds of 406, most of them in bursts when the list ran out.
+# times before the next pass, which is asked for once half are taken. With fewer, the list ran
+# out under load before that pass came, and freed GPUs waited for it.
 SUCCESSORS_PER_GPU = 8
 SUCCESSORS_MAX = 256
 

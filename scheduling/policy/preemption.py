@@ -132,9 +132,8 @@ class Preempting:
         A task holds whole cards or a share of one, and cannot be evicted by halves: with
         exactly what was borrowed as the limit, a class 0.9 GPUs over its guarantee could give
         up only shared-card tasks, however long they have run, while newer whole-card ones are
-        spared (on the trace, one 11-day service was evicted five times that way before the
-        borrower rule; README). Rounded up, it keeps more than its guarantee less one GPU, and
-        the reclaim evicts what loses least."""
+        spared. Rounded up, it keeps more than its guarantee less one GPU, and the reclaim
+        evicts what loses least."""
         extra = self.borrowed(task_class)
         return float(math.ceil(extra - 1e-9)) if extra > 1e-9 else 0.0
 
