@@ -33,9 +33,15 @@ def as_a_web_process() -> Iterator[None]:
     """Python's garbage collector set as a web process sets it once it has started
     (``gpuplatform.gctune.settle``), for in-process timings of what a web process serves; set
     back afterwards, since the benchmarks share this process. With the interpreter's defaults,
-    an occasional render paid for a full collection, which a web process does not."""
+    an occasional render paid for a full collection, which a web process does not. With
+    ``GPUPLATFORM_STOCK=gc`` a web process keeps the interpreter's defaults, and so does this."""
+    from django.conf import settings
+
     from gpuplatform import gctune
 
+    if "gc" in settings.GPUPLATFORM_STOCK:
+        yield
+        return
     threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
     gctune.settle()
     try:

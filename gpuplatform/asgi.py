@@ -10,9 +10,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
 # Django must be set up before anything imports models (the websocket routes do).
 django.setup(set_prefix=False)
 
-# Django's ASGI handler, but each request's middleware and view run in one hop to a thread
-# (gpuplatform.asgi_handler: about half the CPU per API request).
-from gpuplatform.asgi_handler import ASGIHandler  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+if "asgi" in settings.GPUPLATFORM_STOCK:
+    from django.core.handlers.asgi import ASGIHandler
+else:
+    # Django's ASGI handler, but each request's middleware and view run in one hop to a thread.
+    from gpuplatform.asgi_handler import ASGIHandler
 
 django_asgi_app = ASGIHandler()
 
@@ -31,7 +35,8 @@ application = ProtocolTypeRouter(
 )
 
 # Start-up is over: what it loaded is never walked by the garbage collector again, and the
-# young generation is collected less often (gpuplatform.gctune: a large POST makes many objects).
-from gpuplatform import gctune  # noqa: E402
+# young generation is collected less often (gpuplatform.gctune).
+if "gc" not in settings.GPUPLATFORM_STOCK:
+    from gpuplatform import gctune
 
-gctune.settle()
+    gctune.settle()

@@ -47,6 +47,7 @@ from datetime import datetime, timedelta
 import psycopg
 from django.db import DatabaseError, connections
 from django.utils import timezone
+from django_q.brokers import Broker, get_broker
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from psycopg import sql
@@ -222,7 +223,9 @@ class QueueBatch:
     def __init__(self) -> None:
         self._jobs: list[tuple[str, str]] = []  # (queue, django-q2's signed package)
 
-    def broker(self, list_key: str) -> _Collector:
+    def broker(self, list_key: str) -> _Collector | Broker:
+        if not Conf.BROKER_CLASS:  # django-q2's own broker (GPUPLATFORM_STOCK=broker)
+            return get_broker(list_key)  # queues each job at once, in the same transaction
         return _Collector(self._jobs, list_key)
 
     def send(self) -> None:

@@ -93,6 +93,19 @@ TEMPLATES = [
     },
 ]
 
+# --- Stock parts -----------------------------------------------------------------------------
+# Four parts of the platform replace a framework's own: the ASGI handler (asgi), the pooled
+# connections' check (pool), the garbage collector's settings (gc) and django-q2's broker
+# (broker). GPUPLATFORM_STOCK names those to run stock instead; `make bench` (stock) measures
+# each both ways (docs/configuration.md).
+STOCK_PARTS = ("asgi", "pool", "gc", "broker")
+GPUPLATFORM_STOCK = frozenset(env.string_list("GPUPLATFORM_STOCK", []))
+if GPUPLATFORM_STOCK - set(STOCK_PARTS):
+    raise ImproperlyConfigured(
+        f"GPUPLATFORM_STOCK: expected a comma-separated list of {', '.join(STOCK_PARTS)}; "
+        f"got {', '.join(sorted(GPUPLATFORM_STOCK - set(STOCK_PARTS)))}"
+    )
+
 # --- Database --------------------------------------------------------------------------------
 # PostgreSQL only: correctness rests on its row locks and advisory locks.
 DATABASE_URL = env.string("DATABASE_URL")
@@ -144,8 +157,12 @@ DB_POOL_SIZE = env.integer("DB_POOL_SIZE", 8, minimum=0)
 # the database is unreachable).
 DB_POOL_TIMEOUT = env.integer("DB_POOL_TIMEOUT", 5, minimum=1)
 if WEB_PROCESS and DB_POOL_SIZE:
-    from gpuplatform.pgpool import PooledConnection
+    _pool_options = {}
+    if "pool" not in GPUPLATFORM_STOCK:
+        from gpuplatform.pgpool import PooledConnection
 
+        # Checked as lent without a round trip where the socket says enough.
+        _pool_options["connection_class"] = PooledConnection
     DATABASES["default"] = {
         **_default_db,
         "CONN_MAX_AGE": 0,  # Django refuses persistent connections with a pool
@@ -159,8 +176,7 @@ if WEB_PROCESS and DB_POOL_SIZE:
                 # request, so the pool's backoff never grows past a few seconds and the web
                 # process recovers by itself soon after the database comes back.
                 "reconnect_timeout": 10,
-                # Checked as lent without a round trip where the socket says enough.
-                "connection_class": PooledConnection,
+                **_pool_options,
             },
         },
     }
@@ -329,11 +345,13 @@ Q_CLUSTER = {
     # per function.
     "save_limit": env.integer("Q_SAVE_LIMIT", -1, minimum=-1),
     "save_limit_per": "func",
-    # Queues are woken by LISTEN/NOTIFY, not polled (gpuplatform/broker.py): a job starts when
-    # its commit is notified, and an idle cluster costs two small queries a second.
+    # Queues are woken by LISTEN/NOTIFY, not polled (gpuplatform/broker.py).
     "broker_class": "gpuplatform.broker.NotifyingOrm",
     "ALT_CLUSTERS": {},
 }
+if "broker" in GPUPLATFORM_STOCK:
+    # django-q2's own ORM broker, polling the same table every `poll` seconds (its default).
+    del Q_CLUSTER["broker_class"]
 if TESTING:
     # Tests run background work inline, except in processes a test starts to behave like
     # production (Q_SYNC=0: node agents and clusters exchanging work through the broker).

@@ -10,7 +10,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
 
 application = get_wsgi_application()
 
-# Start-up is over (gpuplatform.gctune).
-from gpuplatform import gctune  # noqa: E402
+from django.conf import settings  # noqa: E402
 
-gctune.settle()
+# Start-up is over (gpuplatform.gctune).
+if "gc" not in settings.GPUPLATFORM_STOCK:
+    from gpuplatform import gctune
+
+    gctune.settle()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -10,13 +14,20 @@ import pytest
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from django_q.brokers.orm import ORM
+from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from gpuplatform import broker as broker_module
 from gpuplatform.broker import NotifyingOrm, QueueBatch, channel_for
+from scheduling import passes
 from scheduling.passes import DelayedOrm
+from scheduling.spec import TaskSpec
+from scheduling.states import TaskState
+from scheduling.submission import task_submit
+from tests.live import PYTHON, ROOT, process_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -228,3 +239,70 @@ def current_synchronous_commit() -> str:
     with connections["default"].cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         return cursor.fetchone()[0]
+
+
+# --- django-q2's own broker (GPUPLATFORM_STOCK=broker) -----------------------------------------
+
+
+@pytest.fixture
+def stock_broker(monkeypatch):
+    """What GPUPLATFORM_STOCK=broker gives: no broker_class, so django-q2's ORM broker, polling
+    every 10 ms here."""
+    monkeypatch.setattr(Conf, "BROKER_CLASS", None)
+    monkeypatch.setattr(Conf, "POLL", 0.01)
+
+
+def test_with_the_stock_broker_a_batch_queues_each_job_at_once_in_the_callers_transaction(
+    stock_broker,
+):
+    batch = QueueBatch()
+    with transaction.atomic():
+        for key in ("node-a", "node-b"):
+            async_task("scheduling.launcher.tasks.launch_many", [[1, 1]], cluster=key,
+                       broker=batch.broker(key), sync=False)  # fmt: skip
+        assert sorted(OrmQ.objects.values_list("key", flat=True)) == ["node-a", "node-b"]
+        batch.send()  # nothing left to send
+    assert OrmQ.objects.count() == 2
+    ((_, payload),) = ORM(list_key="node-b").dequeue()
+    assert SignedPackage.loads(payload)["cluster"] == "node-b"
+
+
+def test_the_stock_broker_hands_a_delayed_row_out_only_once_due(stock_broker):
+    due = timezone.now() + timedelta(seconds=0.5)
+    DelayedOrm(list_key="gpuplatform", due=due).enqueue("wake-up")
+    broker = ORM(list_key="gpuplatform")
+    assert broker.dequeue() is None
+    deadline = time.monotonic() + BOUND_S
+    while not (got := broker.dequeue()) and time.monotonic() < deadline:
+        pass
+    assert [payload for _, payload in got] == ["wake-up"]
+    assert timezone.now() >= due
+
+
+@pytest.mark.slow
+def test_a_scheduler_cluster_on_the_stock_broker_places_a_submitted_task(
+    lab, workstation, stock_broker, monkeypatch
+):
+    # The pass request goes to the broker, as the web's do, not inline as in tests.
+    monkeypatch.setattr(passes, "async_task", functools.partial(async_task, sync=False))
+    environ = process_env(Q_SYNC="0", GPUPLATFORM_STOCK="broker")
+    environ.pop("Q_CLUSTER_NAME", None)
+    cluster = subprocess.Popen(  # noqa: S603 - fixed argv
+        [PYTHON, "manage.py", "qcluster"], cwd=ROOT, env=environ, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        with transaction.atomic():
+            task = task_submit(tenant=lab, spec=TaskSpec(name="stock", command="true"))
+        deadline = time.monotonic() + 60
+        while task.state == TaskState.PENDING and time.monotonic() < deadline:
+            time.sleep(0.1)
+            task.refresh_from_db()
+        assert task.state == TaskState.SCHEDULED, task.reason
+    finally:
+        cluster.send_signal(signal.SIGTERM)
+        try:
+            cluster.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait()

@@ -71,8 +71,10 @@ def _client(base: str, token: str, statuses: Counter, lock: threading.Lock) -> N
     conn.close()
 
 
+# With the platform's handler and pooled connections, and with Django's own (GPUPLATFORM_STOCK).
+@pytest.mark.parametrize("stock", ["", "asgi,pool"])
 @pytest.mark.django_db(transaction=True)
-def test_a_flood_of_16_clients_stays_within_the_pool(owner, tmp_path):
+def test_a_flood_of_16_clients_stays_within_the_pool(owner, tmp_path, stock):
     ours = connection.cursor().connection.info.backend_pid
     database = connection.settings_dict["NAME"]
     statuses: Counter[int] = Counter()
@@ -99,6 +101,7 @@ def test_a_flood_of_16_clients_stays_within_the_pool(owner, tmp_path):
         DB_POOL_SIZE=str(POOL_SIZE),
         API_THROTTLE_RATE="100000/s",
         API_THROTTLE_BURST="100000",
+        GPUPLATFORM_STOCK=stock,
     ) as base:
         watcher = threading.Thread(target=sample)
         watcher.start()

@@ -27,6 +27,16 @@ def test_a_web_entry_point_freezes_what_start_up_loaded(entry):
     assert frozen > 50_000  # Django and the apps, at least
 
 
+@pytest.mark.parametrize("entry", ["gpuplatform.asgi", "gpuplatform.wsgi"])
+def test_with_the_stock_collector_a_web_entry_point_keeps_pythons_defaults(entry):
+    found = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", f"import {entry}; {REPORT}"],
+        cwd=ROOT, env=process_env(GPUPLATFORM_STOCK="gc"), capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    assert tuple(map(int, found.stdout.split())) == (700, 0)
+
+
 def test_other_processes_keep_pythons_defaults():
     """Only what a process imports as its entry point settles it: the settings do not."""
     found = subprocess.run(  # noqa: S603 - fixed argv
