@@ -7,8 +7,10 @@ interpreter's defaults) and the broker (``broker``: django-q2's ORM broker, poll
 measured with the part and with the stock component, in alternating rounds (the order reversed
 every other round, so that a machine getting busier or quieter weighs on both alike); each
 figure is the median of its rounds, and the spread (slowest round against fastest, as a share
-of the median) says how much the rounds disagreed. A gain counts ("kept") only when every round
-with the part beat every round without it.
+of the median) says how much the rounds disagreed. Rounds are compared in pairs, the part and
+stock measured next to each other: the gain is the median of the pairs' gains, printed with
+their range, and counts ("kept") only when the part won so many of the pairs that noise alone
+would do so less than one time in twenty (a sign test: 5 of 5, 7 of 8).
 
 Web parts: one daphne process (``gpuplatform.asgi``, as `make run` starts each of its two) on a
 free loopback port against the bench database, ``Q_SYNC=0`` and ``LAUNCH_TASKS=0`` as in the
@@ -27,6 +29,7 @@ PostgreSQL transactions a second while the two clusters sit idle.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import shutil
@@ -62,16 +65,15 @@ from tenants.models import Membership, Role, Tenant
 
 NEEDS_DATABASE = True
 
-ROUNDS = 5  # of each configuration, alternating
+ROUNDS = 8  # of each configuration, alternating
 CLIENTS = 8
 WARMUP = 120
 POSTS = 4_000  # at most; POST_LIMIT_S stops the phase first at today's speed
 POST_LIMIT_S = 3.0
 BATCH_TASKS = 1_000
 BATCHES = 6
-BROKER_ROUNDS = 3
-MIN_ROUNDS = 3  # fewer cannot tell a gain from noise
-BROKER_TASKS = 8  # per round, after BROKER_WARMUP
+BROKER_ROUNDS = 5
+BROKER_TASKS = 6  # per round, after BROKER_WARMUP
 BROKER_WARMUP = 2
 IDLE_S = 4.0
 NODE = "bench-stock-1"
@@ -103,30 +105,44 @@ def alternating(configs: list[str], rounds: int) -> list[tuple[int, str]]:
     return order
 
 
+def wins_needed(pairs: int) -> int | None:
+    """The fewest of ``pairs`` paired rounds one side must win for noise alone (each side
+    winning a pair at even odds) to do that less than one time in twenty; None: never."""
+    for wins in range(pairs + 1):
+        if sum(math.comb(pairs, k) for k in range(wins, pairs + 1)) / 2**pairs < 0.05:
+            return wins
+    return None
+
+
 def compare(ours: list[float], stock: list[float]) -> dict:
-    """Lower is better for every figure here. ``verdict``: "kept" when every round with the
-    part beat every round without it, "stock is better" the other way round, otherwise
-    "within noise"."""
+    """Lower is better for every figure here; ``ours[n]`` and ``stock[n]`` are round n's.
+    ``verdict``: "kept" when the part won enough pairs (``wins_needed``), "stock is better"
+    when stock did, otherwise "within noise"."""
     with_part, without = median(ours), median(stock)
     spread = max(
         (max(values) - min(values)) / median(values) if median(values) else 0.0
         for values in (ours, stock)
     )
-    if min(len(ours), len(stock)) < MIN_ROUNDS:
+    gains = [100 * (s - o) / s for o, s in zip(ours, stock, strict=True) if s]
+    needed = wins_needed(len(gains))
+    won, lost = sum(gain > 0 for gain in gains), sum(gain < 0 for gain in gains)
+    if needed is None:
         verdict = "too few rounds to judge"
-    elif max(ours) < min(stock):
-        verdict = "kept: gain beyond noise"
-    elif max(stock) < min(ours):
-        verdict = "stock is better"
+    elif won >= needed:
+        verdict = f"kept: won {won} of {len(gains)} rounds"
+    elif lost >= needed:
+        verdict = f"stock is better: won {lost} of {len(gains)}"
     else:
-        verdict = "within noise: use stock"
+        verdict = f"within noise ({won} of {len(gains)}): use stock"
     return {
         "with": with_part,
         "stock": without,
-        "gain_pct": 100 * (without - with_part) / without if without else 0.0,
+        "gain_pct": median(gains) if gains else 0.0,
+        "gains_pct": gains,
         "spread_pct": 100 * spread,
         "rounds_with": ours,
         "rounds_stock": stock,
+        "rounds_won": won,
         "verdict": verdict,
     }
 
@@ -341,18 +357,22 @@ def main() -> dict:
         result = figure(runs, part, key)
         result.update(figure=what, replaces=REPLACES[part])
         results[part] = result
+        gains = result["gains_pct"]
         rows.append([part, what, fmt(result["with"]), fmt(result["stock"]),
-                     f"{result['gain_pct']:+.0f}%", f"{result['spread_pct']:.0f}%",
-                     result["verdict"]])  # fmt: skip
-    print(table(["part", "figure (lower is better)", "with", "stock", "gain", "spread",
-                 "verdict"], rows, left=2))  # fmt: skip
+                     f"{result['gain_pct']:+.0f}%", f"{min(gains):+.0f}% .. {max(gains):+.0f}%",
+                     f"{result['spread_pct']:.0f}%", result["verdict"]])  # fmt: skip
+    print(table(["part", "figure (lower is better)", "with", "stock", "gain", "gain by round",
+                 "spread", "verdict"], rows, left=2))  # fmt: skip
     idle = figure(broker, "broker", "idle_per_s")
     rates = {config: median([run["post_per_s"] for run in web[config]]) for config in web}
     print(f"also: idle clusters {idle['with']:.1f} transactions/s with the broker, "
           f"{idle['stock']:.1f} stock (spread {idle['spread_pct']:.0f}%); single-task POSTs a "
           f"second: {rates['']:,.0f} all ours, "
           + ", ".join(f"{rates[part]:,.0f} {part} stock" for part in WEB_PARTS))  # fmt: skip
-    print("spread: the slowest round against the fastest, as a share of the median (the larger "
-          "of the two configurations'); gain: stock's median against ours")  # fmt: skip
+    print("with, stock: medians of the rounds; gain: the median of each round's gain (stock "
+          "against ours, measured next to each other); spread: the slowest round against the "
+          "fastest, as a share of the median (the larger of the two configurations'); kept: "
+          "the part won so many rounds that noise alone would do so less than 1 time in "
+          "20")  # fmt: skip
     return {"load_average": load, "parts": results, "idle_broker": idle, "web_runs": web,
             "broker_runs": broker}  # fmt: skip
