@@ -1,8 +1,7 @@
 """The platform's own parts against the stock components they replace, on and off in one run.
 
-Four parts replace a framework's own (``GPUPLATFORM_STOCK``, docs/configuration.md): the ASGI
-handler (``asgi``: Django's ``ASGIHandler``), the pooled connections' check (``pool``: psycopg's
-own ``Connection`` in Django's pool), the garbage collector's settings (``gc``: the
+Three parts replace a framework's own (``GPUPLATFORM_STOCK``, docs/configuration.md): the ASGI
+handler (``asgi``: Django's ``ASGIHandler``), the garbage collector's settings (``gc``: the
 interpreter's defaults) and the broker (``broker``: django-q2's ORM broker, polling). Each is
 measured with the part and with the stock component, in alternating rounds (the order reversed
 every other round, so that a machine getting busier or quieter weighs on both alike); each
@@ -16,9 +15,8 @@ Web parts: one daphne process (``gpuplatform.asgi``, as `make run` starts each o
 free loopback port against the bench database, ``Q_SYNC=0`` and ``LAUNCH_TASKS=0`` as in the
 api bench, started afresh for each configuration in each round: warm-up, then CLIENTS client
 processes POST one-task specs for POST_LIMIT_S, then one client POSTs BATCHES lists of
-BATCH_TASKS specs. Figures: the web process's CPU per single-task POST (asgi), the web
-process's and PostgreSQL's CPU per single-task POST (pool: its check saves a round trip on
-both sides), the web process's CPU per 1,000-task POST (gc).
+BATCH_TASKS specs. Figures: the web process's CPU per single-task POST (asgi), and per
+1,000-task POST (gc).
 
 The broker: a scheduler (``manage.py qcluster``) and one node agent with its own cluster, as the
 latency bench starts them, started afresh for each configuration in each round; BROKER_TASKS
@@ -58,7 +56,7 @@ from bench.common import (
     wait_for,
     web_server,
 )
-from scheduling.inventory import simulated_uuid
+from nodeagent.inventory import simulated_uuid
 from scheduling.models import GPU, Node, Pool, Task
 from tenants import services as tenant_services
 from tenants.models import Membership, Role, Tenant
@@ -84,10 +82,9 @@ nodes:
     simulate: {{model: NVIDIA GeForce RTX 4090, memory: 24Gi, count: 4}}
 """
 # (part, what it replaces): the web parts share one server per configuration and round.
-WEB_PARTS = ("asgi", "pool", "gc")
+WEB_PARTS = ("asgi", "gc")
 REPLACES = {
     "asgi": "Django's ASGIHandler",
-    "pool": "psycopg's Connection in Django's pool",
     "gc": "the interpreter's GC defaults",
     "broker": "django-q2's ORM broker (polls every Conf.POLL s)",
 }
@@ -327,7 +324,6 @@ def figure(runs: dict[str, list[dict]], part: str, key: str) -> dict:
 FIGURES: tuple[tuple[str, str, str, Callable[[float], str]], ...] = (
     # (part, key, what, format)
     ("asgi", "post_web_ms", "web CPU per 1-task POST", lambda v: f"{v:.2f} ms"),
-    ("pool", "post_web_db_ms", "web + PostgreSQL CPU per 1-task POST", lambda v: f"{v:.2f} ms"),
     ("gc", "batch_web_ms", f"web CPU per {BATCH_TASKS:,}-task POST", lambda v: f"{v:,.1f} ms"),
     ("broker", "latency_s", "submit -> running, idle cluster", lambda v: f"{v * 1000:.1f} ms"),
 )

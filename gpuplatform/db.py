@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -11,8 +12,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import close_old_connections as django_close_old_connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
-
-from gpuplatform.pgpool import quiet
+from psycopg.pq import ConnStatus, TransactionStatus
 
 
 @contextmanager
@@ -115,7 +115,7 @@ def check_kept_connections(**_signal) -> None:
 
     After ``close_old_connections`` Django checks a kept connection with a ``SELECT 1`` on its
     first use: a round trip more for much of the per-task work (a launch job's, a pass's, an
-    agent's round). A connection whose session is quiet (``pgpool.quiet``: its
+    agent's round). A connection whose session is quiet (``quiet``: its
     socket has nothing to read) is marked checked, and any other (something came: a
     notification or the end) is left to Django's own check, which replaces it if it is gone.
     Connected to django-q2's ``pre_execute``, which its workers send after closing old
@@ -126,3 +126,18 @@ def check_kept_connections(**_signal) -> None:
             continue
         if quiet(raw.pgconn):
             wrapper.health_check_done = True
+
+
+def quiet(pgconn) -> bool:
+    """An idle session in good order whose socket has nothing to read (one ``poll``, no wait).
+
+    An idle session is sent nothing unasked but a notification, or its end: a server that ends
+    it (a restart, a terminated backend) sends why, then closes the socket. So a quiet socket
+    is a live session; anything else (something came) needs a look by the server, which
+    replaces a session that is gone. A server that goes away after this and before the first
+    statement fails that statement, as it could after a round trip's check."""
+    if pgconn.status != ConnStatus.OK or pgconn.transaction_status != TransactionStatus.IDLE:
+        return False
+    waiting = select.poll()
+    waiting.register(pgconn.socket, select.POLLIN)
+    return not waiting.poll(0)

@@ -94,11 +94,10 @@ TEMPLATES = [
 ]
 
 # --- Stock parts -----------------------------------------------------------------------------
-# Four parts of the platform replace a framework's own: the ASGI handler (asgi), the pooled
-# connections' check (pool), the garbage collector's settings (gc) and django-q2's broker
-# (broker). GPUPLATFORM_STOCK names those to run stock instead; `make bench` (stock) measures
-# each both ways (docs/configuration.md).
-STOCK_PARTS = ("asgi", "pool", "gc", "broker")
+# Three parts of the platform replace a framework's own: the ASGI handler (asgi), the garbage
+# collector's settings (gc) and django-q2's broker (broker). GPUPLATFORM_STOCK names those to
+# run stock instead; `make bench` (stock) measures each both ways (docs/configuration.md).
+STOCK_PARTS = ("asgi", "gc", "broker")
 GPUPLATFORM_STOCK = frozenset(env.string_list("GPUPLATFORM_STOCK", []))
 if GPUPLATFORM_STOCK - set(STOCK_PARTS):
     raise ImproperlyConfigured(
@@ -157,12 +156,6 @@ DB_POOL_SIZE = env.integer("DB_POOL_SIZE", 8, minimum=0)
 # the database is unreachable).
 DB_POOL_TIMEOUT = env.integer("DB_POOL_TIMEOUT", 5, minimum=1)
 if WEB_PROCESS and DB_POOL_SIZE:
-    _pool_options = {}
-    if "pool" not in GPUPLATFORM_STOCK:
-        from gpuplatform.pgpool import PooledConnection
-
-        # Checked as lent without a round trip where the socket says enough.
-        _pool_options["connection_class"] = PooledConnection
     DATABASES["default"] = {
         **_default_db,
         "CONN_MAX_AGE": 0,  # Django refuses persistent connections with a pool
@@ -176,7 +169,6 @@ if WEB_PROCESS and DB_POOL_SIZE:
                 # request, so the pool's backoff never grows past a few seconds and the web
                 # process recovers by itself soon after the database comes back.
                 "reconnect_timeout": 10,
-                **_pool_options,
             },
         },
     }

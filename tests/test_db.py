@@ -11,7 +11,6 @@ import pytest
 from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django_q.signals import pre_execute
-from psycopg_pool import ConnectionPool
 
 from gpuplatform.db import (
     Query,
@@ -20,8 +19,6 @@ from gpuplatform.db import (
     no_flush_wait,
     server_bound_cursor,
 )
-from gpuplatform.dburl import current_database_url
-from gpuplatform.pgpool import PooledConnection
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
@@ -137,33 +134,6 @@ def test_a_connection_the_server_ended_is_replaced_before_its_next_use():
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != ended
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_web_pool_checks_a_connection_it_lends_without_a_round_trip_unless_it_ended():
-    """As the web processes' pool is made (settings: Django passes the pool's own check with
-    CONN_HEALTH_CHECKS): a live connection is lent with nothing sent; one the server ended is
-    checked by the server, dropped, and another lent."""
-    pool = ConnectionPool(
-        current_database_url(),
-        kwargs={"autocommit": True},
-        connection_class=PooledConnection,
-        check=ConnectionPool.check_connection,
-        min_size=1,
-        max_size=1,
-        open=True,
-    )
-    try:
-        with pool.connection() as conn:
-            first = conn.info.backend_pid
-        assert protocol_messages(lambda: ConnectionPool.check_connection(conn), conn) == []
-        with pool.connection() as conn:
-            assert conn.info.backend_pid == first, "the same connection, lent again"
-        assert terminated(first, conn)  # the server's goodbye
-        with pool.connection() as conn:
-            assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first
-    finally:
-        pool.close()
 
 
 @pytest.mark.django_db(transaction=True)
