@@ -1,22 +1,14 @@
 """Django's ASGI handler, with each HTTP request's Django work done in one hop to a thread.
 
 Django's own ``ASGIHandler`` runs the middleware chain in async mode. Our middleware and views
-are all synchronous, so every sync-only middleware, every ``process_request``,
-``process_view`` and ``process_response`` of the rest, the view itself, and the
-``request_started`` and ``request_finished`` signals each cost a round trip between the event
-loop and a thread (about 17 per API request), and each request got a thread of its own
-(``ThreadSensitiveContext``). a2wsgi's WSGI-to-ASGI adapter also runs Django once in a thread
-but hands every body read and every response message back to the event loop separately;
-asgiref's WsgiToAsgi never closes the response, so ``request_finished`` would never give the
-database connection back.
-
+are synchronous, so there each sync middleware hook, the view and the request signals cost a
+round trip between the event loop and a thread, and each request gets a thread of its own.
 Here the event loop reads the body and sends the answer, as Django's handler does, and one call
-in a thread pool does everything in between exactly as a WSGI server would: the
-``request_started`` signal, the request, the synchronous middleware chain and view, and (for
-an answer already in memory) ``response.close()``, which sends ``request_finished`` and so gives
-the database connection back to the pool in the thread that borrowed it. The pool has
-DB_POOL_SIZE threads, one per connection the process may hold: requests beyond that wait for
-a thread, holding no connection, rather than each in a thread of its own waiting for one.
+in a pool of DB_POOL_SIZE threads does everything in between as a WSGI server would, ending
+with ``response.close()`` (``request_finished``), so the database connection goes back to the
+pool in the thread that borrowed it. Requests beyond the pool wait for a thread holding no
+connection. (asgiref's ``WsgiToAsgi`` never closes the response, so it would never give the
+connection back.) ``GPUPLATFORM_STOCK=asgi`` serves with Django's handler instead.
 """
 
 from __future__ import annotations

@@ -1,40 +1,32 @@
 """django-q2's ORM broker, woken by PostgreSQL's LISTEN/NOTIFY instead of polling.
 
-django-q2's ORM broker looks at its queue table, and when it finds nothing sleeps ``poll``
-seconds and looks again. A launch crosses two queues (the scheduler's, then its node's), so
-each poll interval is paid twice in the latency from submit to a running process, and every
-idle cluster queries PostgreSQL 1/poll times a second.
+django-q2's ORM broker looks at its queue table and, finding nothing, sleeps ``poll`` seconds
+before it looks again. A launch crosses two queues (the scheduler's, then its node's), so it
+waits for a poll twice on its way from submit to a running process, and every idle cluster
+keeps querying PostgreSQL.
 
-This broker (``Q_CLUSTER["broker_class"]``, the extension point django-q2 provides for it)
-keeps the same table and the same claim (a conditional UPDATE of ``lock``), so delivery,
-re-delivery after ``retry`` and acknowledgement are django-q2's own. It adds two things:
+This broker (``Q_CLUSTER["broker_class"]``, django-q2's extension point for it) keeps the same
+table and the same claim (a conditional UPDATE of ``lock``), so delivery, re-delivery after
+``retry`` and acknowledgement are django-q2's own. It adds:
 
 - ``enqueue`` sends ``NOTIFY`` on the queue's channel in the enqueueing transaction, so the
   notification goes out when the row becomes visible (at commit), never before.
 - ``dequeue``, finding nothing ready, waits on a ``LISTEN`` connection until a notification
-  comes, or until the earliest row of its queue falls due (a delayed wake-up pass, a task
-  handed out again after ``retry``), or ``IDLE_S`` at most (so the pusher sees a stop request
-  and a notification lost with a dropped connection costs at most that). After a claim that
-  left no row ready it waits the same way before it claims again: a job costs one claim, not
-  a second that finds the queue empty.
+  comes, or the earliest row of its queue falls due (a delayed pass, a job handed out again
+  after ``retry``), or ``IDLE_S`` at most (so the pusher sees a stop request, and a
+  notification lost with a dropped connection costs no more than that). After a claim that
+  left no row ready it waits the same way before it claims again.
+- Each operation is one statement on the process's own connection, bound on the server (so
+  prepared after a few runs): an enqueue inserts and notifies, a dequeue claims the ready rows
+  oldest first with one ``UPDATE ... FOR UPDATE SKIP LOCKED`` that also says when the next row
+  falls due, an acknowledgement is one ``DELETE``. Claims and acknowledgements do not wait for
+  the WAL to reach the disk (``gpuplatform.db.no_flush_wait``: one lost in a crash of
+  PostgreSQL hands a job out again, which django-q2's at-least-once delivery allows). There is
+  no ``close_old_connections()`` (and so no health check) before each statement, as
+  django-q2's broker has: a statement outside a transaction that fails on a dropped session is
+  tried once more on a new one.
 
-An idle cluster so costs two small queries every ``IDLE_S``, and a queued task starts as soon
-as its commit is notified.
-
-Each operation is one statement on the process's own connection, bound on the server (so
-prepared after a few runs): an enqueue inserts the row and notifies in one statement, a dequeue
-claims the ready rows with one ``UPDATE ... FOR UPDATE SKIP LOCKED`` (oldest first, where
-django-q2 reads them in no order and claims each with a statement of its own) which also says
-when the earliest of the others falls due; an acknowledgement is one ``DELETE``. Claims and
-acknowledgements commit without waiting for the WAL to reach the disk
-(``gpuplatform.db.no_flush_wait``: losing one in a crash of PostgreSQL hands a job out again,
-which django-q2's at-least-once delivery allows).
-django-q2's ORM broker calls ``close_old_connections()`` before every query it makes, which
-with ``CONN_HEALTH_CHECKS`` adds a ``SELECT 1`` to each: a launch paid eight round trips to the
-broker on its way from the scheduler to the node (an enqueue, a claim of two statements and an
-acknowledgement, each with its health check), now three, and the pusher's look that finds the
-queue empty one where it was two. A statement outside a transaction that fails on a dropped
-session is tried once more on a new one (what the health check was for).
+``GPUPLATFORM_STOCK=broker`` runs django-q2's own ORM broker instead.
 """
 
 from __future__ import annotations
@@ -169,9 +161,8 @@ class NotifyingOrm(ORM):
         connection = connections[Conf.ORM]
         for attempt in (1, 2):
             try:
-                # Bound on the server, so prepared after a few runs (settings._PREPARED): in a
-                # node's cluster each job costs a claim and an acknowledgement, and quoting
-                # their parameters in Python every time is waste.
+                # Bound on the server, so prepared after a few runs (settings._PREPARED): each
+                # job costs a claim and an acknowledgement.
                 with server_bound_cursor(using=Conf.ORM) as cursor:
                     cursor.execute(statement, params)
                     return cursor.fetchall() if cursor.description else []
@@ -217,8 +208,8 @@ class QueueBatch:
     """Jobs for any number of queues, queued in one statement (each queue notified in it): pass
     ``broker(queue)`` to ``async_task`` as the broker of each job, then call ``send()``, in the
     transaction the jobs belong to. A pass queues one launch job on each node it placed tasks
-    on: one statement for all of them, where each was a round trip of its own (3 more per pass
-    on 4 nodes, each waiting for the server and the scheduler to be scheduled in turn)."""
+    on: one round trip for all of them, not one each. With django-q2's own broker
+    (``GPUPLATFORM_STOCK=broker``) each job is queued at once, by that broker."""
 
     def __init__(self) -> None:
         self._jobs: list[tuple[str, str]] = []  # (queue, django-q2's signed package)
