@@ -280,7 +280,7 @@ def _json_default(value: object) -> str:
 
 def _own_columns(specs: Sequence[TaskSpec], pools: dict[str, int]) -> list[dict[str, object]]:
     """Each task's columns (``_spec_columns``). When every spec is the first one under
-    another name (copies, as spec._task_like makes for a list of alike tasks), they share one
+    another name (copies, as spec.parse._task_like makes for a list of alike tasks), they share one
     stored spec object: the batch then sends it once, and the INSERT writes each task's own
     name into it (``_insert_sql``'s ``renamed``), instead of a copy per task for PostgreSQL to
     parse. All or none: a shared spec bears the first task's name, which only the INSERT's

@@ -15,6 +15,7 @@ from scheduling.spec import (
     MAX_SWEEP_TASKS,
     SpecError,
     TaskSpec,
+    parse_priority,
     parse_spec,
     parse_specs,
     parse_yaml,
@@ -628,3 +629,14 @@ def test_it_answers_any_json_like_data_with_specs_or_a_spec_error(data: object):
         assert str(exc)
     else:
         assert all(isinstance(task, TaskSpec) for task in tasks)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("high", 90), (0, 0), (100, 100)])
+def test_parse_priority_takes_a_priority_as_a_spec_does(value: object, expected: int):
+    assert parse_priority(value) == expected
+
+
+@pytest.mark.parametrize("value", ["urgent", "50", 50.0, True, 101, None])
+def test_parse_priority_refuses_what_a_spec_refuses_in_the_specs_words(value: object):
+    with pytest.raises(ValueError, match="must be low, normal, high or a whole number 0-100"):
+        parse_priority(value)
