@@ -1,6 +1,7 @@
 """The portal's forms. A task form builds the same spec a YAML file or ``POST /api/v1/tasks/``
 would carry and hands it to the same parser and submit service; a refusal is shown beside the
-field it names, in the service's words."""
+field it names, in the service's words. Its length limits are the spec schema's
+(scheduling.spec.reference); the other fields are checked by the parser alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 from gpuplatform import throttle
 from scheduling.forms import SpecRefusals
 from scheduling.spec import PRIORITIES, SpecError, parse_specs, parse_yaml
+from scheduling.spec.reference import help_rows, max_length
 from tenants.models import Role
 
 # Where a spec path's problem is shown on the task form.
@@ -38,36 +40,36 @@ class TaskForm(SpecRefusals, forms.Form):
 
     spec_fields = SPEC_FIELDS
 
-    name = forms.CharField(label=_("Name"), max_length=200)
+    name = forms.CharField(label=_("Name"), max_length=max_length("name"))
     command = forms.CharField(
         label=_("Command"),
+        max_length=max_length("command"),
         widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
         help_text=_("Run by /bin/sh -c in the working directory."),
     )
     gpus = forms.CharField(
         label=_("GPUs"),
         initial="1",
-        max_length=9,
         help_text=_("A number, or a range such as 1-4 (takes what is free, up to 4)."),
     )
     gpu_memory = forms.CharField(
         label=_("GPU memory"),
         required=False,
-        max_length=20,
         help_text=_("Per GPU, such as 20Gi: lets tasks share a card. Empty: whole GPUs."),
     )
-    gpu_type = forms.CharField(label=_("GPU type"), required=False, max_length=64)
-    pool = forms.CharField(label=_("Pool"), required=False, max_length=63)
+    gpu_type = forms.CharField(
+        label=_("GPU type"), required=False, max_length=max_length("resources.gpu_type")
+    )
+    pool = forms.CharField(label=_("Pool"), required=False, max_length=max_length("resources.pool"))
     queue = forms.CharField(
         label=_("Queue"),
         required=False,
-        max_length=100,
+        max_length=max_length("queue"),
         help_text=_("Tasks in one queue run one at a time, in order."),
     )
     priority = forms.CharField(
         label=_("Priority"),
         initial="normal",
-        max_length=10,
         help_text=_("low, normal, high, or a whole number 0-100."),
     )
     task_class = forms.ChoiceField(
@@ -75,10 +77,8 @@ class TaskForm(SpecRefusals, forms.Form):
         choices=[("batch", _("batch (may be preempted)")), ("online", _("online (service)"))],
         initial="batch",
     )
-    timeout = forms.CharField(
-        label=_("Timeout"), required=False, max_length=20, help_text=_("Such as 30m or 6h.")
-    )
-    retries = forms.CharField(label=_("Retries"), required=False, max_length=3, initial="0")
+    timeout = forms.CharField(label=_("Timeout"), required=False, help_text=_("Such as 30m or 6h."))
+    retries = forms.CharField(label=_("Retries"), required=False, initial="0")
     env = forms.CharField(
         label=_("Environment"),
         required=False,
@@ -88,13 +88,12 @@ class TaskForm(SpecRefusals, forms.Form):
     workdir = forms.CharField(
         label=_("Working directory"),
         required=False,
-        max_length=1024,
+        max_length=max_length("workdir"),
         help_text=_("Relative to your tenant's directory."),
     )
     after = forms.CharField(
         label=_("After"),
         required=False,
-        max_length=500,
         help_text=_("Start only after these tasks succeeded: ids or names, comma-separated."),
     )
 
@@ -194,6 +193,11 @@ class YamlForm(SpecRefusals, forms.Form):
         widget=forms.Textarea(attrs={"rows": 18, "cols": 80, "spellcheck": "false"}),
         help_text=_("As gpuctl submit -f takes it: a task, a list, a sweep, or several documents."),
     )
+
+    def spec_help(self):
+        """The keys of a task and of a sweep, what each takes and its limits, from the schema:
+        the editor's help."""
+        return help_rows()
 
     def clean(self):
         data = super().clean()

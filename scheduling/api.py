@@ -7,7 +7,9 @@ import contextlib
 from django.db import transaction
 from django.db.models import Manager, QuerySet
 from django.shortcuts import get_object_or_404
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -36,6 +38,7 @@ from scheduling.models import (
 )
 from scheduling.policy.model import free_memory_mb
 from scheduling.spec import parse_specs, parse_yaml
+from scheduling.spec.reference import SubmissionInput, openapi_schema
 from scheduling.states import TaskState
 from scheduling.submission import tasks_submit
 from tenants.roles import Action
@@ -52,6 +55,26 @@ class YamlParser(BaseParser):
 
 class TextYamlParser(YamlParser):
     media_type = "text/yaml"
+
+
+class SubmissionSchema(OpenApiSerializerExtension):
+    """A submission's request body as the spec's schema declares it (scheduling.spec.schema):
+    its models become components (TaskInput, SweepInput, ...)."""
+
+    target_class = SubmissionInput
+    priority = 1  # ahead of drf-spectacular's own pydantic extension (it documents answers)
+
+    def get_name(self, auto_schema, direction):
+        return "Submission"
+
+    def map_serializer(self, auto_schema, direction):
+        schema, models = openapi_schema("#/components/schemas/{model}")
+        for name, model in models.items():
+            component = ResolvedComponent(
+                name=name, type=ResolvedComponent.SCHEMA, object=name, schema=model
+            )
+            auto_schema.registry.register_on_missing(component)
+        return schema
 
 
 # --- Serializers -------------------------------------------------------------------------------
@@ -416,7 +439,7 @@ class TaskList(generics.ListAPIView):
         return tenant_tasks(self.request)
 
     @extend_schema(
-        request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},
+        request={"application/json": SubmissionInput, "application/yaml": OpenApiTypes.STR},
         responses={201: TaskSubmitted(many=True)},  # a plain array (see PagedGetSchema)
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
     )

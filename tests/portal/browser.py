@@ -44,7 +44,7 @@ VISIBLE_TEXT = """() => {
   while (walker.nextNode()) {
     const node = walker.currentNode;
     const parent = node.parentElement;
-    if (!parent || ["SCRIPT", "STYLE"].includes(parent.tagName)) continue;
+    if (!parent || ["SCRIPT", "STYLE", "CODE"].includes(parent.tagName)) continue;  // code: literal
     const text = node.textContent.trim();
     if (text) out.push(text);
   }
@@ -58,7 +58,8 @@ VISIBLE_TEXT = """() => {
 
 
 def untranslated(page) -> list[str]:
-    """The catalogue's English strings that this (Chinese) page shows as they are."""
+    """The catalogue's English strings that this (Chinese) page shows as they are, outside
+    ``<code>`` (literal values: ``batch`` as a spec's default is YAML, not English)."""
     english = catalogue()
     found = []
     for text in page.evaluate(VISIBLE_TEXT):

@@ -202,6 +202,19 @@ def test_yaml_sweeps_are_counted_before_submitting_and_then_submitted(teammate, 
     assert Task.objects.count() == 3
 
 
+def test_the_yaml_editor_lists_every_key_of_a_spec_with_its_limits(teammate):
+    from scheduling.spec import MAX_COMMAND_LENGTH, MAX_GPUS
+
+    page = browser(teammate).get("/portal/submit/?mode=yaml").content.decode()
+    help_table = page.split('id="spec-help"')[1]
+    assert "<code>resources.gpus</code>" in help_table and f"0 to {MAX_GPUS}" in help_table
+    assert f"at most {MAX_COMMAND_LENGTH} characters" in help_table
+    assert "<code>parameters</code>" in help_table  # a sweep's own keys
+    chinese = browser(teammate, language="zh-hans").get("/portal/submit/?mode=yaml")
+    assert f"最多 {MAX_COMMAND_LENGTH} 个字符" in chinese.content.decode()
+    assert 'id="spec-help"' not in browser(teammate).get("/portal/submit/").content.decode()
+
+
 def test_clone_and_edit_fills_the_form_from_a_past_task(teammate, workstation):
     browser(teammate).post("/portal/submit/", _form(name="orig", queue="sft", timeout="2h"))
     task = Task.objects.get()
