@@ -19,20 +19,13 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from gpuplatform.errors import FieldErrors
+
 PROBLEMS = "spec_problems"  # the pydantic error type of a rule that found several problems
 
 
-class SpecError(Exception):
+class SpecError(FieldErrors):
     """A spec with problems: ``errors`` maps each field path to the reasons, in the order found."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
-
-    def __str__(self) -> str:
-        return "\n".join(
-            f"{path}: {reason}" for path, items in self.errors.items() for reason in items
-        )
 
 
 class Problems:
