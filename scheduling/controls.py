@@ -22,12 +22,12 @@ from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from gpuplatform.broker import QueueBatch
-from scheduling import passes, services
+from scheduling import passes, transitions
 from scheduling.models import StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TERMINAL, IllegalTransition, TaskState
 
 # What a control may be refused with: the task's state does not allow it, or it changed meanwhile.
-Refused = (IllegalTransition, services.StaleTask)
+Refused = (IllegalTransition, transitions.StaleTask)
 
 # Ends the reason of a task whose cancel is under way (see task_cancel).
 STOPPING = "; stopping"
@@ -100,7 +100,7 @@ def task_cancel(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
         reason = _by("cancelled", by)
         attempt = current_attempt(task) if task.state in HOLDS_GPUS else None
         if attempt is None or attempt.outcome:
-            return services.task_transition(
+            return transitions.task_transition(
                 task=task, to_state=TaskState.CANCELLED, reason=reason, actor=by
             )
         TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.CANCEL)
@@ -112,13 +112,13 @@ def task_cancel(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
 
 def task_preempt(*, task: Task, reason: str) -> None:
     """Called by the scheduler: stop a victim so a more important task can start."""
-    services.task_transition(
+    transitions.task_transition(
         task=task, to_state=TaskState.PREEMPTED, reason=reason, wake_scheduler=False
     )
     attempt = current_attempt(task)
     if attempt is None or attempt.outcome:
         # Never started: nothing to stop, straight back to the queue.
-        services.task_transition(
+        transitions.task_transition(
             task=task, to_state=TaskState.PENDING, reason=f"{reason}; requeued"
         )
         return
@@ -139,7 +139,7 @@ def task_stop_for_violation(*, task: Task, reason: str) -> bool:
 
 
 def task_pause(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
-    task = services.task_transition(
+    task = transitions.task_transition(
         task=task, to_state=TaskState.PAUSED, actor=by, reason=_by("paused", by)
     )
     stop_attempt(task, "pause")
@@ -149,7 +149,7 @@ def task_pause(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
 def task_resume(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
     if task.state != TaskState.PAUSED:  # scheduled -> running is the launcher's move, not ours
         raise IllegalTransition(task.state, "resumed (only a paused task can be)")
-    task = services.task_transition(
+    task = transitions.task_transition(
         task=task, to_state=TaskState.RUNNING, actor=by, reason=_by("resumed", by)
     )
     stop_attempt(task, "resume")
@@ -170,7 +170,7 @@ def task_retry(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
         passes.request_pass()
         task.refresh_from_db()
         return task
-    return services.task_transition(
+    return transitions.task_transition(
         task=task,
         to_state=TaskState.PENDING,
         actor=by,
@@ -259,12 +259,12 @@ def requeue_lost(task: Task, reason: str) -> None:
         TaskAttempt.objects.filter(task=task, number=task.attempt, outcome="").update(
             outcome="lost", ended_at=timezone.now()
         )  # (an attempt already settled, e.g. lost to a failed GPU, keeps its record)
-        services.task_transition(task=task, to_state=TaskState.LOST, reason=reason)
+        transitions.task_transition(task=task, to_state=TaskState.LOST, reason=reason)
         requeues = task.infra_requeues + 1
         hold = ""
         if requeues > settings.INFRA_REQUEUE_LIMIT:
             hold = f"held after {requeues - 1} infrastructure requeues; last: {reason}"
-        services.task_transition(
+        transitions.task_transition(
             task=task,
             to_state=TaskState.PENDING,
             reason=hold or f"requeued: {reason}",

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
-from scheduling import controls, estate, fairshare, passes, services, states
+from scheduling import controls, estate, fairshare, passes, states, transitions
 from scheduling.models import (
     Task,
 )
@@ -362,14 +362,11 @@ _LOCK_STAND_INS = """
 
 def place_query(placements: list[Placement], now: datetime) -> Query:
     """``_PLACE`` for these placements, stamped ``now``."""
-    states.check(TaskState.PENDING, TaskState.SCHEDULED)  # the bulk path of task_transition
     shares = [(p.task_id, gpu_id, mb, p.exclusive) for p in placements
               for gpu_id, mb in p.gpus]  # fmt: skip
     return Query(
         _PLACE,
         {
-            "scheduled": TaskState.SCHEDULED,
-            "pending": TaskState.PENDING,
             "now": now,
             "ids": [p.task_id for p in placements],
             "nodes": [p.node for p in placements],
@@ -389,33 +386,34 @@ def place_query(placements: list[Placement], now: datetime) -> Query:
 # Each placed task still pending becomes scheduled on its node, with an allocation per GPU
 # share (the trigger of migration 0003 refuses one over a GPU's capacity, failing the pass)
 # and its event, in one statement. Returns (task id, attempt, tenant id, node id) of each placed.
-# The tasks are found by their keys alone: their state is checked with IS NOT DISTINCT FROM,
-# which no index serves, because as "state = 'pending'" the planner, without statistics (no
-# ANALYZE yet, or autovacuum off), took the state's index and read every pending task to place
-# one (each of a node agent's hand-offs read the whole backlog: tests/scheduling/
-# test_place_query.py).
-_PLACE = """
+# The tasks are found by their keys alone: as "state = 'pending'" the planner, without
+# statistics (no ANALYZE yet, or autovacuum off), took the state's index and read every pending
+# task to place one (each of a node agent's hand-offs read the whole backlog: tests/scheduling/
+# test_place_query.py); ``transitions.moved`` checks the state in a form no index serves.
+_PLACING = transitions.moved(
+    "t",
+    TaskState.PENDING,
+    TaskState.SCHEDULED,
+    source="v",
+    where="t.id = v.id",
+    sets="node_id = v.node_id, attempt = t.attempt + 1",
+    event_reason="v.reason",
+    returning="t.tenant_id, t.node_id",
+)
+_PLACE = f"""
     WITH v AS (SELECT v.id, n.id AS node_id, v.reason
                  FROM unnest(%(ids)s::bigint[], %(nodes)s::text[], %(reasons)s::text[])
                       AS v(id, node, reason)
                  JOIN scheduling_node n ON n.name = v.node),
-    t AS (UPDATE scheduling_task AS t
-             SET state = %(scheduled)s, node_id = v.node_id, attempt = t.attempt + 1,
-                 scheduled_at = %(now)s, updated_at = %(now)s, reason = '', wait = '{}',
-                 wait_digest = 0
-            FROM v WHERE t.id = v.id AND t.state IS NOT DISTINCT FROM %(pending)s
-       RETURNING t.id, t.attempt, t.tenant_id, t.node_id, v.reason),
+    {_PLACING},
     shares AS (INSERT INTO scheduling_allocation
                       (task_id, attempt, gpu_id, memory_mb, exclusive, started_at)
                SELECT s.task_id, t.attempt, s.gpu_id, s.mb, s.exclusive, %(now)s
                  FROM unnest(%(s_task)s::bigint[], %(s_gpu)s::bigint[], %(s_mb)s::integer[],
                              %(s_exclusive)s::boolean[]) AS s(task_id, gpu_id, mb, exclusive)
-                 JOIN t ON t.id = s.task_id),
-    events AS (INSERT INTO scheduling_taskevent
-                      (task_id, at, from_state, to_state, reason, attempt)
-               SELECT id, %(now)s, %(pending)s, %(scheduled)s, reason, attempt FROM t)
+                 JOIN t ON t.id = s.task_id)
     SELECT id, attempt, tenant_id, node_id FROM t
-"""
+"""  # noqa: S608 - constant text
 
 
 def apply_preemptions(decision: Decision) -> list[int]:
@@ -427,7 +425,7 @@ def apply_preemptions(decision: Decision) -> list[int]:
             continue
         try:
             controls.task_preempt(task=task, reason=preemption.reason)
-        except (services.StaleTask, states.IllegalTransition):
+        except (transitions.StaleTask, states.IllegalTransition):
             continue
         done.append(task.pk)
     return done

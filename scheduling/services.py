@@ -1,11 +1,11 @@
-"""Writes to the GPU estate and to tasks. Every task state change goes through task_transition."""
+"""Writes to the GPU estate and to tasks, except their state: every change of a task's state goes
+through ``scheduling.transitions``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -16,7 +16,7 @@ from django.utils import timezone
 from gpuplatform import events
 from scheduling import passes, states
 from scheduling.agentapi.messages import GpuInfo
-from scheduling.models import GPU, Allocation, GpuState, Node, NodeState, Pool, Task, TaskEvent
+from scheduling.models import GPU, GpuState, Node, NodeState, Pool, Task, TaskEvent
 from scheduling.spec import SpecError, parse_priority
 from scheduling.states import TaskState
 from scheduling.submission import priority_problem
@@ -31,104 +31,12 @@ VANISHED = "not found by the node agent's last GPU discovery"
 NODE_SILENT = "node agent stopped heartbeating"
 
 
-class StaleTask(Exception):
-    """The task changed state under us: another process got there first."""
-
-
 class ChangeRefused(SpecError):
     """A change the platform's rules refuse, as ``{field: [reasons]}`` (a 400 naming the field,
     an error message in the admin)."""
 
 
 # --- Tasks -----------------------------------------------------------------------------------
-
-
-@transaction.atomic
-def task_transition(
-    *,
-    task: Task,
-    to_state: TaskState | str,
-    reason: str = "",
-    actor: AbstractBaseUser | None = None,
-    wake_scheduler: bool = True,
-    **fields: Any,
-) -> Task:
-    """Move ``task`` to ``to_state`` if legal, record a TaskEvent, and return the task.
-
-    The UPDATE is conditional on the state the caller read, so two processes racing to move
-    the same task cannot both succeed: the loser gets StaleTask and must re-read. Leaving the
-    states that hold GPUs releases the task's allocations in the same transaction.
-    """
-    from_state = TaskState(task.state)
-    to_state = TaskState(to_state)
-    states.check(from_state, to_state)
-    now = timezone.now()
-    updates = _transition_updates(from_state, to_state, reason, now, fields)
-    changed = Task.objects.filter(pk=task.pk, state=from_state).update(**updates)
-    if not changed:
-        raise StaleTask(f"task {task.pk} is no longer {from_state}")
-    _transitioned([(task, from_state, updates)], to_state, now, actor, wake_scheduler)
-    return task
-
-
-def _transition_updates(
-    from_state: TaskState, to_state: TaskState, reason: str, now: datetime, fields: dict
-) -> dict[str, Any]:
-    # A new state makes the last pass's assessment stale; the next pass writes a fresh one.
-    updates: dict[str, Any] = {
-        "state": to_state,
-        "reason": reason,
-        "wait": {},
-        "wait_digest": 0,
-        "updated_at": now,
-        **fields,
-    }
-    if to_state == TaskState.SCHEDULED:
-        updates["scheduled_at"] = now
-    elif to_state == TaskState.RUNNING and from_state == TaskState.SCHEDULED:
-        updates["started_at"] = now
-    elif to_state in states.TERMINAL:
-        updates["finished_at"] = now
-    elif to_state == TaskState.PENDING:
-        updates.update(node=None, scheduled_at=None, started_at=None, finished_at=None)
-    return updates
-
-
-def _transitioned(
-    done: list[tuple[Task, TaskState, dict[str, Any]]],
-    to_state: TaskState,
-    now: datetime,
-    actor: AbstractBaseUser | None,
-    wake_scheduler: bool,
-) -> None:
-    """What follows the UPDATE of the tasks in ``done``: their GPUs released if they left the
-    states that hold them, one TaskEvent each, live events, and a pass if one may start."""
-    frees = [task.pk for task, from_state, _ in done if from_state in states.HOLDS_GPUS]
-    frees = frees if to_state not in states.HOLDS_GPUS else []
-    if frees:
-        Allocation.objects.filter(task_id__in=frees, released_at__isnull=True).update(
-            released_at=now
-        )
-    audit = []
-    for task, from_state, updates in done:
-        for name, value in updates.items():
-            setattr(task, name, value)
-        audit.append(
-            TaskEvent(
-                task=task,
-                at=now,
-                from_state=from_state,
-                to_state=to_state,
-                reason=updates["reason"],
-                attempt=task.attempt,
-                actor=actor,
-            )
-        )
-    TaskEvent.objects.bulk_create(audit)
-    events.publish(events.TASKS, [task for task, _, _ in done])
-    # Freed GPUs, a task back in the queue, or a serial queue's head gone: the next may start.
-    if wake_scheduler and (frees or to_state in states.TERMINAL or to_state == TaskState.PENDING):
-        passes.request_pass()
 
 
 @transaction.atomic

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from gpuplatform.db import Query, fetch_together
-from scheduling import estate, fairshare, services, states
+from scheduling import estate, fairshare, states, transitions
 from scheduling.models import (
     GpuState,
     NodeState,
@@ -48,9 +48,9 @@ def fail_broken_dependencies(links: list[tuple[int, int, str, str]]) -> list[int
         return failed
     for task in Task.objects.filter(pk__in=first_cause, state=TaskState.PENDING):
         try:
-            services.task_transition(task=task, to_state=TaskState.FAILED,
-                                     reason=first_cause[task.pk])  # fmt: skip
-        except services.StaleTask:
+            transitions.task_transition(task=task, to_state=TaskState.FAILED,
+                                        reason=first_cause[task.pk])  # fmt: skip
+        except transitions.StaleTask:
             continue
         failed.append(task.pk)
     return failed

@@ -3,8 +3,10 @@
     pending -> scheduled -> running -> succeeded | failed | cancelled | timed_out
     side roads: paused (and back), preempted (back to pending), lost (requeued or failed)
 
-Every change of a task's state goes through ``scheduling.services.task_transition``, which
-checks ``is_legal`` and writes a TaskEvent.
+Every change of a task's state goes through ``scheduling.transitions`` (one task, or many in one
+statement), which checks the move against ``TRANSITIONS`` and writes a TaskEvent. The database
+refuses a move this table does not allow (the trigger of migration 0022, which holds a copy of
+it: a change here needs a new migration).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from django_q.models import Task as QTask
 from django_q.signing import SignedPackage
 
 from monitoring.services import alert_raise
-from scheduling import services
+from scheduling import transitions
 from scheduling.models import (
     GPU,
     Allocation,
@@ -73,9 +73,9 @@ def estate(owner, workstation):
     tokens, and something in each of django-q2's tables."""
     gpu = workstation.gpus.get(index=0)
     task = TaskFactory(tenant=owner.tenant, owner=owner.user, name="qwen-sft")
-    services.task_transition(task=task, to_state="scheduled", node=workstation)
+    transitions.task_transition(task=task, to_state="scheduled", node=workstation)
     AllocationFactory(task=task, gpu=gpu, memory_mb=gpu.memory_mb, exclusive=True)
-    services.task_transition(task=task, to_state="running", actor=owner.user)
+    transitions.task_transition(task=task, to_state="running", actor=owner.user)
     QuotaFactory(tenant=owner.tenant)
     QuotaFactory(tenant=owner.tenant, pool=workstation.pool, max_priority=90)
     SchedulerState.objects.get_or_create(pk=1)  # transactional tests may have flushed it
@@ -426,7 +426,7 @@ def test_the_owner_must_be_a_member_who_may_submit(client, operator, owner, outs
 
 
 def finished(task: Task) -> Task:
-    services.task_transition(task=task, to_state="succeeded", reason="exited with 0")
+    transitions.task_transition(task=task, to_state="succeeded", reason="exited with 0")
     return Task.objects.get(pk=task.pk)
 
 

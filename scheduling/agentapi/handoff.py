@@ -46,9 +46,10 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
-from scheduling import passes, scheduler
+from scheduling import passes, scheduler, transitions
 from scheduling.agentapi.messages import Assignment, ExitReport
 from scheduling.policy import Placement, hand_on
+from scheduling.states import TaskState
 
 # A placement is skipped when its task was placed after the list was read: by a hand-off from
 # the list before, under way as the pass that listed the task again committed, by a pass, or
@@ -168,11 +169,11 @@ def _place(
         ),
     )
     gpus = {p.task_id: [gpu for gpu, _ in p.gpus] for p in placements}
-    rows = [(task_id, tenant, node_id, gpus[task_id]) for task_id, _, tenant, node_id in placed]
+    news = [(task_id, tenant, node_id, gpus[task_id]) for task_id, _, tenant, node_id in placed]
     _, recorded = hand.launcher.launch_assignments(pairs, launched, node)
 
     def after_commit() -> None:
-        events.publish(events.PLACEMENTS, rows)
+        events.publish(events.PLACEMENTS, news)
         for assignment in recorded:
             donor = donors[assignment.task_id]
             if donor in ready and donor not in hand.given:
@@ -266,10 +267,21 @@ def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
 
 
 # Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
-# GPUs are released (the trigger of migration 0010 adds their use to the fair-share counters).
+# GPUs are released (``transitions.moved``; the trigger of migration 0010 adds their use to the
+# fair-share counters).
 # When it released some and ``claim`` is set (it commits by itself), it also claims the pass
 # flag (``passes.claim_cte``), which would otherwise be a statement of its own right after
 # this one.
+_SUCCEEDING = transitions.moved(
+    "k",
+    TaskState.RUNNING,
+    TaskState.SUCCEEDED,
+    source="a",
+    where="k.id = a.task_id",
+    reason="concat_ws('; ', 'exited with 0', NULLIF(a.note, ''))",
+    sets="exit_code = 0",
+    returning="a.id AS attempt_id, k.tenant_id, k.name, k.reason, k.node_id",
+)
 _SUCCEEDED = f"""
     WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
                           AS r(task_id, number, note)),
@@ -282,16 +294,7 @@ _SUCCEEDED = f"""
            WHERE a.task_id = locked.id AND a.number = locked.attempt AND r.task_id = locked.id
              AND a.outcome = '' AND a.stop_requested = ''
        RETURNING a.id, a.task_id, r.note),
-    k AS (UPDATE scheduling_task k
-             SET state = 'succeeded', reason = concat_ws('; ', 'exited with 0', NULLIF(a.note, '')),
-                 wait = '{{}}', wait_digest = 0, updated_at = %(now)s, exit_code = 0,
-                 finished_at = %(now)s
-            FROM a WHERE k.id = a.task_id
-       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
-    freed AS (UPDATE scheduling_allocation f SET released_at = %(now)s
-                FROM k WHERE f.task_id = k.id AND f.released_at IS NULL),
-    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
-          SELECT id, %(now)s, 'running', 'succeeded', reason, attempt FROM k),
+    {_SUCCEEDING},
     {passes.claim_cte("%(claim)s AND EXISTS (SELECT 1 FROM k)")}
     SELECT attempt_id, id, tenant_id, name, reason, node_id, {passes.CLAIMED} FROM k
 """  # noqa: S608 - constant text

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import server_bound_cursor
-from scheduling import controls, services
+from scheduling import controls, transitions
 from scheduling.agentapi import handoff
 from scheduling.agentapi.handoff import HandOff
 from scheduling.agentapi.messages import ExitReport, StartReport
@@ -65,7 +65,16 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
 # task_cancel and requeue_lost lock them, so nothing changes a task between the check and the
 # update; every condition that picks a row is evaluated again on the row as locked.
 # Each returns the moved tasks as (attempt id, task id, tenant id, name, reason, node id).
-_STARTED = """
+_STARTING = transitions.moved(
+    "k",
+    TaskState.SCHEDULED,
+    TaskState.RUNNING,
+    source="a JOIN scheduling_node n ON n.id = a.node_id",
+    where="k.id = a.task_id AND k.attempt = a.number AND a.stop_requested = ''",
+    reason="'started on ' || n.name || ' (pid ' || a.pid || ')'",
+    returning="a.id AS attempt_id, k.tenant_id, k.name, k.reason, k.node_id",
+)
+_STARTED = f"""
     WITH r AS (SELECT * FROM unnest(%(ids)s::bigint[], %(spid)s::integer[], %(sst)s::float8[],
                                     %(pid)s::integer[], %(pst)s::float8[])
                           AS r(id, spid, sst, pid, pst)),
@@ -78,17 +87,9 @@ _STARTED = """
             FROM r, locked
            WHERE a.id = r.id AND locked.id = a.task_id AND a.pid IS NULL
        RETURNING a.id, a.task_id, a.number, a.node_id, a.stop_requested, a.pid),
-    k AS (UPDATE scheduling_task k
-             SET state = 'running', reason = 'started on ' || n.name || ' (pid ' || a.pid || ')',
-                 wait = '{}', wait_digest = 0, updated_at = %(now)s, started_at = %(now)s
-            FROM a JOIN scheduling_node n ON n.id = a.node_id
-           WHERE k.id = a.task_id AND k.attempt = a.number AND a.stop_requested = ''
-             AND k.state = 'scheduled'
-       RETURNING a.id AS attempt_id, k.id, k.tenant_id, k.name, k.reason, k.node_id, k.attempt),
-    e AS (INSERT INTO scheduling_taskevent (task_id, at, from_state, to_state, reason, attempt)
-          SELECT id, %(now)s, 'scheduled', 'running', reason, attempt FROM k)
+    {_STARTING}
     SELECT attempt_id, id, tenant_id, name, reason, node_id FROM k
-"""
+"""  # noqa: S608 - constant text
 
 
 def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
@@ -194,7 +195,7 @@ def attempt_finished(
                 if outcome == "succeeded" and task.state == TaskState.SCHEDULED:
                     # It ran, but the report that carried its start never arrived (the
                     # supervisor died after its exit record): the record says it ran.
-                    services.task_transition(
+                    transitions.task_transition(
                         task=task, to_state=TaskState.RUNNING, reason="started (seen at its end)"
                     )
                 _move_on(task, attempt, outcome, exit_code, problem)
@@ -230,12 +231,12 @@ def _move_on(
     task: Task, attempt: TaskAttempt, outcome: str, exit_code: int | None, problem: str
 ) -> None:
     if outcome == "succeeded":
-        services.task_transition(
+        transitions.task_transition(
             task=task, to_state=TaskState.SUCCEEDED, exit_code=0, reason="exited with 0"
         )
     elif outcome == "cancelled":
         # task_cancel said who cancelled and that it was stopping; now it has stopped.
-        services.task_transition(
+        transitions.task_transition(
             task=task,
             to_state=TaskState.CANCELLED,
             exit_code=exit_code,
@@ -243,8 +244,8 @@ def _move_on(
         )
     elif outcome == "preempted":
         if task.state != TaskState.PREEMPTED:
-            services.task_transition(task=task, to_state=TaskState.PREEMPTED, reason="preempted")
-        services.task_transition(
+            transitions.task_transition(task=task, to_state=TaskState.PREEMPTED, reason="preempted")
+        transitions.task_transition(
             task=task, to_state=TaskState.PENDING, reason="requeued after preemption"
         )
     else:
@@ -260,7 +261,7 @@ def _fail_or_retry(task: Task, outcome: str, exit_code: int | None, problem: str
     failures = TaskAttempt.objects.filter(task=task, outcome__in=USER_FAILURES).count()
     if failures <= task.retries and not problem:
         delay = min(3600, settings.RETRY_BACKOFF * 2 ** (failures - 1))
-        services.task_transition(
+        transitions.task_transition(
             task=task,
             to_state=TaskState.PENDING,
             reason=f"{what}; retry {failures} of {task.retries} in {delay} s",
@@ -269,4 +270,4 @@ def _fail_or_retry(task: Task, outcome: str, exit_code: int | None, problem: str
         )
         return
     final = TaskState.TIMED_OUT if outcome == "timed_out" else TaskState.FAILED
-    services.task_transition(task=task, to_state=final, exit_code=exit_code, reason=what)
+    transitions.task_transition(task=task, to_state=final, exit_code=exit_code, reason=what)

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
-from scheduling import scheduler, services
+from scheduling import scheduler, transitions
 from scheduling.api import TaskOut, TaskPage, TaskSubmitted, submitted_data
 from scheduling.models import (
     GPU,
@@ -61,7 +61,7 @@ def submit(actor, name: str = "train", **fields) -> Task:
 def move(task: Task, *states: str) -> Task:
     for state in states:
         task.refresh_from_db()
-        services.task_transition(task=task, to_state=state)
+        transitions.task_transition(task=task, to_state=state)
     task.refresh_from_db()
     return task
 

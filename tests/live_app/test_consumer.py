@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from gpuplatform.asgi import application
 from live import events
-from scheduling import services
+from scheduling import transitions
 from tests.live_app.conftest import ORIGIN, socket_headers
 
 headers = sync_to_async(socket_headers)
@@ -36,7 +36,7 @@ async def connect(headers) -> WebsocketCommunicator:
 
 
 async def transition(task, to_state: str) -> None:
-    await sync_to_async(services.task_transition)(task=task, to_state=to_state, reason="test")
+    await sync_to_async(transitions.task_transition)(task=task, to_state=to_state, reason="test")
 
 
 def sample(gpu, util: int, at: float | None = None) -> dict:
@@ -114,7 +114,7 @@ async def test_a_change_that_rolls_back_is_never_heard(operator, estate):
 
     def cancel_then_roll_back():
         with transaction.atomic():
-            services.task_transition(task=estate["ours"], to_state="cancelled")
+            transitions.task_transition(task=estate["ours"], to_state="cancelled")
             transaction.set_rollback(True)
 
     await sync_to_async(cancel_then_roll_back)()

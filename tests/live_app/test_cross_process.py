@@ -62,9 +62,9 @@ def test_an_operator_receives_samples_and_task_events_from_another_process(
             f"publish_samples(node_id={estate['node'].pk}, samples=["
             f"{{'gpu_uuid': '{gpu0.uuid}', 'at': 1.0, 'util_gpu': 42}},"
             f"{{'gpu_uuid': '{gpu1.uuid}', 'at': 1.0, 'util_gpu': 43}}])\n"
-            "from scheduling import services\n"
+            "from scheduling import transitions\n"
             "from scheduling.models import Task\n"
-            f"services.task_transition(task=Task.objects.get(pk={estate['ours'].pk}),"
+            f"transitions.task_transition(task=Task.objects.get(pk={estate['ours'].pk}),"
             " to_state='cancelled', reason='from elsewhere')\n"
         )
         samples = next_message(socket, "samples")
@@ -84,15 +84,15 @@ def test_a_tenants_socket_never_hears_another_tenants_task_or_gpu(daphne, teamma
         # First what the lab must not hear (the outsider's task and GPU), then its own.
         publish_from_another_process(
             "from live.events import publish_samples\n"
-            "from scheduling import services\n"
+            "from scheduling import transitions\n"
             "from scheduling.models import Task\n"
-            f"services.task_transition(task=Task.objects.get(pk={estate['theirs'].pk}),"
+            f"transitions.task_transition(task=Task.objects.get(pk={estate['theirs'].pk}),"
             " to_state='cancelled')\n"
             f"publish_samples(node_id={estate['node'].pk}, samples=["
             f"{{'gpu_uuid': '{gpu1.uuid}', 'at': 1.0, 'util_gpu': 99}}])\n"
             f"publish_samples(node_id={estate['node'].pk}, samples=["
             f"{{'gpu_uuid': '{gpu0.uuid}', 'at': 2.0, 'util_gpu': 7}}])\n"
-            f"services.task_transition(task=Task.objects.get(pk={estate['ours'].pk}),"
+            f"transitions.task_transition(task=Task.objects.get(pk={estate['ours'].pk}),"
             " to_state='cancelled')\n"
         )
         first = json.loads(socket.recv(timeout=RECEIVE_TIMEOUT))
@@ -118,8 +118,8 @@ def test_an_anonymous_socket_is_refused_by_daphne(daphne, db):
 def test_the_publisher_survives_a_layer_without_listeners(estate):
     # Nobody connected: the INSERT matches no group row and the change goes through.
     out = publish_from_another_process(
-        "from scheduling import services\nfrom scheduling.models import Task\n"
-        f"print(services.task_transition(task=Task.objects.get(pk={estate['ours'].pk}),"
+        "from scheduling import transitions\nfrom scheduling.models import Task\n"
+        f"print(transitions.task_transition(task=Task.objects.get(pk={estate['ours'].pk}),"
         " to_state='cancelled').state)"
     )
     assert out.splitlines()[-1] == "cancelled"

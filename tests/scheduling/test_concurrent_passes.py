@@ -21,7 +21,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from scheduling import passes, scheduler, services, states
+from scheduling import passes, scheduler, states, transitions
 from scheduling.models import GPU, Allocation, Task, TaskEvent
 from scheduling.spec import parse_spec
 from scheduling.states import TaskState
@@ -41,7 +41,7 @@ WORKER = textwrap.dedent(
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
     django.setup()
-    from scheduling import passes, scheduler, services
+    from scheduling import passes, scheduler, transitions
     from scheduling.models import Task
     from scheduling.states import TaskState
     from django.utils import timezone
@@ -70,8 +70,8 @@ WORKER = textwrap.dedent(
             if task.state != state:
                 continue  # moved on since we looked
             try:
-                services.task_transition(task=task, to_state=to_state, reason="churn")
-            except services.StaleTask:
+                transitions.task_transition(task=task, to_state=to_state, reason="churn")
+            except transitions.StaleTask:
                 pass  # another process got there first
     """
 )
@@ -276,7 +276,7 @@ def test_an_allocation_never_starts_before_the_one_it_replaced_was_released(monk
 
     def released_meanwhile(now, *args, **kwargs):
         # Another process finishes the first task after this pass began, before it read.
-        services.task_transition(task=first, to_state=TaskState.CANCELLED, reason="cancelled")
+        transitions.task_transition(task=first, to_state=TaskState.CANCELLED, reason="cancelled")
         return read_for_pass(now, *args, **kwargs)
 
     monkeypatch.setattr(scheduler, "_read_for_pass", released_meanwhile)

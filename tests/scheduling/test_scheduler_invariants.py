@@ -33,7 +33,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from scheduling import scheduler, services, states
+from scheduling import scheduler, services, states, transitions
 from scheduling.models import (
     GPU,
     Allocation,
@@ -288,7 +288,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """The node's launcher starts a placed task: an attempt row, then running."""
         task = self.pick(TaskState.SCHEDULED, pick)
         TaskAttempt.objects.create(task=task, number=task.attempt, node_id=task.node_id)
-        services.task_transition(task=task, to_state=TaskState.RUNNING, reason="launched")
+        transitions.task_transition(task=task, to_state=TaskState.RUNNING, reason="launched")
 
     @precondition(lambda self: Task.objects.filter(state=TaskState.RUNNING).exists())
     @rule(
@@ -299,7 +299,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def finish(self, pick, outcome, then_pass):
         task = self.pick(TaskState.RUNNING, pick)
         settle(task, outcome)
-        services.task_transition(task=task, to_state=outcome, reason="exited")
+        transitions.task_transition(task=task, to_state=outcome, reason="exited")
         self.maybe_pass(then_pass)
 
     @precondition(lambda self: Task.objects.filter(state__in=CANCELLABLE).exists())
@@ -307,7 +307,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def cancel(self, pick, then_pass):
         task = self.pick(CANCELLABLE, pick)
         settle(task, "cancelled")
-        services.task_transition(task=task, to_state=TaskState.CANCELLED, reason="cancelled")
+        transitions.task_transition(task=task, to_state=TaskState.CANCELLED, reason="cancelled")
         self.maybe_pass(then_pass)
 
     @precondition(lambda self: Task.objects.filter(state=TaskState.PREEMPTED).exists())
@@ -316,7 +316,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """The launcher stopped a preempted task's processes: it goes back to the queue."""
         task = self.pick(TaskState.PREEMPTED, pick)
         settle(task, "preempted")
-        services.task_transition(
+        transitions.task_transition(
             task=task, to_state=TaskState.PENDING, reason="preempted; requeued"
         )
         self.maybe_pass(then_pass)
@@ -334,8 +334,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             node=node, state__in=[TaskState.SCHEDULED, TaskState.RUNNING]
         ).order_by("pk"):
             settle(task, "lost")
-            task = services.task_transition(task=task, to_state=TaskState.LOST, reason="node lost")
-            services.task_transition(task=task, to_state=TaskState.PENDING, reason="requeued")
+            task = transitions.task_transition(
+                task=task, to_state=TaskState.LOST, reason="node lost"
+            )
+            transitions.task_transition(task=task, to_state=TaskState.PENDING, reason="requeued")
         self.maybe_pass(then_pass)
 
     @precondition(lambda self: Node.objects.filter(state=NodeState.OFFLINE).exists())

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from scheduling import passes, scheduler, services, snapshot
+from scheduling import passes, scheduler, services, snapshot, transitions
 from scheduling.agentapi import reports
 from scheduling.models import Allocation, PassRequest, SchedulerState, Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
@@ -29,14 +29,14 @@ def submit(tenant, name: str = "train", **kwargs) -> Task:
 
 def run(task: Task, to: str = TaskState.RUNNING) -> Task:
     task.refresh_from_db()
-    return services.task_transition(task=task, to_state=to)
+    return transitions.task_transition(task=task, to_state=to)
 
 
 def finish(task: Task, to: str = TaskState.SUCCEEDED) -> Task:
     task.refresh_from_db()
     if task.state == TaskState.SCHEDULED:
         run(task)
-    return services.task_transition(task=task, to_state=to)
+    return transitions.task_transition(task=task, to_state=to)
 
 
 def state(task: Task) -> str:

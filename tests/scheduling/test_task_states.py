@@ -4,7 +4,7 @@ from itertools import product
 
 import pytest
 
-from scheduling import services, states
+from scheduling import states, transitions
 from scheduling.models import Allocation, Task, TaskEvent
 from scheduling.states import IllegalTransition, TaskState
 from tests.factories import TaskFactory
@@ -34,7 +34,7 @@ def test_the_main_road_is_legal():
 def test_it_refuses_every_illegal_transition(db, from_state, to_state):
     task = TaskFactory(state=from_state)
     with pytest.raises(IllegalTransition, match=f"cannot go from {from_state} to {to_state}"):
-        services.task_transition(task=task, to_state=to_state, reason="test")
+        transitions.task_transition(task=task, to_state=to_state, reason="test")
     task.refresh_from_db()
     assert task.state == from_state
     assert not TaskEvent.objects.filter(task=task).exists()
@@ -43,7 +43,7 @@ def test_it_refuses_every_illegal_transition(db, from_state, to_state):
 @pytest.mark.parametrize(("from_state", "to_state"), LEGAL, ids=lambda s: str(s))
 def test_it_performs_every_legal_transition_and_writes_an_event(db, from_state, to_state):
     task = TaskFactory(state=from_state)
-    services.task_transition(task=task, to_state=to_state, reason="because")
+    transitions.task_transition(task=task, to_state=to_state, reason="because")
     task.refresh_from_db()
     assert task.state == to_state
     event = TaskEvent.objects.get(task=task)
@@ -58,18 +58,18 @@ def test_unknown_states_are_illegal():
 def test_it_refuses_a_move_from_a_state_the_task_has_left(db):
     task = TaskFactory(state=TaskState.PENDING)
     stale_copy = Task.objects.get(pk=task.pk)
-    services.task_transition(task=task, to_state=TaskState.CANCELLED, reason="user")
-    with pytest.raises(services.StaleTask):
-        services.task_transition(task=stale_copy, to_state=TaskState.SCHEDULED)
+    transitions.task_transition(task=task, to_state=TaskState.CANCELLED, reason="user")
+    with pytest.raises(transitions.StaleTask):
+        transitions.task_transition(task=stale_copy, to_state=TaskState.SCHEDULED)
     assert Task.objects.get(pk=task.pk).state == TaskState.CANCELLED
     assert TaskEvent.objects.filter(task=task).count() == 1
 
 
 def test_it_stamps_the_times_of_the_main_road(db):
     task = TaskFactory()
-    services.task_transition(task=task, to_state="scheduled")
-    services.task_transition(task=task, to_state="running")
-    services.task_transition(task=task, to_state="succeeded", exit_code=0)
+    transitions.task_transition(task=task, to_state="scheduled")
+    transitions.task_transition(task=task, to_state="running")
+    transitions.task_transition(task=task, to_state="succeeded", exit_code=0)
     task.refresh_from_db()
     assert task.scheduled_at <= task.started_at <= task.finished_at
     assert task.exit_code == 0
@@ -77,20 +77,20 @@ def test_it_stamps_the_times_of_the_main_road(db):
 
 def test_leaving_the_gpus_releases_the_allocations(db, workstation):
     task = TaskFactory()
-    services.task_transition(task=task, to_state="scheduled")
+    transitions.task_transition(task=task, to_state="scheduled")
     gpu = workstation.gpus.first()
     Allocation.objects.create(task=task, attempt=1, gpu=gpu, memory_mb=gpu.memory_mb)
-    services.task_transition(task=task, to_state="running")
+    transitions.task_transition(task=task, to_state="running")
     assert Allocation.objects.filter(task=task, released_at__isnull=True).count() == 1
-    services.task_transition(task=task, to_state="failed", exit_code=3)
+    transitions.task_transition(task=task, to_state="failed", exit_code=3)
     assert Allocation.objects.filter(task=task, released_at__isnull=True).count() == 0
 
 
 def test_a_requeue_clears_the_placement(db, workstation):
     task = TaskFactory()
-    services.task_transition(task=task, to_state="scheduled", node=workstation)
-    services.task_transition(task=task, to_state="lost", reason="node silent")
-    services.task_transition(task=task, to_state="pending", reason="requeued")
+    transitions.task_transition(task=task, to_state="scheduled", node=workstation)
+    transitions.task_transition(task=task, to_state="lost", reason="node silent")
+    transitions.task_transition(task=task, to_state="pending", reason="requeued")
     task.refresh_from_db()
     assert task.node is None
     assert task.scheduled_at is None
