@@ -191,7 +191,7 @@ def test_a_batch_of_starts_and_plain_ends_takes_one_statement_each(
     launcher, node, lab, monkeypatch
 ):
     monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
-    monkeypatch.setattr(reports.passes, "request_pass", lambda claimed=None: None)  # counted apart
+    monkeypatch.setattr(passes, "request_pass", lambda claimed=None: None)  # counted apart
     tasks, attempts = placed_attempts(lab, node, 3)
     me = ProcessId(os.getpid(), 123.5)
     child = ProcessId(4_194_303, 124.25)
