@@ -141,19 +141,17 @@ def moved(
     DISTINCT FROM``, which no index serves, so the planner finds the tasks by ``where``'s keys
     and never by the state's index (see ``scheduler._PLACE``)."""
     states.check(from_state, to_state)
-    assignments = [f"state = '{to_state.value}'", f"reason = {reason}", "wait = '{}'"]
-    assignments.append("wait_digest = 0")
-    assignments += [
+    stamps = [
         f"{column} = {now if value == NOW else 'NULL'}"
         for column, value in _stamps(from_state, to_state).items()
     ]
-    if sets:
-        assignments.append(sets)
+    also = ", ".join([*stamps, sets] if sets else stamps)
     event_reason = event_reason or f"{name}.reason"
     extra = f", {returning}" if returning else ""
     ctes = [
         f"""{name} AS (UPDATE scheduling_task AS {name}
-             SET {", ".join(assignments)}
+             SET state = '{to_state.value}', reason = {reason}, wait = '{{}}', wait_digest = 0,
+                 {also}
             FROM {source}
            WHERE ({where}) AND {name}.state IS NOT DISTINCT FROM '{from_state.value}'
        RETURNING {name}.id, {name}.attempt, {event_reason} AS event_reason{extra})""",  # noqa: S608 - the callers' constant text
