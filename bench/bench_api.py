@@ -135,10 +135,11 @@ def machine_busy() -> tuple[float, float]:
 # --- The estate and the load -------------------------------------------------------------------
 
 
-def build_estate() -> list[str]:
-    """One node of 8 GPUs; CLIENTS tenants, each with a member and a token. Returns tokens."""
+def build_estate(prefix: str = "bench-api") -> list[str]:
+    """One node of 8 GPUs (``<prefix>-0``); CLIENTS tenants, each with a member and a token,
+    named after ``prefix``. Returns the tokens."""
     pool, _ = Pool.objects.get_or_create(name="default")
-    node = Node.objects.create(name="bench-api-0", pool=pool, backend="simulated")
+    node = Node.objects.create(name=f"{prefix}-0", pool=pool, backend="simulated")
     GPU.objects.bulk_create(
         GPU(node=node, index=i, uuid=simulated_uuid(node.name, i),
             model="NVIDIA GeForce RTX 4090", gpu_type="rtx4090-24g", memory_mb=24 * 1024)
@@ -147,8 +148,8 @@ def build_estate() -> list[str]:
     secrets = []
     user_model = get_user_model()
     for i in range(CLIENTS):
-        tenant = Tenant.objects.create(name=f"bench-api-{i}")
-        user = user_model.objects.create_user(username=f"bench-api-{i}", password=None)
+        tenant = Tenant.objects.create(name=f"{prefix}-{i}")
+        user = user_model.objects.create_user(username=f"{prefix}-{i}", password=None)
         Membership.objects.create(user=user, tenant=tenant, role=Role.MEMBER)
         _, secret = tenant_services.apitoken_create(user=user, tenant=tenant, name="bench")
         secrets.append(secret)

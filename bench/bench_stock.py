@@ -38,12 +38,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from bench.bench_api import reset, run_phase, server_env
+from bench.bench_api import build_estate, reset, run_phase, server_env
 from bench.bench_latency import child_env, run_one, through_the_broker
 from bench.common import (
     CPUS,
@@ -56,12 +55,11 @@ from bench.common import (
     wait_for,
     web_server,
 )
-from nodeagent.inventory import simulated_uuid
-from scheduling.models import GPU, Node, Pool, Task
-from tenants import services as tenant_services
-from tenants.models import Membership, Role, Tenant
+from scheduling.models import GPU, Node, Task
+from tenants.models import Tenant
 
 NEEDS_DATABASE = True
+PREFIX = "bench-stock"  # its node and tenants
 
 ROUNDS = 8  # of each configuration, alternating
 CLIENTS = 8
@@ -147,27 +145,9 @@ def compare(ours: list[float], stock: list[float]) -> dict:
 # --- Web parts ---------------------------------------------------------------------------------
 
 
-def build_estate() -> list[str]:
-    """One node of 8 GPUs (no agent: nothing is placed); CLIENTS tenants with a token each."""
-    pool, _ = Pool.objects.get_or_create(name="default")
-    node = Node.objects.create(name="bench-stock-web", pool=pool, backend="simulated")
-    GPU.objects.bulk_create(
-        GPU(node=node, index=i, uuid=simulated_uuid(node.name, i),
-            model="NVIDIA GeForce RTX 4090", gpu_type="rtx4090-24g", memory_mb=24 * 1024)
-        for i in range(8)
-    )  # fmt: skip
-    secrets = []
-    for i in range(CLIENTS):
-        tenant = Tenant.objects.create(name=f"bench-stock-{i}")
-        user = get_user_model().objects.create_user(username=f"bench-stock-{i}", password=None)
-        Membership.objects.create(user=user, tenant=tenant, role=Role.MEMBER)
-        secrets.append(tenant_services.apitoken_create(user=user, tenant=tenant, name="b")[1])
-    return secrets
-
-
 def drop_estate() -> None:
-    GPU.objects.filter(node__name="bench-stock-web").delete()
-    Node.objects.filter(name="bench-stock-web").delete()
+    GPU.objects.filter(node__name=f"{PREFIX}-0").delete()
+    Node.objects.filter(name=f"{PREFIX}-0").delete()
 
 
 def measure_web(pool, secrets: list[str], stock: str, tmp: Path) -> dict:
@@ -199,7 +179,7 @@ def measure_web(pool, secrets: list[str], stock: str, tmp: Path) -> dict:
 
 
 def web_rounds() -> dict[str, list[dict]]:
-    secrets = build_estate()
+    secrets = build_estate(PREFIX)
     connection.close()  # the client processes are forked: they must not share it
     configs = ["", *WEB_PARTS]
     runs: dict[str, list[dict]] = {config: [] for config in configs}
