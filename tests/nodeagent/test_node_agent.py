@@ -211,7 +211,11 @@ def test_a_bad_configuration_stops_the_command_naming_the_file_and_key(db, tmp_p
 def url_of_the_test_database() -> str:
     db = connection.settings_dict
     user = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-    return f"postgres://{user}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    host = db["HOST"] or db.get("OPTIONS", {}).get("host") or "127.0.0.1"
+    if host.startswith("/"):  # a Unix socket's directory: the embedded PostgreSQL
+        port = f"&port={db['PORT']}" if db["PORT"] else ""
+        return f"postgres://{user}@/{db['NAME']}?host={host}{port}"
+    return f"postgres://{user}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 @pytest.mark.slow
