@@ -24,7 +24,7 @@ from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import SubmitError, task_submit, tasks_submit
 from tests.factories import UserFactory
-from tests.nodeagent.launcher.conftest import state_of, wait_for
+from tests.nodeagent.launcher.conftest import rewind, state_of, wait_for
 
 
 def start(lab, command: str, name: str = "t", **fields) -> Task:
@@ -295,7 +295,7 @@ def test_reconciliation_finishes_an_attempt_from_its_exit_file(launcher, node, l
     wait_for(lambda: gone(attempt.supervisor_pid))
     # As if the supervisor had written its exit file but the database never heard of it:
     TaskAttempt.objects.filter(pk=attempt.pk).update(outcome="", exit_code=None)
-    Task.objects.filter(pk=task.pk).update(state="running", exit_code=None)
+    rewind(task, state="running", exit_code=None)
     counts = lifecycle.reconcile_node(node.name)
     assert counts["finished"] == 1
     task.refresh_from_db()
@@ -314,7 +314,7 @@ def test_an_exit_file_before_the_start_is_recorded_waits_for_the_supervisor(laun
     TaskAttempt.objects.filter(pk=attempt.pk).update(
         outcome="", exit_code=None, supervisor_pid=None, pid=None
     )
-    Task.objects.filter(pk=task.pk).update(state="scheduled", exit_code=None)
+    rewind(task, state="scheduled", exit_code=None)
     assert lifecycle.reconcile_node(node.name)["finished"] == 0
     task.refresh_from_db()
     assert task.state == "scheduled"
