@@ -43,8 +43,8 @@ from bench.common import (
 )
 from gpuplatform.dburl import current_database_url
 from gpuplatform.procid import ProcessId
-from nodeagent.launcher import lifecycle, procs
-from scheduling import passes
+from nodeagent.launcher import procs
+from scheduling import controls, passes
 from scheduling.agentapi import reports
 from scheduling.models import Node, PassRequest, Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -111,12 +111,12 @@ def through_the_broker():
     pass ``task_submit`` requests would run in this process instead of the scheduler's cluster.
     """
     queued = functools.partial(async_task, sync=False)
-    saved = passes.async_task, lifecycle.async_task
-    passes.async_task = lifecycle.async_task = queued
+    saved = passes.async_task, controls.async_task
+    passes.async_task = controls.async_task = queued
     try:
         yield
     finally:
-        passes.async_task, lifecycle.async_task = saved
+        passes.async_task, controls.async_task = saved
 
 
 # --- One task ----------------------------------------------------------------------------------
