@@ -23,6 +23,7 @@ PLACEMENTS = "placements"  # (task id, tenant id, node id, [GPU ids]) of new pla
 SCHEDULER = "scheduler"  # a pass's figures, as a mapping
 REASONS = "reasons"  # (task id, tenant id, pending reason) a pass changed
 SAMPLES = "samples"  # keywords node_id, samples, tenants_by_gpu: one node's tick
+TOPICS = (TASKS, GPUS, NODES, ALERTS, PLACEMENTS, SCHEDULER, REASONS, SAMPLES)
 
 _subscribers: dict[str, list[Handler]] = {}
 

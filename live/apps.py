@@ -12,14 +12,5 @@ class LiveConfig(AppConfig):
         from gpuplatform import events
         from live import events as live
 
-        for topic in (
-            events.TASKS,
-            events.GPUS,
-            events.NODES,
-            events.ALERTS,
-            events.PLACEMENTS,
-            events.SCHEDULER,
-            events.REASONS,
-            events.SAMPLES,
-        ):
+        for topic in events.TOPICS:
             events.subscribe(topic, getattr(live, f"publish_{topic}"))
