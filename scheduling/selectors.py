@@ -13,7 +13,7 @@ from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
 from gpuplatform.db import server_bound_cursor
@@ -298,10 +298,14 @@ def tasks_active(*, tenant: Tenant, owner_id: int, limit: int = 20) -> list[Task
 
 def gpus_free_by_type() -> list[dict]:
     """Whole GPUs nothing holds now, per type, on nodes that take new work: what a new task
-    could start on at once. Also how many are simulated (said so wherever they are shown)."""
+    could start on at once. Also how many are simulated (said so wherever they are shown).
+
+    "Holds" is what the API's ``in_use`` says (:func:`gpu_list`'s active allocations): a GPU
+    that never held an allocation is free, one shared by memory is not free whole."""
+    held = Allocation.objects.filter(gpu=OuterRef("pk"), released_at__isnull=True)
     free = (
         GPU.objects.filter(state="available", node__state="available")
-        .exclude(allocations__released_at__isnull=True)
+        .exclude(Exists(held))
         .values("gpu_type", "memory_mb")
         .annotate(
             free=Count("id"),
