@@ -181,7 +181,8 @@ def early_key(address: str, authorization: str | None) -> str:
 
 def too_many_requests_body(wait_s: float) -> tuple[bytes, int]:
     retry_after = max(1, math.ceil(wait_s))
-    detail = f"Request was throttled. Expected available in {retry_after} seconds."
+    unit = "second" if retry_after == 1 else "seconds"
+    detail = f"Request was throttled. Expected available in {retry_after} {unit}."
     return json.dumps({"detail": detail, "errors": {}}).encode(), retry_after
 
 

@@ -370,11 +370,7 @@ def place_query(placements: list[Placement], now: datetime) -> Query:
             "now": now,
             "ids": [p.task_id for p in placements],
             "nodes": [p.node for p in placements],
-            "reasons": [
-                f"placed on {p.node} (GPU ids "
-                f"{', '.join(str(gpu_id) for gpu_id, _ in p.gpus) or 'none'})"
-                for p in placements
-            ],
+            "reasons": [f"placed on {p.node}" for p in placements],
             "s_task": [task_id for task_id, *_ in shares],
             "s_gpu": [gpu_id for _, gpu_id, _, _ in shares],
             "s_mb": [mb for _, _, mb, _ in shares],
@@ -386,6 +382,7 @@ def place_query(placements: list[Placement], now: datetime) -> Query:
 # Each placed task still pending becomes scheduled on its node, with an allocation per GPU
 # share (the trigger of migration 0003 refuses one over a GPU's capacity, failing the pass)
 # and its event, in one statement. Returns (task id, attempt, tenant id, node id) of each placed.
+# The event names the GPUs by their index on the node, as every page and nvidia-smi do.
 # The tasks are found by their keys alone: as "state = 'pending'" the planner, without
 # statistics (no ANALYZE yet, or autovacuum off), took the state's index and read every pending
 # task to place one (each of a node agent's hand-offs read the whole backlog: tests/scheduling/
@@ -401,10 +398,17 @@ _PLACING = transitions.moved(
     returning="t.tenant_id, t.node_id",
 )
 _PLACE = f"""
-    WITH v AS (SELECT v.id, n.id AS node_id, v.reason
+    WITH v AS (SELECT v.id, n.id AS node_id,
+                      v.reason || ' (GPU ' || COALESCE(i.indexes, 'none') || ')' AS reason
                  FROM unnest(%(ids)s::bigint[], %(nodes)s::text[], %(reasons)s::text[])
                       AS v(id, node, reason)
-                 JOIN scheduling_node n ON n.name = v.node),
+                 JOIN scheduling_node n ON n.name = v.node
+                 LEFT JOIN (SELECT s.task_id,
+                                   string_agg(g.index::text, ', ' ORDER BY g.index) AS indexes
+                              FROM unnest(%(s_task)s::bigint[], %(s_gpu)s::bigint[])
+                                   AS s(task_id, gpu_id)
+                              JOIN scheduling_gpu g ON g.id = s.gpu_id
+                             GROUP BY s.task_id) i ON i.task_id = v.id),
     {_PLACING},
     shares AS (INSERT INTO scheduling_allocation
                       (task_id, attempt, gpu_id, memory_mb, exclusive, started_at)

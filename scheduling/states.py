@@ -74,6 +74,9 @@ class IllegalTransition(Exception):
         known = from_state in TaskState._value2member_map_
         allowed = ", ".join(sorted(TRANSITIONS[TaskState(from_state)])) if known else ""
         allowed = allowed or "none"
+        if from_state == to_state:  # cancelling twice: say so, not the table
+            super().__init__(f"the task is already {from_state}")
+            return
         super().__init__(
             f"a task cannot go from {from_state} to {to_state} (allowed from {from_state}: "
             f"{allowed})"

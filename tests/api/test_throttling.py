@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import time
 
 from django.db import connection, transaction
@@ -161,3 +162,11 @@ def test_a_remembered_clients_allowed_request_lets_neighbours_go_first():
 
     asyncio.run(both())
     assert events == ["neighbour starts", "neighbour ends", "flooder starts", "flooder ends"]
+
+
+def test_the_wait_is_said_in_proper_english():
+    """ "1 seconds" was the text of every 429 whose wait rounds to a second."""
+    one, _ = throttle.too_many_requests_body(0.2)
+    three, _ = throttle.too_many_requests_body(2.5)
+    assert json.loads(one)["detail"] == "Request was throttled. Expected available in 1 second."
+    assert json.loads(three)["detail"].endswith("in 3 seconds.")

@@ -64,6 +64,18 @@ def test_a_submitted_task_is_placed_with_its_allocation_and_an_event(lab, workst
     assert task.events.last().reason.startswith("placed on workstation-1")
 
 
+def test_the_placement_event_names_gpus_by_their_index_on_the_node(lab, db):
+    """Pages and nvidia-smi name a GPU by its index; the event did by its database id."""
+    first = NodeFactory(name="workstation-1")
+    make_gpus(first, count=4)
+    second = NodeFactory(name="workstation-2")  # its GPUs' ids are 5-8, their indexes 0-3
+    make_gpus(second, count=4)
+    first.gpus.all().delete()
+    task = submit(lab, gpus_min=2, gpus_max=2)
+    scheduler.schedule_pass()
+    assert task.events.last().reason == "placed on workstation-2 (GPU 0, 1)"
+
+
 def test_two_tenants_submitting_at_the_same_instant_get_two_different_gpus(
     lab, other_lab, workstation
 ):

@@ -16,7 +16,7 @@ from nodeagent.launcher import lifecycle
 from scheduling import controls, passes, scheduler
 from scheduling.agentapi import handoff, reports
 from scheduling.agentapi.messages import ExitReport, StartReport
-from scheduling.models import Allocation, Successor, Task, TaskAttempt, TaskEvent
+from scheduling.models import GPU, Allocation, Successor, Task, TaskAttempt, TaskEvent
 from scheduling.policy import Placement
 from scheduling.spec import PRIORITIES, TaskSpec
 from scheduling.states import TaskState
@@ -77,7 +77,8 @@ def test_a_plain_end_hands_its_gpu_to_the_first_successor(launcher, node, lab, m
     successor = Task.objects.get(pk=later[0].pk)
     assert (successor.state, successor.node_id, successor.attempt) == ("scheduled", node.pk, 1)
     event = TaskEvent.objects.get(task=successor, to_state="scheduled")
-    assert event.reason == f"placed on {node.name} (GPU ids {freed})"
+    # Named by its index on the node, as pages and nvidia-smi name it, not its database id.
+    assert event.reason == f"placed on {node.name} (GPU {GPU.objects.get(pk=freed).index})"
     assert Allocation.objects.get(task=successor, released_at__isnull=True).gpu_id == freed
     attempt = TaskAttempt.objects.get(task=successor, number=1)
     assert attempt.launched_by == node.name
