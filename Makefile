@@ -36,7 +36,7 @@ messages:
 	@command -v msgfmt >/dev/null || { [ "$$(id -u)" = 0 ] && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gettext >/dev/null; } || \
 		{ echo "compiling translations needs msgfmt: apt-get install gettext"; exit 1; }
-	@for po in locale/*/LC_MESSAGES/django.po; do \
+	@for po in locale/*/LC_MESSAGES/*.po; do \
 		msgfmt --check-format -o "$${po%.po}.mo" "$$po" || exit 1; done
 
 # The browser tests drive Debian's Chromium through Playwright (`playwright install` cannot

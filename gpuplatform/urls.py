@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from django.views.i18n import JavaScriptCatalog
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gpuplatform import api_index, views
@@ -38,6 +39,8 @@ urlpatterns = [
         name="password_change_done",
     ),
     path("i18n/", include("django.conf.urls.i18n")),
+    # The pages' scripts' strings (locale/*/LC_MESSAGES/djangojs.po) in the viewer's language.
+    path("jsi18n/", JavaScriptCatalog.as_view(domain="djangojs"), name="javascript-catalog"),
     path("portal/", include("portal.urls")),
     path("admin/", admin.site.urls),
     path("dashboard/", include("live.urls")),

@@ -5,14 +5,26 @@ format_html escapes the same for far less."""
 from __future__ import annotations
 
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
+from django.utils.translation import pgettext
 
 
 def render_tiles(
     tiles: list[dict], *, simulated: bool, tasks_url: str, dash_url: str
 ) -> SafeString:
-    labels = {"drain": _("drain"), "undrain": _("undrain"), "idle": _("idle")}
+    labels = {
+        "drain": _("drain"),
+        "undrain": _("undrain"),
+        "idle": _("idle"),
+        "simulated": _("simulated"),
+        # States as people read them (static/live/dashboard.js says the same when one changes).
+        "available": pgettext("state", "available"),
+        "draining": pgettext("state", "draining"),
+        "offline": pgettext("state", "offline"),
+        "failed": pgettext("state", "failed"),
+        "in use": pgettext("state", "in use"),
+    }
     return format_html_join(
         "\n", "{}", ((_tile(tile, simulated, tasks_url, dash_url, labels),) for tile in tiles)
     )
@@ -38,7 +50,7 @@ def _tile(tile: dict, simulated: bool, tasks_url: str, dash_url: str, labels: di
         '<div class="gp-tile" id="gpu-{pk}" data-gpu-id="{pk}" data-state="{state}" '
         'data-memory-mb="{memory}"{sim} title="{model} {uuid}"{style}>'
         '<div class="gp-tile-head"><strong>GPU {index}</strong> '
-        '<span class="gp-state">{state}</span></div>'
+        '<span class="gp-state">{label}</span></div>'
         '<div class="gp-type">{gpu_type}</div>'
         '<div class="gp-metrics"><span data-metric="util">{util}</span>'
         '<span data-metric="mem">{mem}</span><span data-metric="temp">{temp}</span>'
@@ -49,8 +61,12 @@ def _tile(tile: dict, simulated: bool, tasks_url: str, dash_url: str, labels: di
         '<a class="gp-act gp-undrain" href="{dash}gpu/{pk}/undrain/">{undrain}</a></div></div>',
         pk=gpu.pk,
         state=gpu.state,
+        # An available GPU that a task holds is busy, not "available".
+        label=labels.get(
+            "in use" if tile["holders"] and gpu.state == "available" else gpu.state, gpu.state
+        ),
         memory=gpu.memory_mb,
-        sim=mark_safe(' data-simulated="1"') if simulated else "",  # noqa: S308 - a constant
+        sim=format_html(' data-simulated="{}"', labels["simulated"]) if simulated else "",
         model=gpu.model,
         uuid=gpu.uuid,
         style=format_html(' style="--gp-heat: hsl({} 65% 45%)"', heat) if heat is not None else "",

@@ -89,11 +89,11 @@ def browser_page(chromium, browser_server) -> Iterator[Callable]:
 
     contexts = []
 
-    def make(user, *, width: int = 1600, height: int = 1000):
+    def make(user, *, width: int = 1600, height: int = 1000, locale: str = "en-GB"):
         client = Client()
         client.force_login(user)
         cookie = client.cookies[settings.SESSION_COOKIE_NAME]
-        context = chromium.new_context(viewport={"width": width, "height": height})
+        context = chromium.new_context(viewport={"width": width, "height": height}, locale=locale)
         context.add_cookies(
             [{"name": settings.SESSION_COOKIE_NAME, "value": cookie.value, "url": browser_server}]
         )

@@ -161,13 +161,13 @@
       const tile = document.getElementById(`gpu-${event.id}`);
       if (!tile) return;
       tile.dataset.state = event.state;
-      tile.querySelector(".gp-state").textContent = event.state;
+      tile.querySelector(".gp-state").textContent = stateLabel(event.state, tile.querySelector(".gp-holder a") !== null);
       tile.title = event.reason || tile.title;
     } else if (event.kind === "node") {
       const node = document.getElementById(`node-${event.id}`);
       if (!node) return;
       node.dataset.state = event.state;
-      node.querySelector(".gp-node-state").textContent = event.state;
+      node.querySelector(".gp-node-state").textContent = stateLabel(event.state, false);
       if (event.last_heartbeat) node.querySelector(".gp-heartbeat").textContent = clock(event.last_heartbeat);
     } else if (event.kind === "task") {
       document.querySelectorAll(`tr[data-task-id="${event.id}"]`).forEach((row) => {
@@ -223,7 +223,7 @@
     const element = document.getElementById(id);
     if (charts[id]) charts[id].destroy();
     const width = Math.max(element.clientWidth, 320);
-    const series = [{}].concat(labels.map((label, i) => ({ label, stroke: palette[i % palette.length], width: 1.5, spanGaps: false })));
+    const series = [{ label: gettext("Time") }].concat(labels.map((label, i) => ({ label, stroke: palette[i % palette.length], width: 1.5, spanGaps: false })));
     const scales = yMax ? { y: { range: [0, yMax] } } : {};
     charts[id] = new uPlot({ width, height: 200, series, scales, axes: [{}, { size: 50 }] },
       [[]].concat(labels.map(() => [])), element);
@@ -324,6 +324,14 @@
 
   // gettext comes from Django's JavaScript catalogue where the page loads it; plain text otherwise.
   function gettext(text) { return window.django && window.django.gettext ? window.django.gettext(text) : text; }
+  function pgettext(context, text) { return window.django && window.django.pgettext ? window.django.pgettext(context, text) : text; }
+  // A GPU or node state as the tiles show it (live/tiles.py): an available GPU a task holds is "in use".
+  function stateLabel(state, held) {
+    const labels = { available: pgettext("state", "available"), draining: pgettext("state", "draining"),
+      offline: pgettext("state", "offline"), failed: pgettext("state", "failed") };
+    if (state === "available" && held) return pgettext("state", "in use");
+    return labels[state] || state;
+  }
   function interpolate(text, args) { let i = 0; return text.replace(/%s/g, () => String(args[i++])); }
 
   // Runtimes keep counting between renders (rendered in seconds as of the page's render).

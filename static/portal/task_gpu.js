@@ -10,6 +10,8 @@
   const status = document.getElementById("gpu-charts-status");
   const palette = ["#2f6fb0", "#c2571a", "#2b8a3e", "#8e44ad", "#b58900", "#d33682", "#268bd2", "#6c757d"];
   const ids = config.gpus.map((g) => g.id);
+  // From Django's JavaScript catalogue (/jsi18n/), loaded before this script.
+  const gettext = (text) => (window.django && window.django.gettext ? window.django.gettext(text) : text);
   // time -> {gpuId: [util, memUsedMiB]}; one map keeps history and live points aligned.
   const points = new Map();
   const charts = {};
@@ -27,7 +29,7 @@
   function makeChart(id, yMax) {
     const element = document.getElementById(id);
     const width = Math.max(element.clientWidth, 320);
-    const series = [{}].concat(config.gpus.map((g, i) => ({
+    const series = [{ label: gettext("Time") }].concat(config.gpus.map((g, i) => ({
       label: `GPU ${g.index}`, stroke: palette[i % palette.length], width: 1.5, spanGaps: false,
     })));
     charts[id] = new uPlot({

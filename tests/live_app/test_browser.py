@@ -36,8 +36,8 @@ def rack(lab, outsider):
     return {"nodes": nodes, "gpus": gpus, "task": task}
 
 
-def open_dashboard(browser_page, browser_server, user):
-    page = browser_page(user)
+def open_dashboard(browser_page, browser_server, user, locale: str = "en-GB"):
+    page = browser_page(user, locale=locale)
     page.goto(f"{browser_server}/dashboard/")
     page.wait_for_function("window.gpDashboard && window.gpDashboard.connected()")
     page.evaluate("window.loadedOnce = true")  # gone if the page reloads
@@ -79,6 +79,44 @@ def test_the_dashboard_loads(browser_page, browser_server, operator, rack):
     runtime = page.locator(f'tr[data-task-id="{rack["task"].pk}"] .gp-runtime').inner_text()
     assert runtime.startswith("1 h 1 min")  # counted on by the page since its render
     screenshot(page, "dashboard")
+
+
+def test_a_busy_gpu_says_in_use_not_available(browser_page, browser_server, operator, rack):
+    page = open_dashboard(browser_page, browser_server, operator)
+    busy, idle = rack["gpus"][0][0], rack["gpus"][0][1]
+    assert page.locator(f"#gpu-{busy.pk} .gp-state").inner_text().lower() == "in use"
+    assert page.locator(f"#gpu-{idle.pk} .gp-state").inner_text().lower() == "available"
+
+
+def test_the_dashboard_speaks_chinese_with_its_own_language_switch(
+    browser_page, browser_server, operator, rack
+):
+    page = open_dashboard(browser_page, browser_server, operator, locale="zh-CN")
+    busy, idle = rack["gpus"][0][0], rack["gpus"][0][1]
+    node = rack["nodes"][0]
+    # Rendered by the server, said again by the script (Django's JavaScript catalogue).
+    assert page.locator(f"#gpu-{busy.pk} .gp-state").inner_text() == "使用中"
+    assert page.locator(f"#gpu-{idle.pk} .gp-state").inner_text() == "可用"
+    assert page.locator(f"#node-{node.pk} .gp-node-state").inner_text() == "可用"
+    assert page.locator("#gp-conn").inner_text() == "实时"
+    assert "sim" not in page.evaluate(
+        "getComputedStyle(document.querySelector('.gp-tile .gp-type'), '::after').content"
+    )
+    assert "时间" in page.locator("#gp-chart-util").inner_text()  # the chart's legend
+    shell(
+        "from scheduling import services\nfrom scheduling.models import GPU\n"
+        f"services.gpus_drain(gpus=[GPU.objects.get(pk={idle.pk})])",
+        CHANNEL_LAYER="postgres",
+    )
+    page.wait_for_selector(f'#gpu-{idle.pk}[data-state="draining"]')
+    assert page.locator(f"#gpu-{idle.pk} .gp-state").inner_text() == "排空中"
+    screenshot(page, "dashboard-zh")
+    # The switch turns the page to English, where it stays.
+    page.select_option("#language-switch", "en")
+    page.click(".language-form button[type=submit]")
+    page.wait_for_function("window.gpDashboard && window.gpDashboard.connected()")
+    assert page.locator("#gp-conn").inner_text() == "live"
+    assert page.locator(f"#gpu-{busy.pk} .gp-state").inner_text().lower() == "in use"
 
 
 def test_a_chart_receives_points_pushed_after_the_page_opened(
