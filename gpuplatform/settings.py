@@ -423,6 +423,16 @@ CGROUP_NAME = env.string("CGROUP_NAME", "gpuplatform")
 CGROUP_FAVOR_DYNMODS = env.boolean("CGROUP_FAVOR_DYNMODS", True)
 if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", CGROUP_NAME) or CGROUP_NAME in (".", ".."):
     raise ImproperlyConfigured(f"CGROUP_NAME: a plain directory name, got {CGROUP_NAME!r}")
+# A task opens only the device nodes of the GPUs it holds (nodeagent/launcher/gpufence.py):
+# "auto" uses the v1 devices controller where it is mounted, else an eBPF device program on the
+# attempt's cgroup v2; "devices" and "bpf" insist on one (an attempt fails if it cannot be
+# fenced that way); "off" fences nothing. Needs cgroups (root, USE_CGROUPS).
+GPU_FENCE = env.choice("GPU_FENCE", "auto", ("auto", "devices", "bpf", "off"))
+# Where the GPUs' device nodes (nvidia0, nvidia1, ..., nvidiactl) are: /dev on a real host; a
+# directory of stand-in nodes in tests.
+GPU_DEVICE_DIR = Path(env.string("GPU_DEVICE_DIR", "/dev"))
+if not GPU_DEVICE_DIR.is_absolute():
+    raise ImproperlyConfigured(f"GPU_DEVICE_DIR: an absolute path, got {str(GPU_DEVICE_DIR)!r}")
 # User failures are retried after RETRY_BACKOFF * 2^(n-1) seconds (at most an hour).
 RETRY_BACKOFF = env.integer("RETRY_BACKOFF", 10, minimum=0)
 # Infrastructure failures (node lost, supervisor gone) requeue a task this many times, then

@@ -20,7 +20,7 @@ from gpuplatform import connections as db_connections
 from gpuplatform import env
 from gpuplatform.db import close_old_connections
 from nodeagent.inventory import GpuBackend, GpuInfo, open_backend
-from nodeagent.launcher import cgroups, environ, gpuwatch, identity, lifecycle, tracking
+from nodeagent.launcher import cgroups, environ, gpufence, gpuwatch, identity, lifecycle, tracking
 from nodeagent.launcher.cluster import launch_cluster, spawner
 from nodeagent.launcher.relay import Relay
 from scheduling import services
@@ -87,6 +87,7 @@ class NodeAgent:
 
     def register(self) -> list[GpuInfo]:
         gpus = self.backend.discover()
+        gpufence.publish(self.name, gpus)  # before the GPUs are offered: supervisors read it
         pool = next((p for p in self.config.pools if p.name == self.node_config.pool), None)
         services.node_register(
             name=self.name,
@@ -95,7 +96,7 @@ class NodeAgent:
             hostname=socket.gethostname(),
             backend=self.backend.name,
             gpus=gpus,
-            isolation=identity.isolation_mode(),
+            isolation=tracking.isolation(),
             process_tracking=tracking.describe(),
         )
         self._last_seen = tuple(gpus)
@@ -166,6 +167,9 @@ class NodeAgent:
                 self.name,
                 identity.SINGLE_USER_NOTE,
             )
+        # Tasks may still run here from before a restart: their supervisors' successors need
+        # the GPUs' device nodes before the first heartbeat registers them.
+        gpufence.publish(self.name, self.backend.discover())
         relay = self._relay() if launcher else None
         # The spawner first: launches find it from the cluster's first job on.
         children = [spawner(self.name), launch_cluster(self.name)] if launcher else []

@@ -83,7 +83,16 @@ class NvmlBackend(GpuBackend):
             memory_mb=memory_mb,
             pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
             gpu_type=gpu_type_for(model, memory_mb),
+            minor=self._minor(handle),
         )
+
+    def _minor(self, handle: Any) -> int | None:
+        """/dev/nvidia<minor>: not the index, which follows PCI order, while the driver numbers
+        its device nodes as it probes them. None where NVML does not say (not on Linux)."""
+        try:
+            return int(self._nvml.nvmlDeviceGetMinorNumber(handle))
+        except self._nvml.NVMLError:
+            return None
 
     def processes(self) -> list[GpuProcess]:
         """Compute and graphics processes on every GPU, one entry per (GPU, pid).

@@ -65,6 +65,7 @@ class SimulatedBackend(GpuBackend):
                 memory_mb=self.spec.memory_mb,
                 pci_bus_id="00000000:%02X:00.0" % (index + 1),
                 gpu_type=gpu_type,
+                minor=index,  # /dev/nvidia<index>: stand-ins made with mknod in tests
             )
             for index in range(self.spec.count)
             if index not in self.hidden and index not in self.lost

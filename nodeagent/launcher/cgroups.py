@@ -37,6 +37,8 @@ from pathlib import Path
 
 # Controllers the platform limits and accounts with; the order is the one reports use.
 LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
+# v1 only (v2 has eBPF device programs instead, see gpufence): which devices an attempt opens.
+DEVICES = "devices"
 CPU_PERIOD_US = 100_000
 # A freeze normally completes in microseconds; a task stuck in uninterruptible sleep (a dead
 # NFS server, a wedged GPU driver call) can hold it up, and then the caller must hear about it.
@@ -80,8 +82,8 @@ class Hierarchy:
     ``unified`` is the v2 base when v2 tracks the attempts (it can freeze them); then
     ``unified_controllers`` are the limit controllers enabled below it and ``unified_kill`` says
     whether ``cgroup.kill`` exists. Otherwise the v1 ``freezer`` base tracks them. ``v1`` maps
-    each limit controller the v2 side lacks to its v1 base (controllers sharing one v1 mount,
-    such as ``cpu,cpuacct``, share the base).
+    each limit controller the v2 side lacks, and ``devices``, to its v1 base (controllers
+    sharing one v1 mount, such as ``cpu,cpuacct``, share the base).
     """
 
     unified: Path | None = None
@@ -331,7 +333,7 @@ def detect() -> Hierarchy | None:
     for mount in (m for m in mounts if m.version == 1):
         needed = [
             c
-            for c in (*LIMIT_CONTROLLERS, "freezer")
+            for c in (*LIMIT_CONTROLLERS, DEVICES, "freezer")
             if c in mount.options
             and c not in v1_by_controller
             and not (c == "freezer" and (freezer or unified))
@@ -351,7 +353,9 @@ def detect() -> Hierarchy | None:
 
     if unified is None and freezer is None:
         return None
-    v1 = tuple((c, v1_by_controller[c]) for c in LIMIT_CONTROLLERS if c in v1_by_controller)
+    v1 = tuple(
+        (c, v1_by_controller[c]) for c in (*LIMIT_CONTROLLERS, DEVICES) if c in v1_by_controller
+    )
     return Hierarchy(
         unified=unified,
         unified_controllers=tuple(unified_controllers),
@@ -501,13 +505,21 @@ class AttemptCgroup:
         return self.directories[0] if self.hierarchy.unified is not None else None
 
     @classmethod
-    def create(cls, hierarchy: Hierarchy, *parts: str, limits: Limits = Limits()) -> AttemptCgroup:
-        """Make (or reuse) the attempt's directories in every hierarchy and apply ``limits``.
+    def create(
+        cls,
+        hierarchy: Hierarchy,
+        *parts: str,
+        limits: Limits = Limits(),
+        deny_devices: list[str] | None = None,
+    ) -> AttemptCgroup:
+        """Make (or reuse) the attempt's directories in every hierarchy and apply ``limits``;
+        with ``deny_devices`` (``devices.deny`` lines), join the v1 devices controller too.
 
         Raises CgroupError before creating anything when a limit has no controller here, since a
         task that believes it is limited and is not can take the node down.
         """
-        missing = [c for c in limits.controllers() if hierarchy.location(c) is None]
+        controllers = limits.controllers() + ([DEVICES] if deny_devices is not None else [])
+        missing = [c for c in controllers if hierarchy.location(c) is None]
         if missing:
             raise CgroupError(
                 f"cannot enforce the {', '.join(missing)} limit: no such controller in "
@@ -515,8 +527,8 @@ class AttemptCgroup:
             )
         # Only the tracker and the controllers the limits need: a v1 hierarchy joined for
         # nothing cost each attempt a mkdir, a join and an rmdir (three of four, here).
-        group = cls(hierarchy, *parts, controllers=limits.controllers())
-        for base in hierarchy.bases(limits.controllers()):
+        group = cls(hierarchy, *parts, controllers=controllers)
+        for base in hierarchy.bases(controllers):
             if base == hierarchy.unified:
                 group._make_unified(base, limits)
             else:
@@ -527,6 +539,8 @@ class AttemptCgroup:
                         f"cannot create {base.joinpath(*parts)}: {exc.strerror}"
                     ) from exc
         group._apply(limits)
+        for rule in deny_devices or ():
+            _write(group._dir(DEVICES) / "devices.deny", rule)
         return group
 
     def _make_unified(self, base: Path, limits: Limits) -> None:

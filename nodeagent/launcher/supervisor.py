@@ -241,7 +241,7 @@ class Supervisor:
             return self.finish(None, problem=f"cannot run as the tenant: {exc}")
         try:
             self.tracker = tracking.for_attempt(
-                it.node, it.task_id, it.attempt_no, task_limits(it.resources)
+                it.node, it.task_id, it.attempt_no, task_limits(it.resources), it.gpu_uuids
             )
         except Exception as exc:  # noqa: BLE001 - any cgroup failure fails the attempt clearly
             return self.finish(None, problem=f"cannot set up the attempt's cgroup: {exc}")

@@ -15,11 +15,12 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 
 import psutil
 from django.conf import settings
 
-from nodeagent.launcher import cgroups, procs
+from nodeagent.launcher import cgroups, gpufence, identity, procs
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,14 @@ def describe() -> str:
     if found is None:
         return "process tree (subreaper); no cgroups"
     return found.describe()
+
+
+def isolation() -> str:
+    """For the node's status: how tenants are separated here, GPUs included (``gpufence``)."""
+    how = identity.isolation_mode()
+    if not identity.privileged():
+        return how  # single-user mode says all there is to say
+    return f"{how}; {gpufence.describe(hierarchy())}"
 
 
 class CgroupTracker:
@@ -122,13 +131,29 @@ class TreeTracker:
         pass
 
 
-def for_attempt(node_name: str, task_id: int, attempt_no: int, limits: cgroups.Limits):
-    """The tracker a supervisor uses for its attempt (creating the cgroup)."""
+def for_attempt(
+    node_name: str,
+    task_id: int,
+    attempt_no: int,
+    limits: cgroups.Limits,
+    gpu_uuids: Sequence[str] = (),
+):
+    """The tracker a supervisor uses for its attempt (creating the cgroup, fenced to the
+    device nodes of ``gpu_uuids`` where the host can: see ``gpufence``)."""
     found = hierarchy()
     if found is None:
         return TreeTracker()
     parts = cgroup_parts(node_name, task_id, attempt_no)
-    return CgroupTracker(cgroups.AttemptCgroup.create(found, *parts, limits=limits))
+    fence = gpufence.plan(found, node_name, gpu_uuids)
+    rules = fence.device_rules() if fence is not None and fence.how == "devices" else None
+    group = cgroups.AttemptCgroup.create(found, *parts, limits=limits, deny_devices=rules)
+    if fence is not None:
+        try:
+            gpufence.attach(group, fence)
+        except cgroups.CgroupError:
+            group.remove()
+            raise
+    return CgroupTracker(group)
 
 
 # --- From the node agent: an attempt whose supervisor is gone ---------------------------------

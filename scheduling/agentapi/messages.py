@@ -171,6 +171,9 @@ class GpuInfo:
     memory_mb: int
     pci_bus_id: str
     gpu_type: str
+    # The device node's minor number (/dev/nvidia<minor>, char major 195), which the node agent
+    # fences tasks by; None where the driver does not say.
+    minor: int | None = None
 
 
 @dataclass(frozen=True)
