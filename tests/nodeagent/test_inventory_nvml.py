@@ -48,6 +48,7 @@ class FakeGpu:
     total_bytes: int
     bus_id: bytes | str
     lost: bool = False
+    minor: int | None = None  # None: NVML says "not supported"
 
 
 @dataclass
@@ -91,6 +92,11 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> Any:
         return SimpleNamespace(busId=self._alive(handle).bus_id, bus=1)
 
+    def nvmlDeviceGetMinorNumber(self, handle: FakeGpu) -> int:
+        if self._alive(handle).minor is None:
+            raise NVMLError_Unknown()
+        return handle.minor
+
     @staticmethod
     def _alive(handle: FakeGpu) -> FakeGpu:
         if handle.lost:
@@ -108,6 +114,7 @@ def rtx_4090(n: int, *, as_bytes: bool = True, lost: bool = False) -> FakeGpu:
         total_bytes=24564 * 1024 * 1024,
         bus_id=encode(f"00000000:0{n + 1}:00.0"),
         lost=lost,
+        minor=n,
     )
 
 
@@ -123,8 +130,17 @@ def test_it_describes_each_gpu_from_bytes_answers() -> None:
         memory_mb=24564,
         pci_bus_id="00000000:02:00.0",
         gpu_type="rtx4090-24g",
+        minor=1,
     )
     assert [gpu.index for gpu in gpus] == [0, 1]
+
+
+def test_it_gives_each_gpu_its_device_minor_not_its_index() -> None:
+    # The driver numbers /dev/nvidia<minor> as it probes; NVML's index follows PCI order.
+    first, second = rtx_4090(0), rtx_4090(1)
+    first.minor, second.minor = 3, None  # None: NVML cannot tell (not on Linux)
+    gpus = NvmlBackend(FakeNvml(gpus=[first, second])).discover()
+    assert [(gpu.index, gpu.minor) for gpu in gpus] == [(0, 3), (1, None)]
 
 
 def test_it_accepts_str_answers_from_newer_nvidia_ml_py() -> None:

@@ -130,7 +130,7 @@ def test_a_task_reaches_nothing_of_another_tenant_or_the_platform(
     assert database_url.read_text() == current_database_url()
     assert (database_url.stat().st_uid, oct(database_url.stat().st_mode & 0o777)) == (0, "0o600")
     node = Node.objects.get(name="workstation-1")
-    assert node.isolation == "tenant users"
+    assert node.isolation.startswith("tenant users; GPUs fenced by")
     assert node.process_tracking.startswith("cgroup")
 
 
