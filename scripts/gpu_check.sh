@@ -3,7 +3,9 @@
 #   1. the NVML backend's real-GPU tests (discovery, per-process memory, sampling, XID events);
 #   2. the platform as `make run` starts it (web, scheduler, node agent with GPU_BACKEND=nvml)
 #      running two one-GPU CUDA tasks submitted through gpuctl: they must run one after the
-#      other on a one-GPU host, see only their GPU, and leave telemetry for their GPU behind.
+#      other on a one-GPU host, see only their GPU, and leave telemetry for their GPU behind;
+#   3. the device fence: a task opens only its own GPU's /dev/nvidia<minor> and nvidia-smi in it
+#      lists only that GPU; a task with no GPU opens none.
 # Run from the repository root in an installed checkout (`make setup`), or with PYTHON naming an
 # interpreter that has requirements-dev.txt. TASK_PYTHON: the interpreter the CUDA tasks run
 # with, as the tenant's user (default: /usr/bin/python3); with PyTorch they compute, without it
@@ -112,6 +114,51 @@ for task in "$first" "$second"; do
     gpuctl logs "$task"
     gpuctl metrics "$task" || true
 done
+# The device fence: a task opens only its own GPUs' /dev/nvidia<minor> (EPERM for the others,
+# while nvidiactl stays open), and nvidia-smi inside it lists only its GPU; a task with no GPU
+# opens none and nvidia-smi lists none.
+FENCE_TASK='
+import errno, glob, json, os, re, subprocess
+found = {"nodes": {}}
+for path in sorted(glob.glob("/dev/nvidia[0-9]*")) + ["/dev/nvidiactl"]:
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        found["nodes"][path] = "opened"
+    except OSError as exc:
+        found["nodes"][path] = errno.errorcode.get(exc.errno, str(exc.errno))
+smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+found["smi"] = re.findall(r"UUID: (GPU-[0-9a-f-]+)", smi.stdout)
+found["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+print("FENCE", json.dumps(found))
+'
+step "GPU device fence (one GPU, then none)"
+fenced=$(gpuctl -o json run --name fence-1 --gpus 1 -- "$TASK_PY" -u -c "$FENCE_TASK" |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')
+unfenced=$(gpuctl -o json run --name fence-0 --gpus 0 -- "$TASK_PY" -u -c "$FENCE_TASK" |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')
+gpuctl wait "$fenced" "$unfenced" || status=$?
+for task in "$fenced" "$unfenced"; do
+    gpuctl logs "$task" | tee "var/gpu_check_fence_$task.log"
+done
+"$PY" manage.py shell -c "
+import json
+from scheduling.models import Node
+print('isolation:', '; '.join(Node.objects.values_list('isolation', flat=True)))
+for task, gpus in (($fenced, 1), ($unfenced, 0)):
+    line = next(l for l in open(f'var/gpu_check_fence_{task}.log') if l.startswith('FENCE '))
+    found = json.loads(line[6:])
+    held = [u for u in found['visible'].split(',') if u]
+    opened = [p for p, what in found['nodes'].items() if what == 'opened' and p[-1].isdigit()]
+    refused = [p for p, what in found['nodes'].items() if what == 'EPERM']
+    ok = (len(held) == gpus and found['smi'] == held and len(opened) == gpus
+          and len(opened) + len(refused) == len(found['nodes']) - 1
+          and found['nodes'].get('/dev/nvidiactl') == 'opened')
+    print('task', task, 'holds', held, 'nvidia-smi lists', found['smi'], 'opened', opened,
+          'refused', refused, 'OK' if ok else 'FAILED: the fence does not hold')
+    if not ok:
+        raise SystemExit(1)
+" || status=$?
+
 step "what the platform recorded"
 "$PY" manage.py shell -c "
 first, second = $first, $second
