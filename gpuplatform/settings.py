@@ -424,8 +424,8 @@ CGROUP_FAVOR_DYNMODS = env.boolean("CGROUP_FAVOR_DYNMODS", True)
 if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", CGROUP_NAME) or CGROUP_NAME in (".", ".."):
     raise ImproperlyConfigured(f"CGROUP_NAME: a plain directory name, got {CGROUP_NAME!r}")
 # A task opens only the device nodes of the GPUs it holds (nodeagent/launcher/gpufence.py):
-# "auto" uses the v1 devices controller where it is mounted, else an eBPF device program on the
-# attempt's cgroup v2; "devices" and "bpf" insist on one (an attempt fails if it cannot be
+# "auto" uses an eBPF device program on the attempt's cgroup v2 where there is one, else the v1
+# devices controller; "devices" and "bpf" insist on one (an attempt fails if it cannot be
 # fenced that way); "off" fences nothing. Needs cgroups (root, USE_CGROUPS).
 GPU_FENCE = env.choice("GPU_FENCE", "auto", ("auto", "devices", "bpf", "off"))
 # Where the GPUs' device nodes (nvidia0, nvidia1, ..., nvidiactl) are: /dev on a real host; a
