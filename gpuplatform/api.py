@@ -6,6 +6,11 @@ read through selectors that take it; another tenant's object is simply not found
 forbidden. One choke point for roles: ``IsTenantMember`` asks ``tenants.roles`` whether the
 caller's role may do the view's action (``tenant_actions``), and views ask ``Caller.require()``
 about one object (a member may control only its own tasks).
+
+A method a view does not handle is a 405 with ``Allow``, after the object the path names was
+looked up in the caller's tenant (the view's ``tenant_object()``): another tenant's id is a 404
+whatever the method, as it is for the methods the view handles. A whole number in the path past
+what PostgreSQL's bigint holds is a 400 naming it, after authentication.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from rest_framework.views import exception_handler
 from gpuplatform import throttle
 from gpuplatform.errors import FieldErrors
 from gpuplatform.outage import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
+from gpuplatform.query import WholeNumber
 from tenants import access
 from tenants.access import Caller
 from tenants.roles import Action
@@ -59,13 +65,48 @@ def view_action(view, method: str) -> Action:
     raise ImproperlyConfigured(f"{type(view).__name__}.tenant_actions does not name {method}")
 
 
+def handles(view, method: str) -> bool:
+    """Whether ``view`` has a handler for ``method``, as DRF's dispatch decides."""
+    name = method.lower()
+    return name in view.http_method_names and hasattr(view, name)
+
+
+_PATH_NUMBER = WholeNumber()
+_SCHEMA_NAMES = {"pk": "id"}
+
+
+def check_path_numbers(view) -> None:
+    """400 naming a whole number of the path (``<int:pk>``) that no bigint column holds: the
+    URL converter takes any length of digits."""
+    for name, value in getattr(view, "kwargs", {}).items():
+        if isinstance(value, int):
+            try:
+                _PATH_NUMBER.run_validation(value)
+            except exceptions.ValidationError as exc:
+                # Named as the schema names it (drf-spectacular documents ``pk`` as ``id``).
+                raise exceptions.ValidationError(
+                    {_SCHEMA_NAMES.get(name, name): exc.detail}
+                ) from None
+
+
 class IsTenantMember(permissions.BasePermission):
-    """A member of the tenant whose role may do the view's action (``tenants.roles``)."""
+    """A member of the tenant whose role may do the view's action (``tenants.roles``). For a
+    method the view does not handle, and for OPTIONS: 404 when the path names an object the
+    caller's tenant does not have (``view.tenant_object()``); then 405 (DRF adds ``Allow``)."""
 
     def has_permission(self, request, view) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        request_tenant(request).require(view_action(view, request.method))
+        caller = request_tenant(request)
+        check_path_numbers(view)
+        handled = handles(view, request.method)
+        if not handled or request.method == "OPTIONS":
+            tenant_object = getattr(view, "tenant_object", None)
+            if tenant_object is not None:
+                tenant_object()  # raises Http404 for another tenant's object
+        if not handled:
+            raise exceptions.MethodNotAllowed(request.method)
+        caller.require(view_action(view, request.method))
         return True
 
 
@@ -73,7 +114,10 @@ class IsOperator(permissions.BasePermission):
     message = gettext_lazy("operators only")
 
     def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+        allowed = bool(request.user and request.user.is_authenticated and request.user.is_staff)
+        if allowed:
+            check_path_numbers(view)
+        return allowed
 
 
 def errors_response(errors: dict[str, list[str]], code: int = 400) -> Response:

@@ -319,6 +319,14 @@ def get_task_for(request: Request, pk: int) -> Task:
     return selectors.task_get(tenant=request_tenant(request).tenant, pk=pk)
 
 
+class TaskInPath:
+    """A view of one of the caller's tasks (``pk``): another tenant's is a 404 whatever the
+    method, one the view does not handle included (gpuplatform.api.IsTenantMember)."""
+
+    def tenant_object(self) -> Task:
+        return get_task_for(self.request, self.kwargs["pk"])
+
+
 class StatesField(serializers.CharField):
     """Comma-separated task states: a typo is a 400 naming it, not a silently empty list."""
 
@@ -510,7 +518,7 @@ def _idempotent_replay(tenant, key: str, body: bytes) -> Response | None:
     return response
 
 
-class TaskDetailView(generics.RetrieveAPIView):
+class TaskDetailView(TaskInPath, generics.RetrieveAPIView):
     """One task: state, why it waits and where it stands, GPUs, node, attempts, exit code."""
 
     permission_classes = [IsTenantMember]
@@ -522,7 +530,7 @@ class TaskDetailView(generics.RetrieveAPIView):
         )
 
 
-class TaskEvents(generics.ListAPIView):
+class TaskEvents(TaskInPath, generics.ListAPIView):
     """The task's state changes, oldest first."""
 
     permission_classes = [IsTenantMember]
@@ -542,7 +550,7 @@ class LogQuery(serializers.Serializer):
     limit = WholeNumber(required=False, help_text=f"bytes, at most {logs.MAX_READ}")
 
 
-class TaskLog(APIView):
+class TaskLog(TaskInPath, APIView):
     """Read an attempt's output: from a byte offset (follow with `next_offset`), or its tail."""
 
     permission_classes = [IsTenantMember]
@@ -558,7 +566,7 @@ class TaskLog(APIView):
         return Response(LogOut(chunk).data)
 
 
-class TaskControl(APIView):
+class TaskControl(TaskInPath, APIView):
     """Cancel, pause, resume or retry a task: a member its own tasks, a tenant admin any task of
     the tenant (403 otherwise). Refused with 409 when its state does not allow."""
 

@@ -137,10 +137,15 @@ class TaskMetrics(APIView):
 
     permission_classes = [IsTenantMember]
 
+    def tenant_object(self) -> Task:
+        """The caller's task, or 404 whatever the method (gpuplatform.api.IsTenantMember)."""
+        return selectors.task_metrics_get(
+            tenant=request_tenant(self.request).tenant, pk=self.kwargs["pk"]
+        )
+
     @extend_schema(parameters=[RangeQuery], responses=SeriesOut)
     def get(self, request: Request, pk: int) -> Response:
-        task = selectors.task_metrics_get(tenant=request_tenant(request).tenant, pk=pk)
-        return _task_answer(request, task)
+        return _task_answer(request, self.tenant_object())
 
 
 class OperatorTaskMetrics(APIView):

@@ -142,12 +142,19 @@ class TokenRevoke(APIView):
     permission_classes = [IsTenantMember]
     tenant_actions = {"DELETE": Action.OWN_TOKENS}
 
+    def tokens(self):
+        """The caller's own token of the path, or 404 (whatever the method: IsTenantMember)."""
+        tenant = request_tenant(self.request).tenant
+        tokens = selectors.token_list(tenant=tenant, user=self.request.user)
+        tokens = tokens.filter(pk=self.kwargs["pk"])
+        get_object_or_404(tokens)
+        return tokens
+
+    tenant_object = tokens
+
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, pk: int) -> Response:
-        tenant = request_tenant(request).tenant
-        tokens = selectors.token_list(tenant=tenant, user=request.user).filter(pk=pk)
-        get_object_or_404(tokens)
-        services.apitokens_revoke(tokens=tokens)
+        services.apitokens_revoke(tokens=self.tokens())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -311,6 +318,10 @@ class TenantMemberDetail(APIView):
     def membership(self, username: str) -> Membership:
         return selectors.member_get(tenant=request_tenant(self.request).tenant, username=username)
 
+    def tenant_object(self) -> Membership:
+        """404 for someone not in the caller's tenant, whatever the method (IsTenantMember)."""
+        return self.membership(self.kwargs["username"])
+
     @extend_schema(responses=TenantMemberOut)
     def get(self, request: Request, username: str) -> Response:
         return Response(TenantMemberOut(self.membership(username)).data)
@@ -364,12 +375,18 @@ class TenantTokenRevoke(APIView):
     permission_classes = [IsTenantMember]
     tenant_actions = {"DELETE": Action.MANAGE_TOKENS}
 
+    def tokens(self):
+        """The tenant's token of the path, or 404 (whatever the method: IsTenantMember)."""
+        tenant = request_tenant(self.request).tenant
+        tokens = selectors.token_list(tenant=tenant, user=None).filter(pk=self.kwargs["pk"])
+        get_object_or_404(tokens)
+        return tokens
+
+    tenant_object = tokens
+
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, pk: int) -> Response:
-        tenant = request_tenant(request).tenant
-        tokens = selectors.token_list(tenant=tenant, user=None).filter(pk=pk)
-        get_object_or_404(tokens)
-        services.apitokens_revoke(tokens=tokens)
+        services.apitokens_revoke(tokens=self.tokens())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
