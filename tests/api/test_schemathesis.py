@@ -12,6 +12,10 @@ schema, valid ones and invalid ones. For each response:
 - ``ignored_auth``: an operation that succeeded with the token refuses the same request without
   it and with a wrong one.
 
+Every method on every path, not just the documented ones: the same generated requests sent with
+each method the schema does not list for their path answer 405 with ``Allow`` (404 for a path
+object the caller's tenant does not have, 400 for a path id past bigint), never a 5xx.
+
 Tenant endpoints run with a tenant admin's token, operator endpoints with an operator's. Two
 smaller runs check that every operation answers 401 without valid credentials and that operator
 endpoints answer 403 to a tenant admin.
@@ -26,6 +30,7 @@ here), 20 cases per operation, a fixed seed and no example database.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -37,7 +42,7 @@ from django.core.cache import cache
 from django.core.management.color import no_style
 from django.db import close_old_connections, connection
 from django.urls import Resolver404, resolve
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
@@ -348,6 +353,55 @@ def test_operator_endpoints_refuse_a_tenant_admin(case, admin):
     )
     expected = 403 if routes_to_a_view(response) else 404
     assert response.status_code == expected, (response.status_code, response.content)
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def undocumented_methods() -> list[tuple[str, list[str]]]:
+    """Each path of the schema with the methods it does not document."""
+    paths = []
+    for path, operations in schema.raw_schema["paths"].items():
+        if re.match(NOT_OPERATIONS, path):
+            continue
+        documented = {method.upper() for method in operations}
+        paths.append((path, [method for method in METHODS if method not in documented]))
+    return paths
+
+
+def assert_refused_method(response, method: str) -> None:
+    """A method the path does not document: 405 with Allow; or the view's lookup of the path's
+    object (404), or of its id (400), came first; HEAD and OPTIONS may be answered (DRF
+    answers them for every view, HEAD where there is a GET)."""
+    status = response.status_code
+    if status == 200 and method in ("HEAD", "OPTIONS"):
+        return
+    assert status in (400, 404, 405), (method, response.request.url, status, response.content)
+    if status == 404 and not routes_to_a_view(response):
+        return  # Django's own (HTML) 404: see routes_to_a_view
+    if status == 405:
+        assert method not in response.headers.get("allow", [""])[0], response.headers
+        assert response.headers.get("allow", [""])[0], response.headers
+    if method != "HEAD":
+        assert_uniform_error(response)
+
+
+@pytest.mark.parametrize(("path", "methods"), undocumented_methods())
+@FEW
+@given(data=st.data())
+@pytest.mark.django_db
+def test_every_method_a_path_does_not_document_is_refused_without_a_5xx(
+    path, methods, data, admin, operator
+):
+    documented = next(iter(schema[path].values()))
+    case = data.draw(documented.as_strategy())
+    caller = operator if re.match(OPERATOR_PATHS, path) else admin
+    caller.restore()
+    for method in methods:
+        case.method = method
+        response = case.call(headers=caller.headers)
+        case.validate_response(response, checks=[not_a_server_error])
+        assert_refused_method(response, method)
 
 
 def test_every_operation_documents_its_error_answers():
