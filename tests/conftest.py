@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -87,13 +88,39 @@ def workstation(db):
     return node
 
 
+# The Unix users this run makes for tenants (as root) are named under a prefix of its own, so
+# that it removes exactly those when it ends, whatever other runs on the machine are doing.
+TEST_USER_PREFIX = f"gput{os.getpid()}-"
+
+
 def pytest_configure(config):
     """Tests fork supervisors from this process, as a node's spawner does from its own: take
     setproctitle's hold on the environment now, before a test's monkeypatch changes it, or
-    those supervisors cannot name themselves (procs.keep_titles_settable)."""
+    those supervisors cannot name themselves (procs.keep_titles_settable). The processes tests
+    start read the tenant users' prefix from the environment, this one from its settings."""
+    from django.conf import settings
+
     from nodeagent.launcher import procs
 
+    os.environ["TENANT_USER_PREFIX"] = TEST_USER_PREFIX
+    settings.TENANT_USER_PREFIX = TEST_USER_PREFIX
     procs.keep_titles_settable()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_this_runs_tenant_users():
+    """Root cleans up after itself: the Unix users (and their groups) made under this run's
+    prefix go when the run ends. (Its cgroups go with the tests that made them.)"""
+    yield
+    if os.geteuid() != 0:
+        return
+    from nodeagent.launcher import tenant_users
+
+    problems = tenant_users.remove_all(TEST_USER_PREFIX)
+    if problems:
+        import warnings
+
+        warnings.warn("tenant users left behind: " + "; ".join(problems), stacklevel=1)
 
 
 @pytest.fixture(scope="session", autouse=True)

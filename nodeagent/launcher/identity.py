@@ -38,6 +38,9 @@ MAX_USER_NAME = 32  # useradd's limit
 NOLOGIN = "/usr/sbin/nologin"
 USERADD = "/usr/sbin/useradd"
 USERS_LOCK = "tenant-users.lock"  # in VAR_DIR: see _creating_users
+# The GECOS field of every user the platform makes, then the tenant's name: how the platform
+# knows its own users from the host's (nodeagent.launcher.tenant_users).
+MARK = "gpuplatform tenant "
 
 
 class IdentityError(Exception):
@@ -61,9 +64,10 @@ def isolation_mode() -> str:
     return "tenant users" if privileged() else SINGLE_USER_NOTE
 
 
-def tenant_user_name(tenant_name: str) -> str:
-    """The Unix user the platform creates for a tenant that has no ``unix_user`` set."""
-    name = settings.TENANT_USER_PREFIX + tenant_name
+def tenant_user_name(tenant_name: str, prefix: str | None = None) -> str:
+    """The Unix user the platform creates for a tenant that has no ``unix_user`` set
+    (``prefix``: TENANT_USER_PREFIX unless given)."""
+    name = (settings.TENANT_USER_PREFIX if prefix is None else prefix) + tenant_name
     if len(name) <= MAX_USER_NAME:
         return name
     digest = hashlib.sha256(tenant_name.encode()).hexdigest()[:6]
@@ -141,7 +145,7 @@ def _useradd(name: str, *, home: Path, tenant_name: str) -> subprocess.Completed
             "--shell",
             NOLOGIN,
             "--comment",
-            f"gpuplatform tenant {tenant_name}",
+            f"{MARK}{tenant_name}",
             name,
         ],
         capture_output=True,

@@ -27,6 +27,7 @@ from monitoring.models import Alert, AlertKind
 from nodeagent.launcher import identity, tracking
 from scheduling import controls, scheduler
 from scheduling.models import Node, TaskAttempt
+from tests.conftest import TEST_USER_PREFIX
 from tests.factories import TenantFactory
 from tests.nodeagent.launcher.conftest import state_of, wait_for
 from tests.nodeagent.launcher.test_launch import attempt_of, log_of, running, start
@@ -153,7 +154,7 @@ def test_a_tenant_user_is_made_with_no_login_and_a_private_home(launcher, node, 
     wait_for(state_of(task, "succeeded"))
     name, home = log_of(task).split()
     entry = pwd.getpwnam(name)
-    assert name == identity.tenant_user_name("vision-lab") == "gpu-vision-lab"
+    assert name == identity.tenant_user_name("vision-lab") == f"{TEST_USER_PREFIX}vision-lab"
     assert entry.pw_shell == identity.NOLOGIN and entry.pw_uid != 0
     assert home == str(launcher / "tasks" / "vision-lab")
     assert (Path(home) / "made-here").stat().st_uid == entry.pw_uid
@@ -171,7 +172,7 @@ def test_a_tenant_whose_unix_user_is_root_never_runs(launcher, node, lab):
 
 def test_long_tenant_names_make_valid_user_names():
     name = identity.tenant_user_name("a" * 63)
-    assert len(name) <= 32 and name.startswith("gpu-aaaa")
+    assert len(name) <= 32 and name.startswith(f"{TEST_USER_PREFIX}aaaa")
     assert name != identity.tenant_user_name("a" * 62 + "b")
 
 
