@@ -73,6 +73,9 @@ def markdown_path(names: list[str], markdown: Path | None) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+    # The Unix users the benchmarks' platforms make for tenants (as root) are named under this
+    # run's own prefix, read by every process they start, and removed when it ends.
+    os.environ["TENANT_USER_PREFIX"] = user_prefix = f"gpub{os.getpid()}-"
     import django
 
     django.setup()
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if created:
             connection.creation.destroy_test_db(original_name, verbosity=0)
             teardown_test_environment()
+        remove_tenant_users(user_prefix)
 
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
@@ -139,6 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def remove_tenant_users(prefix: str) -> None:
+    """Root cleans up after itself: the users (and their groups) made under ``prefix``."""
+    if os.geteuid() != 0:
+        return
+    from nodeagent.launcher import tenant_users
+
+    for problem in tenant_users.remove_all(prefix):
+        print(f"tenant user left behind: {problem}", file=sys.stderr)
 
 
 if __name__ == "__main__":
