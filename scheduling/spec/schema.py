@@ -70,7 +70,16 @@ MAX_PRIORITY = 100
 PRIORITIES = {"low": 10, "normal": 50, "high": 90}
 TASK_CLASSES = ("batch", "online")
 
-NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+# Task and queue names are written by people in any script ("训练-🚀"): anything but spaces,
+# control and invisible format characters (zero-width, bidi overrides) and ASCII punctuation
+# other than "." "_" "-", which may not lead. Nothing on a host is named after a task (its
+# directories, logs and cgroups use ids), so no machine needs them narrower. Spelt as a negated
+# class, which Python's re, pydantic's Rust regex and JavaScript read alike.
+_NOT_IN_NAMES = (
+    r"\s\x00-\x1f\x7f-\x9f!-,/:-@\[-\^`{-~"
+    r"\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff0-\uffff"
+)
+NAME = rf"[^{_NOT_IN_NAMES}._-][^{_NOT_IN_NAMES}]*"
 IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _SLUG = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
 _GPU_TYPE = r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?"
@@ -318,7 +327,8 @@ def _named_by_the_sweep(value: object) -> None:
 # --- Types ---------------------------------------------------------------------------------------
 
 _NAME_SAYS = gettext_noop(
-    "must start with a letter or digit and hold only letters, digits, '.', '_' and '-', got %(got)s"
+    "must start with a letter, digit or symbol and hold no spaces, invisible characters or "
+    "punctuation other than '.', '_' and '-', got %(got)s"
 )
 _SLUG_SAYS = gettext_noop(
     "must be lowercase letters, digits, inner '-', at most 63 characters, got %(got)s"
@@ -585,7 +595,8 @@ class TaskInput(_Spec):
     ] = Field(default="task", description=gettext_noop("task (the default) or sweep."))
     name: Name = Field(
         description=gettext_noop(
-            "Letters, digits, '.', '_' and '-', starting with a letter or digit."
+            "In any script (训练-🚀): no spaces, invisible characters or punctuation but '.', '_' "
+            "and '-', which may not lead."
         )
     )
     queue: Queue = ""

@@ -463,9 +463,9 @@ def test_detail_shows_gpus_node_and_attempts_once_scheduled(alice, owner, workst
     assert body["command"] == "python train.py"
 
 
-def test_an_unknown_or_huge_task_id_is_404(alice, workstation):
+def test_an_unknown_task_id_is_404_and_one_past_bigint_400(alice, workstation):
     assert_error_shape(alice.get(f"{TASKS}999999/"), 404)
-    assert_error_shape(alice.get(f"{TASKS}99999999999999999999999/"), 404)
+    assert_error_shape(alice.get(f"{TASKS}99999999999999999999999/"), 400, "id")
 
 
 # --- Events ---------------------------------------------------------------------------------------

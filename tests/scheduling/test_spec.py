@@ -100,6 +100,12 @@ def test_it_fills_in_defaults_for_a_minimal_task():
     assert (spec.timeout_s, spec.retries, spec.after) == (None, 0, ())
 
 
+@pytest.mark.parametrize("name", ["训练-🚀", "Ünïcode_1", "模型.v2", "x"])
+def test_names_are_written_in_any_script(name: str):
+    [spec] = parse_yaml(f"name: {name}\nqueue: {name}\ncommand: x\n")
+    assert (spec.name, spec.queue) == (name, name)
+
+
 def test_it_treats_empty_yaml_fields_as_not_given():
     [spec] = parse_yaml("name: a\ncommand: x\nenv:\nresources:\npolicy:\nqueue:\n")
 
@@ -202,11 +208,13 @@ def test_it_accepts_valid_fields(fields: dict, attribute: str, expected: object)
         ({"comand": "x"}, "comand", "did you mean 'command'?"),
         ({"name": None}, "name", "is required"),
         ({"name": ""}, "name", "must not be empty"),
-        ({"name": "-lead"}, "name", "must start with a letter or digit"),
-        ({"name": "has space"}, "name", "only letters, digits"),
+        ({"name": "-lead"}, "name", "must start with a letter, digit or symbol"),
+        ({"name": "has space"}, "name", "hold no spaces"),
+        ({"name": "zero\u200bwidth"}, "name", "invisible characters"),
+        ({"name": "a;b"}, "name", "punctuation other than"),
         ({"name": "a" * (MAX_NAME + 1)}, "name", f"at most {MAX_NAME} characters"),
         ({"name": 123}, "name", "must be a string, got 123; put it in quotes"),
-        ({"queue": "a/b"}, "queue", "only letters, digits"),
+        ({"queue": "a/b"}, "queue", "punctuation other than"),
         ({"queue": "q" * 101}, "queue", "at most 100 characters"),
         ({"command": None}, "command", "is required"),
         ({"command": "  "}, "command", "must not be empty"),
@@ -279,7 +287,7 @@ def test_it_accepts_valid_fields(fields: dict, attribute: str, expected: object)
         ({"policy": {"after": [0]}}, "policy.after[0]", "positive task id"),
         ({"policy": {"after": [2**63]}}, "policy.after[0]", "positive task id"),
         ({"policy": {"after": [True]}}, "policy.after[0]", "task name or id, got True"),
-        ({"policy": {"after": ["bad name"]}}, "policy.after[0]", "only letters, digits"),
+        ({"policy": {"after": ["bad name"]}}, "policy.after[0]", "hold no spaces"),
         ({"policy": {"after": {"a": 1}}}, "policy.after", "task name or id, got a mapping"),
         (
             {"policy": {"after": list(range(1, MAX_AFTER + 2))}},
@@ -409,7 +417,7 @@ def test_a_reused_spec_still_checks_each_name():
     errors = errors_of([{**BASE, "name": "a"}, {**BASE, "name": "-bad"}, {**BASE, "name": ""}])
 
     assert list(errors) == ["[1].name", "[2].name"]
-    assert "must start with a letter or digit" in errors["[1].name"][0]
+    assert "must start with a letter, digit or symbol" in errors["[1].name"][0]
     assert errors["[2].name"] == ["must not be empty"]
 
 
