@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import os
 import re
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -403,7 +406,39 @@ except ValueError as _exc:
 # --- Running tasks (the launcher) -----------------------------------------------------------
 # Each tenant's work directories live under TASKS_ROOT/<tenant>; a task's workdir is relative
 # to that and may not escape it. Logs: TASK_LOG_DIR/<tenant>/<task id>/attempt-<n>.log.
-TASKS_ROOT = Path(env.string("GPUPLATFORM_TASKS_ROOT", str(VAR_DIR / "tasks"))).resolve()
+#
+# As root, tasks run as tenant users, who must pass through every directory above their own
+# and above the shipped examples. Where the checkout's parents are closed to other users (root's
+# home is 0700 on Debian; so is a `mktemp -d` directory), those default to a system location
+# instead, one per checkout, as Slurm keeps its spool under /var/spool.
+
+
+def _crossable(path: Path) -> bool:
+    """Whether other users may pass through every existing directory from / down to ``path``."""
+    for directory in [*reversed(path.parents), path]:
+        try:
+            if not os.stat(directory).st_mode & stat.S_IXOTH:
+                return False
+        except FileNotFoundError:
+            break  # what is missing is made by the node, crossable
+    return True
+
+
+SYSTEM_DIR = Path(env.string("GPUPLATFORM_SYSTEM_DIR", "/var/lib/gpuplatform")) / (
+    f"{BASE_DIR.name}-{hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]}"
+)
+_IN_CHECKOUT = os.geteuid() != 0 or _crossable(VAR_DIR)
+TASKS_ROOT = Path(
+    env.string("GPUPLATFORM_TASKS_ROOT", str((VAR_DIR if _IN_CHECKOUT else SYSTEM_DIR) / "tasks"))
+).resolve()
+# What $GPUPLATFORM_EXAMPLES points tasks at: the checkout's examples/, or a copy of it that the
+# node agent keeps under SYSTEM_DIR when tenant users could not reach the checkout's.
+EXAMPLES_DIR = Path(
+    env.string(
+        "GPUPLATFORM_EXAMPLES_DIR",
+        str(BASE_DIR / "examples" if _IN_CHECKOUT else SYSTEM_DIR / "examples"),
+    )
+).resolve()
 TASK_LOG_DIR = Path(env.string("GPUPLATFORM_TASK_LOG_DIR", str(VAR_DIR / "logs"))).resolve()
 # Seconds between SIGTERM and SIGKILL when a task is cancelled, preempted or times out.
 TASK_STOP_GRACE = env.integer("TASK_STOP_GRACE", 30, minimum=0)

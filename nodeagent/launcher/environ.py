@@ -19,7 +19,7 @@ from django.conf import settings
 
 from gpuplatform.dburl import current_database_url
 from nodeagent.launcher import procs
-from nodeagent.launcher.identity import Identity, runtime_dir
+from nodeagent.launcher.identity import Identity, examples_dir, runtime_dir
 
 SECRET_NAMES = ("DATABASE_URL", "SECRET_KEY")
 TASK_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -45,7 +45,7 @@ def task_environment(assignment, identity: Identity | None) -> dict[str, str]:
         GPUPLATFORM_GPUS=gpus,
         GPUPLATFORM_TENANT=assignment.tenant,
         # The examples shipped with the platform, so examples/train-sweep.yaml runs as written.
-        GPUPLATFORM_EXAMPLES=str(Path(settings.BASE_DIR) / "examples"),
+        GPUPLATFORM_EXAMPLES=examples_dir(),
     )
     return env
 

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -208,6 +209,48 @@ def secure_platform_dirs() -> None:
     var = Path(settings.VAR_DIR)
     if var.is_dir():
         os.chmod(var, 0o711)  # noqa: S103 - crossing only: listing and reading stay closed
+    examples_dir()  # published before the first task asks for it
+
+
+def examples_dir() -> str:
+    """Where tasks find the shipped examples (``$GPUPLATFORM_EXAMPLES``): the checkout's own,
+    or, where tenant users cannot reach the checkout (``EXAMPLES_DIR`` set elsewhere, see
+    settings), a copy there that every user may read, refreshed when the checkout's changes."""
+    target = str(settings.EXAMPLES_DIR)
+    source = os.path.join(settings.BASE_DIR, "examples")
+    if target != source and privileged():
+        _publish_examples(source, target)
+    return target
+
+
+_EXAMPLES_STAMP = ".gpuplatform-copied"
+
+
+def _publish_examples(source: str, target: str) -> None:
+    """Copy ``source`` to ``target`` unless the copy is current (its stamp names the newest
+    change of the source), under the lock of the node's supervisors: two first tasks at once
+    must not read a half-written file."""
+    files = [os.path.join(d, f) for d, _, names in os.walk(source) for f in names]
+    stamp = str(max((os.stat(f).st_mtime_ns for f in files), default=0))
+    stamp_path = os.path.join(target, _EXAMPLES_STAMP)
+    with _creating_users():
+        try:
+            with open(stamp_path) as handle:
+                if handle.read() == stamp:
+                    return
+        except FileNotFoundError:
+            pass
+        parent = os.path.dirname(target)
+        os.makedirs(parent, mode=0o711, exist_ok=True)
+        os.chmod(parent, 0o711)  # noqa: S103 - crossing only, to the examples
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        for directory, _, names in os.walk(target):
+            os.chmod(directory, 0o755)  # noqa: S103 - the examples are public
+            for name in names:
+                path = os.path.join(directory, name)
+                os.chmod(path, 0o755 if os.stat(path).st_mode & stat.S_IXUSR else 0o644)  # noqa: S103
+        with open(stamp_path, "w") as handle:
+            handle.write(stamp)
 
 
 def runtime_dir() -> Path:
