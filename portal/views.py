@@ -286,6 +286,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "held": held,
             "simulated": bool(task.node and task.node.backend == "simulated"),
             "wait": task.wait_view,
+            "expected_start": task.expected_start,
             "hint": _hint(task) if task.state == TaskState.PENDING else "",
             "controls": controls if may_control else [],
             "may_submit": who.may(Action.SUBMIT),

@@ -242,8 +242,35 @@ class WaitOut(serializers.Serializer):
     details = serializers.DictField(help_text="The figures behind the reason, by code.")
 
 
+class ExpectedStartOut(serializers.Serializer):
+    at = serializers.DateTimeField(
+        allow_null=True, help_text="When it is expected to start; null when unknown."
+    )
+    earliest = serializers.DateTimeField(
+        allow_null=True, help_text="The start if the tasks ahead end as soon as they usually do."
+    )
+    latest = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The start if they run as long as they usually do at most (or to their "
+        "timeouts); null when nothing bounds it.",
+    )
+    basis = serializers.CharField(
+        help_text="What the estimate rests on, the weakest source used: now (GPUs that fit it "
+        "are free), command (the runtimes of the tenant's succeeded tasks with the same "
+        "command), tenant (the tenant's succeeded tasks), platform (every tenant's), timeout "
+        "(the timeouts of the tasks ahead only); unknown (nothing to go by, or not in line for "
+        "GPUs), later (beyond the first tasks in line a pass estimates)."
+    )
+    text = serializers.CharField(help_text="The estimate in a sentence, in the caller's language.")
+
+
 class TaskDetail(TaskOut):
     position = serializers.SerializerMethodField(help_text="Place in line while pending.")
+    expected_start = serializers.SerializerMethodField(
+        help_text="While pending: when it is expected to start, with bounds, as the last "
+        "scheduling pass estimated it from the running tasks' and the line's typical runtimes "
+        "(history) or timeouts; null otherwise."
+    )
     wait = serializers.SerializerMethodField(
         help_text="While pending: why it waits, as data (the `reason` is rendered from it); "
         "null otherwise, or until the next scheduling pass has looked at it."
@@ -257,6 +284,7 @@ class TaskDetail(TaskOut):
         fields = [
             *TaskOut.Meta.fields,
             "position",
+            "expected_start",
             "wait",
             "gpu_uuids",
             "attempts",
@@ -280,6 +308,11 @@ class TaskDetail(TaskOut):
     def get_position(self, task: Task) -> int | None:
         place = task.place
         return place[0] if place else None
+
+    @extend_schema_field(ExpectedStartOut(allow_null=True))
+    def get_expected_start(self, task: Task) -> dict | None:
+        start = task.expected_start
+        return None if start is None else ExpectedStartOut(start).data
 
     @extend_schema_field(WaitOut(allow_null=True))
     def get_wait(self, task: Task) -> dict | None:

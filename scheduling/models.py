@@ -7,6 +7,7 @@ GPU) are enforced by a trigger installed in migration 0002.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -266,9 +267,10 @@ class Task(models.Model):
         """Look up the place in line of every pending task of ``tasks`` in one query."""
         tasks = list(tasks)
         pending = [t.pk for t in tasks if t.state == TaskState.PENDING]
-        places = SchedulerState.places(pending) if pending else {}
+        places, starts = SchedulerState.places_and_starts(pending) if pending else ({}, {})
         for task in tasks:
             task._place = places.get(task.pk)
+            task._start = starts.get(task.pk)
 
     @property
     def place(self) -> tuple[int, int] | None:
@@ -278,6 +280,28 @@ class Task(models.Model):
         if not hasattr(self, "_place"):
             self._place = SchedulerState.places([self.pk]).get(self.pk)
         return self._place
+
+    @property
+    def start_estimate(self) -> list | None:
+        """While in line: [expected, earliest, latest, basis] (epoch seconds or None) as the
+        last pass estimated it (``scheduling.forecasts``); None past the estimated few, or
+        when not in line."""
+        if self.state != TaskState.PENDING:
+            return None
+        if not hasattr(self, "_start"):
+            places, starts = SchedulerState.places_and_starts([self.pk])
+            self._place, self._start = places.get(self.pk), starts.get(self.pk)
+        return self._start
+
+    @property
+    def expected_start(self) -> dict | None:
+        """While pending and assessed by a pass: when it is expected to start, with bounds and
+        a sentence (``forecasts.expected_start``); None otherwise."""
+        if self.state != TaskState.PENDING or not self.wait:
+            return None
+        from scheduling import forecasts  # translation and formatting: not the model's own
+
+        return forecasts.expected_start(self.start_estimate, self.place)
 
     @property
     def reason_text(self) -> str:
@@ -415,7 +439,7 @@ class TaskEvent(models.Model):
 class SchedulerStateManager(models.Manager):
     def get_queryset(self):
         # The line holds one id per waiting task (10,000 and more): read only where asked for.
-        return super().get_queryset().defer("line")
+        return super().get_queryset().defer("line", "forecast")
 
 
 class PassRequest(models.Model):
@@ -490,6 +514,13 @@ class SchedulerState(models.Model):
     # hash() of the line as a tuple (deterministic for integers): a pass that finds the same
     # line does not write 10,000 ids again.
     line_digest = models.BigIntegerField(default=0, editable=False)
+    forecast = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="When the first tasks in line are expected to start, as the last pass "
+        "estimated it (scheduling.forecasts): task id -> [expected, earliest, latest, basis], "
+        "epoch seconds or null.",
+    )
     last_pass_at = models.DateTimeField(null=True, blank=True)
     last_pass_ms = models.FloatField(null=True, blank=True)
     last_placed = models.PositiveIntegerField(default=0)
@@ -530,6 +561,27 @@ class SchedulerState(models.Model):
                 [task_ids],
             )
             return {task_id: (position, total) for task_id, position, total in cursor}
+
+    @staticmethod
+    def places_and_starts(task_ids: list[int]) -> tuple[dict, dict]:
+        """``places`` and the last pass's start estimates (``forecast``) of those of
+        ``task_ids`` in line, in one query."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT u.id, u.position, cardinality(s.line), s.forecast -> u.id::text
+                  FROM scheduling_schedulerstate AS s,
+                       unnest(s.line) WITH ORDINALITY AS u(id, position)
+                 WHERE s.id = 1 AND u.id = ANY(%s)
+                """,
+                [task_ids],
+            )
+            places, starts = {}, {}
+            for task_id, position, total, start in cursor:
+                places[task_id] = (position, total)
+                if start is not None:
+                    starts[task_id] = json.loads(start) if isinstance(start, str) else start
+            return places, starts
 
 
 class TenantUsage(models.Model):

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
-from scheduling import controls, estate, fairshare, passes, states, transitions
+from scheduling import controls, estate, fairshare, forecasts, passes, states, transitions
 from scheduling.models import (
     Task,
 )
@@ -36,6 +36,7 @@ from scheduling.policy import (
     hand_on,
     schedule,
 )
+from scheduling.policy.forecast import FORECAST_LIMIT, forecast
 from scheduling.snapshot import (
     LINKS,
     SnapshotRows,
@@ -122,8 +123,9 @@ def _schedule_pass() -> PassResult:
             wake_at = max(decision.wake_at, now.timestamp() + WAKE_MIN_GAP_S)
             result.wake_at = datetime.fromtimestamp(wake_at, UTC)
             passes.book_wake_up(result.wake_at)
+        starts = forecast_starts(snapshot, decision.line)
         result.ms = (time.perf_counter() - began) * 1000
-        record_pass(result, now, decision.line)
+        record_pass(result, now, decision.line, starts)
         events.publish(
             events.SCHEDULER,
             {
@@ -495,11 +497,25 @@ def idle_gpus(snapshot: Snapshot, decision: Decision) -> int:
     )
 
 
-def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
+def forecast_starts(snapshot: Snapshot, line: list[int]) -> dict[str, list]:
+    """When the first tasks in line are expected to start (``policy.forecast``), from the
+    running tasks' and their own typical runtimes (``forecasts.runtimes_for``), as stored."""
+    if not line:
+        return {}
+    ahead = line[:FORECAST_LIMIT]
+    runtimes = forecasts.runtimes_for([task.id for task in snapshot.running] + ahead)
+    estimates = forecast(snapshot, ahead, runtimes)
+    return {str(task_id): estimate.as_list() for task_id, estimate in estimates.items()}
+
+
+def record_pass(
+    result: PassResult, now: datetime, line: list[int], starts: dict | None = None
+) -> None:
     """The pass's figures, and the tasks waiting for GPUs or quota in the order they would
     start (``line``), in one statement on the scheduler's row (which ``keep_counters_for`` made
     sure exists). The line is one array, so a placement ahead of 10,000 waiting tasks moves
-    their places without rewriting them, and it is not written again while it stays the same."""
+    their places without rewriting them, and it is not written again while it stays the same.
+    ``starts``: the first tasks' start estimates (``forecast_starts``)."""
     digest = hash(tuple(line))
     # As the array's text: psycopg dumps a Python list element by element in Python; joining
     # the digits costs a fraction of that.
@@ -510,7 +526,7 @@ def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
             UPDATE scheduling_schedulerstate
                SET passes = passes + 1, last_pass_at = %s, last_pass_ms = %s,
                    last_placed = %s, last_preempted = %s, last_waiting = %s,
-                   last_idle_gpus = %s,
+                   last_idle_gpus = %s, forecast = %s::jsonb,
                    line = CASE WHEN line_digest <> %s THEN %s::bigint[] ELSE line END,
                    line_digest = %s
              WHERE id = 1
@@ -522,6 +538,7 @@ def record_pass(result: PassResult, now: datetime, line: list[int]) -> None:
                 len(result.preempted),
                 result.waiting,
                 result.idle_gpus,
+                json.dumps(starts or {}),
                 digest,
                 text,
                 digest,

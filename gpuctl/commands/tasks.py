@@ -233,6 +233,8 @@ def describe_task(t: dict, events: list[dict]) -> str:
         pairs.append(("Waiting", t.get("reason") or "for the next scheduling pass"))
         if t.get("position"):
             pairs.append(("Position", f"{out.ordinal(t['position'])} in line"))
+        if t.get("expected_start"):
+            pairs.append(("Expected start", t["expected_start"]["text"]))
     elif t.get("reason"):
         pairs.append(("Reason", t["reason"]))
     if t.get("hold_reason"):
