@@ -35,7 +35,7 @@ QUANTILES = (0.1, 0.5, 0.9)  # a short, a typical and a long runtime
 # the platform (GROUPING SETS), as quantiles. Commands are compared by digest.
 _HISTORY = f"""
     SELECT tenant_id, digest, GROUPING(tenant_id, digest),
-           percentile_cont(ARRAY[%(q)s]::float8[]) WITHIN GROUP (ORDER BY seconds)
+           percentile_cont(%(q)s::float8[]) WITHIN GROUP (ORDER BY seconds)
       FROM (SELECT tenant_id, md5(command) AS digest,
                    EXTRACT(EPOCH FROM finished_at - started_at)::float8 AS seconds
               FROM scheduling_task

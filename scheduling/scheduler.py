@@ -123,7 +123,7 @@ def _schedule_pass() -> PassResult:
             wake_at = max(decision.wake_at, now.timestamp() + WAKE_MIN_GAP_S)
             result.wake_at = datetime.fromtimestamp(wake_at, UTC)
             passes.book_wake_up(result.wake_at)
-        starts = forecast_starts(snapshot, decision.line)
+        starts = forecast_starts(snapshot, decision)
         result.ms = (time.perf_counter() - began) * 1000
         record_pass(result, now, decision.line, starts)
         events.publish(
@@ -497,14 +497,16 @@ def idle_gpus(snapshot: Snapshot, decision: Decision) -> int:
     )
 
 
-def forecast_starts(snapshot: Snapshot, line: list[int]) -> dict[str, list]:
-    """When the first tasks in line are expected to start (``policy.forecast``), from the
-    running tasks' and their own typical runtimes (``forecasts.runtimes_for``), as stored."""
-    if not line:
+def forecast_starts(snapshot: Snapshot, decision: Decision) -> dict[str, list]:
+    """When the first tasks in line are expected to start (``policy.forecast``), once the
+    decision's placements have started, from the running tasks' and their own typical
+    runtimes (``forecasts.runtimes_for``), as stored."""
+    if not decision.line:
         return {}
-    ahead = line[:FORECAST_LIMIT]
-    runtimes = forecasts.runtimes_for([task.id for task in snapshot.running] + ahead)
-    estimates = forecast(snapshot, ahead, runtimes)
+    ahead = decision.line[:FORECAST_LIMIT]
+    started = [task.id for task in snapshot.running] + [p.task_id for p in decision.placements]
+    runtimes = forecasts.runtimes_for(started + ahead)
+    estimates = forecast(snapshot, ahead, runtimes, placements=decision.placements)
     return {str(task_id): estimate.as_list() for task_id, estimate in estimates.items()}
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
-from scheduling.policy.model import PendingView, RunningView, Snapshot
+from scheduling.policy.model import PendingView, Placement, RunningView, Snapshot, occupied
 
 INF = float("inf")
 FORECAST_LIMIT = 200  # tasks in line estimated per pass; those after are "later"
@@ -79,14 +79,17 @@ def forecast(
     line: list[int],
     runtimes: Mapping[int, Runtime],
     *,
+    placements: Iterable[Placement] = (),
     limit: int = FORECAST_LIMIT,
 ) -> dict[int, Estimate]:
     """An estimate for each of the first ``limit`` tasks of ``line`` (the pass's order of the
     tasks waiting for GPUs or quota). ``runtimes``: by task id, for running and waiting tasks
-    alike, what history says; a task absent there is judged by its timeout alone."""
+    alike, what history says; a task absent there is judged by its timeout alone.
+    ``placements``: the pass's, which start now."""
     ids = line[:limit]
     if not ids:
         return {}
+    snapshot = _with_placements(snapshot, list(placements))
     pending = {task.id: task for task in snapshot.pending}
     ahead = [pending[task_id] for task_id in ids if task_id in pending]
     scenarios = [_simulate(snapshot, ahead, runtimes, which) for which in range(3)]
@@ -167,6 +170,25 @@ def _simulate(
         heapq.heappush(ends, (end, seq, node, task.tenant, need))
         seq += 1
     return result
+
+
+def _with_placements(snapshot: Snapshot, placements: list[Placement]) -> Snapshot:
+    """The snapshot as it is once ``placements`` have started (now)."""
+    if not placements:
+        return snapshot
+    pending = {task.id: task for task in snapshot.pending}
+    started = [
+        RunningView(id=p.task_id, tenant=task.tenant, priority=task.priority,
+                    task_class=task.task_class, preemptible=True, node=p.node, gpus=p.gpus,
+                    exclusive=p.exclusive, started_at=snapshot.now, timeout_s=task.timeout_s)
+        for p in placements
+        if (task := pending.get(p.task_id)) is not None
+    ]  # fmt: skip
+    return replace(
+        snapshot,
+        gpus=occupied(snapshot.gpus, started),
+        running=(*snapshot.running, *started),
+    )
 
 
 def _fits(task: PendingView, gpus: list) -> bool:

@@ -304,6 +304,8 @@ def test_waiting_reason_control_and_other_tenants(server, gpuctl, owner, outside
     assert (described["Task"], described["State"]) == (f"{second} sleep", "pending")
     assert described["Waiting"] == waiting.reason_text
     assert described["Position"] == "2nd in line"
+    # The task ahead runs with no timeout and no history: nothing to go by.
+    assert described["Expected start"].startswith("unknown: nothing to go by")
     assert described["GPUs wanted"] == "2 x any type (whole cards, exclusive)"
     assert described["Command"] == "sleep 1"
     detail = json.loads(gpuctl.ok("describe", "task", str(second), "-o", "json"))
