@@ -104,7 +104,7 @@ def gpuctl(tmp_path) -> Gpuctl:
 
 def fields_of(text: str) -> dict[str, str]:
     """``Key:  value`` lines of describe, as a dict."""
-    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line[:14])
+    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line[:16])
     return {key.strip(): value.strip() for key, value in pairs}
 
 
@@ -320,7 +320,7 @@ def test_waiting_reason_control_and_other_tenants(server, gpuctl, owner, outside
     )
     again = gpuctl("cancel", str(second))
     assert again.returncode == 6
-    assert again.stderr.startswith(f"error: task {second}: state: a task cannot go from cancelled")
+    assert again.stderr == f"error: task {second}: state: the task is already cancelled\n"
     assert "pending -> cancelled" in gpuctl.ok("describe", "task", str(second))
 
     theirs = gpuctl("get", "task", str(big["id"]), GPUCTL_TOKEN=outsider.token)
