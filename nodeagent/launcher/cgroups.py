@@ -724,6 +724,19 @@ class AttemptCgroup:
                 count = 0
         return count
 
+    def pids_refused(self) -> int:
+        """How many forks ``pids.max`` refused (the ``max`` count of ``pids.events``, v2 or v1)."""
+        directory = self._dir("pids")
+        return 0 if directory is None else _keyed(directory / "pids.events", "max") or 0
+
+    def cpu_throttling(self) -> tuple[int, int]:
+        """(periods, periods throttled) of the attempt's CPU quota, from ``cpu.stat``."""
+        directory = self._dir("cpu")
+        if directory is None:
+            return 0, 0
+        stat = directory / "cpu.stat"
+        return _keyed(stat, "nr_periods") or 0, _keyed(stat, "nr_throttled") or 0
+
     def remove(self, timeout: float = 10.0) -> bool:
         """Kill what is left and remove every directory; True when all are gone.
 

@@ -126,7 +126,12 @@ def start_supervisors(recorded: list[Assignment], *, may_fork: bool = True) -> N
     """A supervisor for each recorded attempt, its log's directories made first. ``may_fork``:
     False in a process that runs threads (the node agent's relay), see ``spawn_supervisor``."""
     for assignment in recorded:
-        prepare_logs(assignment)
+        try:
+            prepare_logs(assignment)
+        except OSError as exc:
+            # A full, read-only or vanished log disk costs the task its output, never its
+            # start: its supervisor drops the output, says so and has the node's alert raised.
+            logger.error("cannot make the log directory of %s: %s", assignment, exc)
         spawn_supervisor(assignment, may_fork=may_fork)
 
 
@@ -230,7 +235,11 @@ def spawn_supervisor(assignment: Assignment, *, may_fork: bool = True) -> None:
         str(assignment.attempt_no),
     ]
     environ = platform_environment(PYTHONUNBUFFERED="1")
-    with open(sink, "ab") as handle:
+    try:
+        handle = open(sink, "ab")
+    except OSError:  # the log disk failed: the supervisor's lines are lost, not its task
+        handle = open(os.devnull, "ab")
+    with handle:
         # setsid -f forks, so the supervisor is re-parented at once and never lingers as a
         # zombie of this worker; its session also keeps it out of our process group.
         subprocess.run(  # noqa: S603 - fixed argv

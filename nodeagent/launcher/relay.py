@@ -33,7 +33,7 @@ from dataclasses import replace
 from django.db import DatabaseError, OperationalError
 
 from gpuplatform.db import close_old_connections
-from nodeagent.launcher import wire
+from nodeagent.launcher import logfaults, wire
 from scheduling.agentapi.messages import Assignment, ExitReport, StartReport
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class Relay(threading.Thread):
         _LISTENERS.add(self.listener)
         self.batches = 0
         self.reports = 0
+        self.log_alerted_at: float | None = None  # ``log_trouble``: the node's alert, when
 
     def stop(self) -> None:
         self.stopping.set()
@@ -158,6 +159,9 @@ class Relay(threading.Thread):
                            exc)  # fmt: skip
             close_old_connections()
             replies = [{"ok": False}] * len(pending)
+        troubles = [message["report"] for _, message in pending if message["kind"] == "log_trouble"]
+        if troubles:
+            self.log_trouble(troubles[-1])
         self.batches += 1
         self.reports += len(pending)
         for (conn, _), reply in zip(pending, replies, strict=True):
@@ -172,6 +176,22 @@ class Relay(threading.Thread):
                 conn.close()
         # After the answers: a supervisor told to go idle is back in the spawner's pool sooner.
         lifecycle.start_supervisors(hand.rest, may_fork=False)  # this process runs threads
+
+    def log_trouble(self, report: dict) -> None:
+        """Supervisors cannot write their logs: the node's alert, opened or refreshed at most
+        every ``logfaults.ALERT_EVERY_S`` (one per node, however many tasks say so)."""
+        now = time.monotonic()
+        if self.log_alerted_at is not None and now < self.log_alerted_at + logfaults.ALERT_EVERY_S:
+            return
+        message = logfaults.alert_message(self.node_name, str(report["path"]), str(report["error"]))
+        logger.error("%s", message)
+        try:
+            logfaults.raise_alert(self.node_name, message)
+        except DatabaseError as exc:
+            logger.warning("node %s: log alert not raised (%s)", self.node_name, exc)
+            close_old_connections()
+            return
+        self.log_alerted_at = now
 
 
 # A batch whose transaction PostgreSQL rolled back for a deadlock or a serialization failure is
@@ -225,6 +245,8 @@ def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
             return {"ok": True, "started": started.get(fields["attempt_id"], False)}
         if kind == "fence":
             return {"ok": True, "wanted": wanted.get(fields["attempt_id"], False)}
+        if kind == "log_trouble":
+            return {"ok": True}  # the relay's own (``Relay.log_trouble``)
         key = (fields["task_id"], fields["attempt_no"])
         reply = {"ok": True, "outcome": outcomes.get(key, "unknown")}
         if fields["task_id"] in given:

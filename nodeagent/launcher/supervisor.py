@@ -39,10 +39,16 @@ from django.apps import apps
 from django.conf import settings  # lazy: read after django.setup()
 
 from gpuplatform.units import parse_memory_mb
-from nodeagent.launcher import environ, identity, procs, tracking, wire
+from nodeagent.launcher import environ, identity, limithits, logfaults, procs, tracking, wire
 from nodeagent.launcher.cgroups import Limits
 from scheduling import paths
-from scheduling.agentapi.messages import Assignment, ExitReport, FenceQuery, StartReport
+from scheduling.agentapi.messages import (
+    Assignment,
+    ExitReport,
+    FenceQuery,
+    LogTrouble,
+    StartReport,
+)
 
 # The launcher's modules are imported here, not in the functions that use them: a supervisor is
 # a fresh fork of the spawner, and each import statement run in it touched the import machinery
@@ -73,7 +79,8 @@ class LogRelay:
 
     The task writes to a pipe, never to the log itself: a full disk then costs output, not the
     task (a Python program whose final flush fails exits with 120). Lost output is counted and
-    marked in the log as soon as writing works again.
+    marked in the log as soon as writing works again. No fault of the log (it cannot be made,
+    written or closed, or it was removed meanwhile) raises: each is counted for ``note``.
     """
 
     def __init__(self, path: Path) -> None:
@@ -87,7 +94,7 @@ class LogRelay:
         self.dropped = 0  # since the last marker
         self.dropped_total = 0
         self.error: OSError | None = None
-        self.on_first_error = None
+        self.removed = False  # the log was unlinked while the task wrote to it
         # Truncated: a file already there is not this attempt's (a database reset numbers tasks
         # again, and the same tenant name may be another lab's); one attempt, one relay.
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -121,17 +128,33 @@ class LogRelay:
     def close(self) -> None:
         if self.dropped:
             self._write(b"")  # one last try at the marker
-        for fd in (self.read_fd, self.log_fd):
-            if fd is not None:
-                os.close(fd)
+        os.close(self.read_fd)
+        if self.log_fd is None:
+            return
+        try:
+            # Written into a file nobody can open any more: an operator's clean-up, or a log
+            # directory removed while the task ran.
+            self.removed = os.fstat(self.log_fd).st_nlink == 0
+        except OSError as exc:
+            self._failed(exc)
+        try:
+            os.close(self.log_fd)  # where a network file system reports a failed write
+        except OSError as exc:
+            self._failed(exc)
+        self.log_fd = None
 
     def note(self) -> str:
-        if not self.dropped_total:
-            return ""
-        return (
-            f"{self.dropped_total} bytes of output were dropped: cannot write {self.path}: "
-            f"{self.error.strerror if self.error else 'error'}"
-        )
+        """What the task's reason says of its output when not all of it was kept."""
+        if self.dropped_total or self.error is not None:
+            return logfaults.lost(self.error, self.dropped_total)
+        return logfaults.lost(None, 0) if self.removed else ""
+
+    @property
+    def trouble(self) -> str:
+        """The log's fault in the system's words, for the node's alert ("" when none)."""
+        if self.error is not None:
+            return self.error.strerror or str(self.error)
+        return logfaults.REMOVED if self.removed else ""
 
     def _write(self, data: bytes) -> None:
         if self.log_fd is None:
@@ -165,10 +188,7 @@ class LogRelay:
         return True
 
     def _failed(self, exc: OSError) -> None:
-        first = self.error is None
         self.error = exc
-        if first and self.on_first_error is not None:
-            self.on_first_error(self)
 
 
 class Supervisor:
@@ -180,6 +200,7 @@ class Supervisor:
         self.paused_total = 0.0
         self.tracker = None
         self.relay: LogRelay | None = None
+        self.trouble_told = False  # the node agent heard of trouble with the log
         # Set by ``finish``: the attempt ended plainly and the agent recorded it, so this process
         # may supervise another (``become``).
         self.reusable = False
@@ -246,7 +267,6 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - any cgroup failure fails the attempt clearly
             return self.finish(None, problem=f"cannot set up the attempt's cgroup: {exc}")
         self.relay = LogRelay(Path(it.log_path))
-        self.relay.on_first_error = self.log_trouble
         try:
             helper = exec_helper()
             child = subprocess.Popen(  # noqa: S603 - the tenant's command is the point
@@ -323,6 +343,8 @@ class Supervisor:
                 open_pipe = self.relay.pump(POLL_S, wake=exited)
             else:
                 select.select(_fds(exited), [], [], POLL_S)
+            if self.relay.error is not None and not self.trouble_told:
+                self.log_trouble()  # while the task runs on: a long task's must not wait
             code = child.poll()
             if code is not None:
                 break
@@ -361,29 +383,17 @@ class Supervisor:
 
     # -- trouble with the log --
 
-    def log_trouble(self, relay: LogRelay) -> None:
-        """The first failed write to the log: an alert naming the node and the path."""
-        it = self.assignment
-        message = (
-            f"node {it.node}: cannot write {relay.path}: {relay.error}; "
-            f"output of task {it.task_id} is being dropped (the task goes on)"
-        )
-        logger.error(message)
-
-        def alert():
-            from monitoring import services as alerts
-            from monitoring.models import AlertKind, Severity
-            from scheduling.models import Node, Task
-
-            alerts.alert_raise(
-                kind=AlertKind.TASK_LOG_IO,
-                severity=Severity.WARNING,
-                message=message,
-                task=Task.objects.get(pk=it.task_id),
-                node=Node.objects.get(name=it.node),
-            )
-
-        self.db(alert, default=None)
+    def log_trouble(self) -> None:
+        """Once per attempt whose log failed: the node agent raises its node's alert (one per
+        node, not per task); when it does not answer, the database hears it from us."""
+        self.trouble_told = True
+        it, relay = self.assignment, self.relay
+        logger.error("cannot write %s: %s; the task's output is dropped", relay.path,
+                     relay.trouble)  # fmt: skip
+        trouble = LogTrouble(it.task_id, str(relay.path), relay.trouble)
+        if wire.send(it.node, trouble) is None:
+            message = logfaults.alert_message(it.node, trouble.path, trouble.error)
+            self.db(lambda: logfaults.raise_alert(it.node, message), default=None)
 
     # -- the end --
 
@@ -392,14 +402,19 @@ class Supervisor:
         exit_code = (
             None if returncode is None else (returncode if returncode >= 0 else 128 - returncode)
         )
+        notes = []
         if self.tracker is not None:
-            if not problem and exit_code == 137 and self.tracker.oom_kills():
-                problem = "killed by the kernel: out of memory (over resources.memory)"
+            plain = not (problem or timed_out or self.stop_asked)
+            hit, limits = limithits.limits_hit(self.tracker, it.resources, exit_code, plain=plain)
+            problem = problem or hit
+            notes.append(limits)
             self.tracker.close()
-        note = ""
         if self.relay is not None:
             self.relay.close()
-            note = self.relay.note()
+            notes.append(self.relay.note())
+            if self.relay.trouble and not self.trouble_told:
+                self.log_trouble()
+        note = "; ".join(n for n in notes if n)
         record = {
             "exit_code": exit_code,
             "timed_out": timed_out,
@@ -558,6 +573,31 @@ class SinkHandler(logging.FileHandler):
     def _open(self):
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         return open(fd, "a", encoding=self.encoding)
+
+    # The file is on the log disk, which may be full, read-only or gone: a line that cannot be
+    # written is dropped, with what was buffered, and never ends the supervisor (a flush that
+    # failed again when the file was closed, between two attempts, did, and the next attempt
+    # waited for reconciliation).
+
+    def emit(self, record) -> None:
+        try:
+            super().emit(record)  # opening the file (its first line) is outside logging's guard
+        except OSError:
+            self.handleError(record)
+
+    def handleError(self, record) -> None:  # noqa: N802 - logging's name
+        stream, self.stream = self.stream, None  # opened again by the next line
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            self.stream = None
 
     def to(self, sink) -> None:
         self.acquire()

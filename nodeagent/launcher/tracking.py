@@ -101,6 +101,12 @@ class CgroupTracker:
     def oom_kills(self) -> int:
         return self.group.oom_kills()
 
+    def pids_refused(self) -> int:
+        return self.group.pids_refused()
+
+    def cpu_throttling(self) -> tuple[int, int]:
+        return self.group.cpu_throttling()
+
     def close(self) -> None:
         if not self.group.remove():
             logger.error("could not remove the cgroup of this attempt: processes remain")
@@ -126,6 +132,12 @@ class TreeTracker:
 
     def oom_kills(self) -> int:
         return 0
+
+    def pids_refused(self) -> int:
+        return 0
+
+    def cpu_throttling(self) -> tuple[int, int]:
+        return 0, 0
 
     def close(self) -> None:
         pass

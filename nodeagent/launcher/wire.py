@@ -62,13 +62,18 @@ def genuine(message: dict) -> bool:
 # --- A supervisor's reports to its node agent (the relay) -------------------------------------
 
 
-KINDS = {"StartReport": "started", "ExitReport": "finished", "FenceQuery": "fence"}
+KINDS = {
+    "StartReport": "started",
+    "ExitReport": "finished",
+    "FenceQuery": "fence",
+    "LogTrouble": "log_trouble",
+}
 
 
 def send(node_name: str, report, timeout: float = RELAY_TIMEOUT_S) -> dict | None:
-    """Send this supervisor's ``messages.StartReport``, ``ExitReport`` or ``FenceQuery`` to the
-    agent of ``node_name`` and wait for its answer; None if there is none (then write or ask
-    the database yourself)."""
+    """Send this supervisor's ``messages.StartReport``, ``ExitReport``, ``FenceQuery`` or
+    ``LogTrouble`` to the agent of ``node_name`` and wait for its answer; None if there is none
+    (then write or ask the database yourself)."""
     message = signed(
         {
             "kind": KINDS[type(report).__name__],

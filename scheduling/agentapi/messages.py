@@ -149,6 +149,19 @@ class ExitReport:
 
 
 @dataclass(frozen=True)
+class LogTrouble:
+    """A supervisor cannot write its attempt's log (a full, read-only or vanished log disk):
+    the node agent raises its node's alert, once per node rather than once per task."""
+
+    task_id: int
+    path: str
+    error: str  # the system's words for it ("No space left on device")
+
+    def as_dict(self) -> dict:
+        return {"task_id": self.task_id, "path": self.path, "error": self.error}
+
+
+@dataclass(frozen=True)
 class FenceQuery:
     """Is this attempt still wanted? (asked every few seconds while it runs)"""
 

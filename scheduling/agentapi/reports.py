@@ -163,8 +163,9 @@ def attempt_finished(
     """Record how an attempt ended and move the task on: done, retried, requeued or failed.
 
     ``note`` is something the user should know that did not change the outcome (output dropped
-    on a full log disk); it ends the task's reason. Idempotent: the first report wins (the
-    supervisor's, or reconciliation's from the exit file). Returns the outcome.
+    on a full log disk, a limit hit); it ends the task's reason and its event's. Idempotent: the
+    first report wins (the supervisor's, or reconciliation's from the exit file). Returns the
+    outcome.
     """
     with transaction.atomic():
         attempt = (
@@ -198,9 +199,7 @@ def attempt_finished(
                     transitions.task_transition(
                         task=task, to_state=TaskState.RUNNING, reason="started (seen at its end)"
                     )
-                _move_on(task, attempt, outcome, exit_code, problem)
-                if note:
-                    Task.objects.filter(pk=task.pk).update(reason=f"{task.reason}; {note}")
+                _move_on(task, attempt, outcome, exit_code, problem, note)
     return outcome
 
 
@@ -227,12 +226,24 @@ def _outcome(attempt: TaskAttempt, exit_code: int | None, timed_out: bool, probl
     return "succeeded" if exit_code == 0 else "failed"
 
 
+def _noted(reason: str, note: str) -> str:
+    return f"{reason}; {note}" if note else reason
+
+
 def _move_on(
-    task: Task, attempt: TaskAttempt, outcome: str, exit_code: int | None, problem: str
+    task: Task,
+    attempt: TaskAttempt,
+    outcome: str,
+    exit_code: int | None,
+    problem: str,
+    note: str = "",
 ) -> None:
     if outcome == "succeeded":
         transitions.task_transition(
-            task=task, to_state=TaskState.SUCCEEDED, exit_code=0, reason="exited with 0"
+            task=task,
+            to_state=TaskState.SUCCEEDED,
+            exit_code=0,
+            reason=_noted("exited with 0", note),
         )
     elif outcome == "cancelled":
         # task_cancel said who cancelled and that it was stopping; now it has stopped.
@@ -240,24 +251,29 @@ def _move_on(
             task=task,
             to_state=TaskState.CANCELLED,
             exit_code=exit_code,
-            reason=task.reason.removesuffix(controls.STOPPING) or "cancelled",
+            reason=_noted(task.reason.removesuffix(controls.STOPPING) or "cancelled", note),
         )
     elif outcome == "preempted":
         if task.state != TaskState.PREEMPTED:
             transitions.task_transition(task=task, to_state=TaskState.PREEMPTED, reason="preempted")
         transitions.task_transition(
-            task=task, to_state=TaskState.PENDING, reason="requeued after preemption"
+            task=task,
+            to_state=TaskState.PENDING,
+            reason=_noted("requeued after preemption", note),
         )
     else:
-        _fail_or_retry(task, outcome, exit_code, problem)
+        _fail_or_retry(task, outcome, exit_code, problem, note)
 
 
-def _fail_or_retry(task: Task, outcome: str, exit_code: int | None, problem: str) -> None:
+def _fail_or_retry(
+    task: Task, outcome: str, exit_code: int | None, problem: str, note: str = ""
+) -> None:
     what = problem or (
         f"timed out after {task.timeout_s} s"
         if outcome == "timed_out"
         else f"exited with {exit_code}"
     )
+    what = _noted(what, note)
     failures = TaskAttempt.objects.filter(task=task, outcome__in=USER_FAILURES).count()
     if failures <= task.retries and not problem:
         delay = min(3600, settings.RETRY_BACKOFF * 2 ** (failures - 1))
