@@ -37,7 +37,9 @@ def lost(error: OSError | None, dropped: int) -> str:
     """The note a task's reason ends with when output was lost (``dropped`` bytes)."""
     if dropped:
         return f"output not kept: {why(error)} ({dropped} bytes dropped)"
-    return f"output may be incomplete: {why(error)}"
+    if error is None:
+        return f"output not kept: {REMOVED}"
+    return f"output may be incomplete: {why(error)}"  # the log could not be closed
 
 
 def alert_message(node: str, path: str, error: str) -> str:

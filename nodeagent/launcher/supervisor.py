@@ -99,7 +99,7 @@ class LogRelay:
         # again, and the same tenant name may be another lab's); one attempt, one relay.
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
         try:
-            self.log_fd: int | None = os.open(path, flags, 0o640)
+            self.log_fd: int | None = _open_log(path, flags)
         except OSError as exc:
             self.log_fd = None
             self._failed(exc)
@@ -189,6 +189,21 @@ class LogRelay:
 
     def _failed(self, exc: OSError) -> None:
         self.error = exc
+
+
+def _open_log(path: Path, flags: int) -> int:
+    """The attempt's log, its task's and tenant's directories made again (``0700``) when they
+    were removed since the launch made them: an operator's clean-up, or a log disk that failed
+    and says why only when one is made (read-only, full)."""
+    try:
+        return os.open(path, flags, 0o640)
+    except FileNotFoundError:
+        for directory in (path.parent.parent, path.parent):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+        return os.open(path, flags, 0o640)
 
 
 class Supervisor:
