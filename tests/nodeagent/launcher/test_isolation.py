@@ -294,10 +294,9 @@ def test_a_task_on_a_full_log_disk_runs_once_and_keeps_its_exit_status(small_log
     wait_for(state_of(task, "succeeded", "failed"), timeout=60)
     assert (task.state, task.exit_code) == ("succeeded", 0)
     assert TaskAttempt.objects.filter(task=task).count() == 1
-    assert "bytes of output were dropped" in task.reason
-    assert "No space left on device" in task.reason
-    alert = Alert.objects.get(kind=AlertKind.TASK_LOG_IO, task=task)
-    assert "workstation-1" in alert.message and str(small_log_disk) in alert.message
+    assert "output not kept: the log disk is full (" in task.reason
+    alert = Alert.objects.get(kind=AlertKind.TASK_LOG_IO, node__name="workstation-1", task=None)
+    assert "No space left on device" in alert.message and str(small_log_disk) in alert.message
 
     # The disk is full now: the next task cannot even reserve its exit file, and its status
     # still reaches the database.
