@@ -18,11 +18,11 @@ THROTTLED_SHARE = 0.5
 def limits_hit(tracker, resources: dict, exit_code: int | None, *, plain: bool) -> tuple[str, str]:
     """(problem, note) for the attempt's end: ``problem`` fails the task, ``note`` ends its
     reason whatever the outcome. ``plain``: the command ended by itself (not stopped, not timed
-    out), so a hit may explain its failure."""
+    out), so a process limit hit may explain its failure."""
     if exit_code is None:
         return "", ""
-    if plain and exit_code == 137 and tracker.oom_kills():
-        return OOM, ""
+    if exit_code == 137 and tracker.oom_kills():
+        return OOM, ""  # the kernel killed it: whatever else happened, that explains exit 137
     notes = []
     problem = ""
     refused = tracker.pids_refused()
