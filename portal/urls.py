@@ -10,6 +10,7 @@ urlpatterns = [
     path("tasks/", views.task_list, name="tasks"),
     path("tasks/<int:pk>/", views.task_detail, name="task"),
     path("tasks/<int:pk>/log/", views.task_log, name="task_log"),
+    path("tasks/<int:pk>/parts/", views.task_parts, name="task_parts"),
     path("tasks/<int:pk>/<str:action>/", views.task_control, name="task_control"),
     path("submit/", views.submit, name="submit"),
     path("submit/preview/", views.submit_preview, name="submit_preview"),

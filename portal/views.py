@@ -18,7 +18,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonRe
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 from rest_framework import serializers
 
 from gpuplatform import query
@@ -267,33 +267,47 @@ def _hint(task) -> str:
 
 @portal_page
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    who = request.caller
-    task = selectors.task_detail(tenant=who.tenant, pk=pk)
+    task = selectors.task_detail(tenant=request.caller.tenant, pk=pk)
+    context = {
+        **_task_context(request.caller, task),
+        "title": _("Task #%(id)d %(name)s") % {"id": task.pk, "name": task.name},
+        "active": "tasks",
+        "spec_yaml": yaml.safe_dump(task.spec, sort_keys=False, allow_unicode=True),
+    }
+    return render(request, "portal/task_detail.html", context)
+
+
+@require_GET
+@portal_page
+def task_parts(request: HttpRequest, pk: int) -> HttpResponse:
+    """The parts of the task's page that change as it runs, rendered as the page renders them:
+    the page fetches them when its socket says the task changed, so it never disagrees with a
+    reload."""
+    task = selectors.task_detail(tenant=request.caller.tenant, pk=pk)
+    return render(request, "portal/task/_parts.html", _task_context(request.caller, task))
+
+
+def _task_context(who, task) -> dict:
     events = list(task.events.select_related("actor").order_by("at", "id"))
-    attempts = list(task.attempts.all())
     held = [a for a in task.allocations.all() if a.released_at is None]
-    may_control = who.may(Action.CONTROL_TASK, task)
-    controls = controls_for(task)
-    return render(
-        request,
-        "portal/task_detail.html",
-        {
-            "title": _("Task #%(id)d %(name)s") % {"id": task.pk, "name": task.name},
-            "active": "tasks",
-            "task": task,
-            "events": events,
-            "attempts": attempts,
-            "held": held,
-            "simulated": bool(task.node and task.node.backend == "simulated"),
-            "wait": task.wait_view,
-            "expected_start": task.expected_start,
-            "hint": _hint(task) if task.state == TaskState.PENDING else "",
-            "controls": controls if may_control else [],
-            "may_submit": who.may(Action.SUBMIT),
-            "spec_yaml": yaml.safe_dump(task.spec, sort_keys=False, allow_unicode=True),
-            "gpu_charts": _gpu_charts(task),
-        },
-    )
+    running = task.state == TaskState.RUNNING and task.started_at is not None
+    return {
+        "task": task,
+        "events": events,
+        "attempts": list(task.attempts.all()),
+        "held": held,
+        "simulated": bool(task.node and task.node.backend == "simulated"),
+        "wait": task.wait_view,
+        "expected_start": task.expected_start,
+        "hint": _hint(task) if task.state == TaskState.PENDING else "",
+        "controls": controls_for(task) if who.may(Action.CONTROL_TASK, task) else [],
+        "may_submit": who.may(Action.SUBMIT),
+        "gpu_charts": _gpu_charts(task),
+        # Seconds run so far while running: the page counts on from there.
+        "running_for": (
+            round((timezone.now() - task.started_at).total_seconds(), 1) if running else None
+        ),
+    }
 
 
 # Points per GPU the task page's history starts with: enough to see a shape, few enough that
