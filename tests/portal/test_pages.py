@@ -4,6 +4,8 @@ the tenant's tasks."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -104,6 +106,31 @@ def test_a_viewer_sees_no_submit_button_and_gets_403_posting_anyway(viewer, bobs
     assert Task.objects.count() == 1
 
 
+def test_a_tasks_parts_are_the_pages_own_sections(owner, bobs_task):
+    """What the page swaps in as the task changes is what a reload would show, part by part."""
+    client = browser(owner)
+    page = client.get(f"/portal/tasks/{bobs_task.pk}/").content.decode()
+    parts = client.get(f"/portal/tasks/{bobs_task.pk}/parts/").content.decode()
+    ids = re.findall(r'id="([\w-]+)" data-live-part', parts)
+    assert ids == ["task-head", "task-actions", "facts-section", "gpus-section", "gpu-charts",
+                   "timeline-section", "attempts-section"]  # fmt: skip
+    # Each form's CSRF token is masked afresh per response.
+    page, parts = (
+        re.sub(r'name="csrfmiddlewaretoken" value="\w+"', "", html) for html in (page, parts)
+    )
+    for whole in re.finditer(r"<(section|div)[^>]* data-live-part.*?\n</\1>", parts, re.DOTALL):
+        assert whole.group(0) in page, whole.group(0)[:80]
+    assert f'data-parts="/portal/tasks/{bobs_task.pk}/parts/"' in page
+
+
+def test_a_tasks_parts_are_read_only_and_show_a_viewer_no_controls(viewer, bobs_task):
+    client = browser(viewer)
+    parts = client.get(f"/portal/tasks/{bobs_task.pk}/parts/").content.decode()
+    assert "/cancel/" not in parts and "Clone and edit" not in parts
+    assert client.post(f"/portal/tasks/{bobs_task.pk}/parts/").status_code == 405
+    assert browser().get(f"/portal/tasks/{bobs_task.pk}/parts/").status_code == 302  # sign in
+
+
 def test_a_member_controls_only_its_own_tasks(owner, teammate, bobs_task):
     alices = TaskFactory(tenant=owner.tenant, owner=owner.user)
     client = browser(teammate)
@@ -116,6 +143,7 @@ def test_a_member_controls_only_its_own_tasks(owner, teammate, bobs_task):
 def test_another_tenants_task_is_not_found(outsider, bobs_task):
     client = browser(outsider)
     for url in (f"/portal/tasks/{bobs_task.pk}/", f"/portal/tasks/{bobs_task.pk}/log/",
+                f"/portal/tasks/{bobs_task.pk}/parts/",
                 f"/portal/submit/?clone={bobs_task.pk}"):  # fmt: skip
         assert client.get(url).status_code == 404, url
     assert client.post(f"/portal/tasks/{bobs_task.pk}/cancel/").status_code == 404
@@ -269,7 +297,8 @@ def _queries(client, url: str) -> int:
 
 
 @pytest.mark.parametrize("url", ["/portal/tasks/", "/portal/tasks/?sort=priority&state=pending",
-                                 "/portal/", "/portal/tasks/{pk}/"])  # fmt: skip
+                                 "/portal/", "/portal/tasks/{pk}/",
+                                 "/portal/tasks/{pk}/parts/"])  # fmt: skip
 def test_pages_cost_the_same_queries_with_one_task_or_many(owner, teammate, workstation, url):
     first = TaskFactory(tenant=owner.tenant, owner=owner.user)
     client = browser(owner)
