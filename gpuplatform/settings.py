@@ -486,6 +486,18 @@ SUPERVISOR_REUSE = env.integer("SUPERVISOR_REUSE", 100, minimum=1)
 # directory. Empty, or missing on disk: the supervisor does that in Python (preexec_fn), which
 # copies its whole address space for each task.
 TASK_EXEC_HELPER = env.string("TASK_EXEC_HELPER", str(Path(sys.prefix) / "bin" / "gpup-exec"))
+# Each task in PID and mount namespaces of its own (root, through TASK_EXEC_HELPER): ps shows
+# its own processes alone, and /tmp and /dev/shm are private tmpfs, emptied when it ends.
+TASK_NAMESPACES = env.boolean("TASK_NAMESPACES", True)
+# The most each of those tmpfs may hold: a size ("8Gi") or a share of the host's memory ("50%",
+# tmpfs's own default); never more than the task's resources.memory. Their pages count to the
+# task's memory cgroup.
+TASK_TMP_SIZE = env.string("TASK_TMP_SIZE", "50%")
+if not re.fullmatch(r"[1-9][0-9]*(Mi|Gi|Ti)|(100|[1-9][0-9]?)%", TASK_TMP_SIZE):
+    raise ImproperlyConfigured(
+        f"TASK_TMP_SIZE: a size such as 8Gi or 512Mi, or a share of memory such as 50%, "
+        f"got {TASK_TMP_SIZE!r}"
+    )
 # Start processes for placed tasks. Off in tests, which turn it on where they mean to.
 LAUNCH_TASKS = env.boolean("LAUNCH_TASKS", not TESTING)
 

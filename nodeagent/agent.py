@@ -20,7 +20,16 @@ from gpuplatform import connections as db_connections
 from gpuplatform import env
 from gpuplatform.db import close_old_connections
 from nodeagent.inventory import GpuBackend, GpuInfo, open_backend
-from nodeagent.launcher import cgroups, environ, gpufence, gpuwatch, identity, lifecycle, tracking
+from nodeagent.launcher import (
+    cgroups,
+    environ,
+    gpufence,
+    gpuwatch,
+    identity,
+    lifecycle,
+    namespaces,
+    tracking,
+)
 from nodeagent.launcher.cluster import launch_cluster, spawner
 from nodeagent.launcher.relay import Relay
 from scheduling import services
@@ -179,12 +188,13 @@ class NodeAgent:
         interval = self.config.heartbeat.interval_s
         logger.info(
             "node agent %s starting: GPUs via %s, heartbeat every %ss, samples every %ss, "
-            "tasks tracked by %s",
+            "tasks tracked by %s; %s",
             self.name,
             self.backend.name,
             interval,
             self.config.telemetry.sample_interval_s if self.sample else "(off)",
             tracking.describe(),
+            namespaces.describe(),
         )
         next_tick = 0.0
         while not self.stopping.is_set():

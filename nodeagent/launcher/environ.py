@@ -25,11 +25,16 @@ SECRET_NAMES = ("DATABASE_URL", "SECRET_KEY")
 TASK_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def task_environment(assignment, identity: Identity | None) -> dict[str, str]:
+def task_environment(
+    assignment, identity: Identity | None, *, private_tmp: bool = False
+) -> dict[str, str]:
     """Nothing of the platform's own environment reaches a task (``assignment``: a
-    ``messages.Assignment``)."""
+    ``messages.Assignment``). ``private_tmp``: it has a /tmp of its own (``namespaces``),
+    named in ``TMPDIR`` too (the task's own env may name another)."""
     gpus = ",".join(assignment.gpu_uuids)
     env = {"PATH": TASK_PATH, "LANG": "C.UTF-8"}
+    if private_tmp:
+        env["TMPDIR"] = "/tmp"  # noqa: S108 - the task's own tmpfs
     if identity is None:  # single-user mode: the platform's user, with its own home
         env["HOME"] = os.environ.get("HOME", "/")
     else:

@@ -165,7 +165,15 @@ def warm() -> None:
     """Import and look up, once, what every supervisor would otherwise do for itself."""
     from django.conf import settings
 
-    from nodeagent.launcher import environ, identity, procs, relay, supervisor, tracking
+    from nodeagent.launcher import (
+        environ,
+        identity,
+        namespaces,
+        procs,
+        relay,
+        supervisor,
+        tracking,
+    )
     from scheduling import paths
 
     procs.warm()
@@ -175,6 +183,7 @@ def warm() -> None:
     # which would drop them itself, each paying for it.
     environ.drop_secrets_from_environ()
     supervisor.exec_helper()  # looked up once, for every supervisor
+    namespaces.unavailable()  # and the kernel asked once whether tasks get namespaces
     try:  # the name service's configuration, read by the first lookup in a process
         pwd.getpwuid(os.geteuid())  # read once here, not by each supervisor's getpwnam
     except KeyError:

@@ -39,7 +39,16 @@ from django.apps import apps
 from django.conf import settings  # lazy: read after django.setup()
 
 from gpuplatform.units import parse_memory_mb
-from nodeagent.launcher import environ, identity, limithits, logfaults, procs, tracking, wire
+from nodeagent.launcher import (
+    environ,
+    identity,
+    limithits,
+    logfaults,
+    namespaces,
+    procs,
+    tracking,
+    wire,
+)
 from nodeagent.launcher.cgroups import Limits
 from scheduling import paths
 from scheduling.agentapi.messages import (
@@ -284,9 +293,12 @@ class Supervisor:
         self.relay = LogRelay(Path(it.log_path))
         try:
             helper = exec_helper()
+            walls = [] if helper is None else namespaces.helper_options(
+                it.resources, paths.tenant_root(it.tenant).resolve()
+            )  # fmt: skip
             child = subprocess.Popen(  # noqa: S603 - the tenant's command is the point
-                task_argv(helper, self.tracker, who, str(cwd), it.command),
-                env=environ.task_environment(it, who),
+                task_argv(helper, self.tracker, who, str(cwd), it.command, walls),
+                env=environ.task_environment(it, who, private_tmp=bool(walls)),
                 stdin=subprocess.DEVNULL,
                 stdout=self.relay.write_fd,
                 stderr=self.relay.write_fd,
@@ -535,15 +547,18 @@ def exec_helper() -> str | None:
     return None
 
 
-def task_argv(helper: str | None, tracker, who, cwd: str, command: str) -> list[str]:
+def task_argv(
+    helper: str | None, tracker, who, cwd: str, command: str, options: list[str] = ()
+) -> list[str]:
     """The task's argv: its command through ``/bin/sh -c``, behind the exec helper when there
-    is one (which does what ``enter_attempt`` does, in the same order, see gpup_exec.c)."""
+    is one (which does what ``enter_attempt`` does, in the same order, see gpup_exec.c), with
+    its ``options`` (``namespaces.helper_options``)."""
     shell = ["/bin/sh", "-c", command]
     if helper is None:
         return shell
     user = ("-", "-") if who is None else (str(who.uid), str(who.gid))
     files = [os.fsdecode(path) for path in tracker.procs_files]
-    return [helper, *user, cwd, str(len(files)), *files, *shell]
+    return [helper, *options, *user, cwd, str(len(files)), *files, *shell]
 
 
 def enter_attempt(tracker, who, cwd: str):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import psutil
 from django.conf import settings
 
-from nodeagent.launcher import cgroups, gpufence, identity, procs
+from nodeagent.launcher import cgroups, gpufence, identity, namespaces, procs
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +58,12 @@ def describe() -> str:
 
 
 def isolation() -> str:
-    """For the node's status: how tenants are separated here, GPUs included (``gpufence``)."""
+    """For the node's status: how tenants are separated here, GPUs (``gpufence``) and what
+    tasks see of the host (``namespaces``) included."""
     how = identity.isolation_mode()
     if not identity.privileged():
         return how  # single-user mode says all there is to say
-    return f"{how}; {gpufence.describe(hierarchy())}"
+    return f"{how}; {gpufence.describe(hierarchy())}; {namespaces.describe()}"[:200]
 
 
 class CgroupTracker:
