@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -197,11 +198,41 @@ STUBBORN = (
 )
 
 
+def task_processes(task_id: int) -> list[psutil.Process]:
+    """The live processes of a task, found by the marker in their environment."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("GPUPLATFORM_TASK_ID") == str(task_id) and not gone(proc.pid):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def host_pid(task_id: int, pid: int) -> int:
+    """The host's pid of a process of the task that the task knows as ``pid`` (in its own PID
+    namespace, where it has one: the last of /proc/<pid>/status's NSpid)."""
+
+    def find():
+        for proc in task_processes(task_id):
+            with contextlib.suppress(OSError):
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                nspid = next(line for line in status.splitlines() if line.startswith("NSpid:"))
+                if int(nspid.split()[-1]) == pid:
+                    return proc.pid
+        return None
+
+    find.__doc__ = f"the host pid of task {task_id}'s pid {pid}"
+    return wait_for(find)
+
+
 def test_cancel_leaves_nothing_behind_even_a_stubborn_setsid_grandchild(launcher, node, lab):
     pidfile = launcher / "tasks" / "vision-lab" / "grandchild.pid"
     task = start(lab, STUBBORN.format(pidfile=pidfile))
     attempt = running(task)
-    grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
+    seen = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
+    grandchild = host_pid(task.pk, seen)
     assert not gone(grandchild)
     cancelling = controls.task_cancel(task=task, by=UserFactory(username="alice"))
     assert (cancelling.state, cancelling.reason) == ("running", "cancelled by alice; stopping")
@@ -219,7 +250,8 @@ def test_a_timeout_stops_the_task_and_its_descendants(launcher, node, lab):
     task = start(lab, STUBBORN.format(pidfile=pidfile), timeout_s=1)
     wait_for(state_of(task, "timed_out"))
     assert task.reason == "timed out after 1 s"
-    assert gone(int(pidfile.read_text()))
+    assert pidfile.read_text().strip()  # the grandchild was there
+    assert not task_processes(task.pk)
 
 
 def test_pause_stops_output_and_resume_continues_it(launcher, node, lab):

@@ -55,10 +55,10 @@ def host_tmp_closed(walled):
     where a tmpfs of mode 0755 covers /tmp, with pytest's own directory bound back in."""
     libc = ctypes.CDLL(None, use_errno=True)
     kept = next((p for p in walled.parents if p.parent == Path("/tmp")), None)
-    kept_fd = os.open(kept, os.O_PATH) if kept else None
     home = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY)
     cwd = os.getcwd()
     _check(libc.unshare(CLONE_NEWNS), "unshare")
+    kept_fd = os.open(kept, os.O_PATH) if kept else None  # in the new namespace: bound below
     try:
         _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private")
         _check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, b"mode=0755"), "tmpfs")
