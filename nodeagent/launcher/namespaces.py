@@ -69,7 +69,7 @@ def _probe(helper: str) -> str | None:
         return None
     said = done.stderr.strip().splitlines()
     reason = said[-1] if said else f"exit status {done.returncode}"
-    if "bad user id -n" in reason:
+    if "bad cgroup count -" in reason:  # it took -n for the user, and so on
         return "the exec helper is older than namespaces: rebuild it (make)"
     return reason.removeprefix("gpuplatform: cannot prepare the task: ")
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import ctypes
 import os
 import secrets
+import subprocess
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from nodeagent.launcher import identity, namespaces, supervisor
 from scheduling import controls
@@ -169,3 +171,17 @@ def test_a_node_says_whether_its_tasks_get_namespaces(walled, node, settings):
     task = start(lab, 'test $$ != 2 && echo "host tmp=${TMPDIR:-unset}"')
     wait_for(state_of(task, "succeeded"))
     assert log_of(task) == "host tmp=unset\n"
+
+
+def test_the_helper_names_a_bad_tmp_size_and_exits_126(tmp_path):
+    helper = settings.TASK_EXEC_HELPER
+    if not (helper and os.access(helper, os.X_OK)):
+        pytest.skip(f"the exec helper is not built ({helper}): make builds it where cc exists")
+    done = subprocess.run(  # noqa: S603 - our own helper
+        [helper, "-n", "8Gi", "-", "-", str(tmp_path), "0", "/bin/true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 126
+    assert "bad tmp size 8Gi" in done.stderr
