@@ -237,6 +237,7 @@ static void private_mounts(const char *size, const char *keep)
 {
     char options[64];
     int keep_fd = -1;
+    umask(022);  /* the directories above a kept one: crossable by the tenant's user */
     if (keep != NULL && (keep_fd = open(keep, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
         fail("cannot open", keep);
     mount_or_fail("none", "/", NULL, MS_REC | MS_PRIVATE, NULL);
