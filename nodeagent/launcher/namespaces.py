@@ -28,7 +28,6 @@ from django.conf import settings
 
 from gpuplatform.units import parse_memory_mb
 from nodeagent.launcher import identity
-from scheduling.agentapi.messages import SINGLE_USER_NOTE
 
 logger = logging.getLogger(__name__)
 
@@ -82,14 +81,6 @@ def describe() -> str:
     """For the node's status."""
     why = unavailable()
     return ENABLED if why is None else f"no PID/mount namespaces: {why}"
-
-
-def isolation_mode() -> str:
-    """The node's isolation: who tasks run as, and what they see of the host."""
-    mode = identity.isolation_mode()
-    if mode == SINGLE_USER_NOTE:
-        return mode
-    return f"{mode}; {describe()}"[:200]
 
 
 def tmp_bytes(resources: dict) -> int:
