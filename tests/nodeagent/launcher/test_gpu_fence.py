@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -41,10 +44,13 @@ EOF"""
 
 
 @pytest.fixture
-def stand_ins(launcher, monkeypatch, settings):
-    """/dev/nvidia0..3, nvidiactl and nvidia-modeset as stand-ins, for every process here."""
-    directory = launcher / "dev"
-    directory.mkdir(mode=0o755)
+def stand_ins(launcher, monkeypatch, settings, request):
+    """/dev/nvidia0..3, nvidiactl and nvidia-modeset as stand-ins, for every process here.
+
+    Under /var/tmp, not pytest's /tmp: a task's /tmp is a private tmpfs of its own."""
+    directory = Path(tempfile.mkdtemp(prefix="gpuplatform-fence-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(directory, ignore_errors=True))
     nodes = {f"nvidia{minor}": minor for minor in range(GPUS)} | CONTROL
     for name, minor in nodes.items():
         os.mknod(directory / name, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
@@ -124,7 +130,7 @@ def test_a_host_that_cannot_fence_says_so_and_still_runs_tasks(
 ):
     fence_with("off", monkeypatch, settings)
     node = register(node)
-    assert node.isolation == "tenant users; GPUs not fenced: GPU_FENCE=off"
+    assert node.isolation.startswith("tenant users; GPUs not fenced: GPU_FENCE=off; ")
 
     found, held = probe(lab, stand_ins)
 
