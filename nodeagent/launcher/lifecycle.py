@@ -255,7 +255,8 @@ def spawn_supervisor(assignment: Assignment, *, may_fork: bool = True) -> None:
 
 def _fork_supervisor(assignment: Assignment, sink) -> None:
     """Double fork: the first child starts a new session and exits at once (we reap it), so
-    the supervisor, its child, is nobody's zombie and in nobody's process group."""
+    the supervisor, its child, is nobody's zombie, in nobody's process group, and in no
+    platform process's tree (as the spawner's, ``spawner.Spawner.fork``)."""
     _warm_before_fork()
     pid = os.fork()
     if pid:
@@ -269,6 +270,7 @@ def _fork_supervisor(assignment: Assignment, sink) -> None:
         _forget_inherited_connections()
         os.setsid()
         if os.fork() == 0:
+            procs.detach_standard_streams()  # not the launch worker's (the agent's) output
             supervisor.become(assignment, sink)  # never returns
         code = 0
     finally:
@@ -358,8 +360,20 @@ def reconcile_attempt(attempt: TaskAttempt) -> str:
     if not tracking.kill_orphaned_attempt(attempt.node.name, task.pk, attempt.number, main):
         _unkillable(attempt)
         return "stuck"
-    requeue_lost(task, f"supervisor of attempt {attempt.number} on {attempt.node.name} is gone")
+    requeue_lost(task, not_adopted_reason(attempt))
     return "lost"
+
+
+def not_adopted_reason(attempt: TaskAttempt) -> str:
+    """Why an attempt left running on its node could not be adopted: the supervisor holds
+    the task's output pipe and records its end, so an attempt without one is stopped."""
+    where = f"supervisor of attempt {attempt.number} on {attempt.node.name}"
+    if attempt.supervisor_pid is None:
+        return f"{where} is gone before it reported a start: the launch never came up"
+    return (
+        f"{where} is gone (killed, or it crashed) without recording how the task ended: the "
+        "task's output pipe went with it, so the task was stopped instead of adopted"
+    )
 
 
 def _unkillable(attempt: TaskAttempt) -> None:

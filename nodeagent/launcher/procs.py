@@ -56,6 +56,19 @@ def hide_from_same_user() -> bool:
     return prctl(PR_SET_DUMPABLE, 0)
 
 
+def detach_standard_streams() -> None:
+    """Point standard input, output and error at /dev/null. A supervisor must hold nothing of
+    the process that forked it: output inherited from the node agent is a pipe of whoever runs
+    the agent (``make run``), which would get no end of file while a supervisor lives (its
+    reader waiting on tasks) and fails every write once that reader is killed. What a
+    supervisor has to say goes to its own file (``supervisor.SinkHandler``)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    if devnull > 2:
+        os.close(devnull)
+
+
 def supervisor_title(task_id: int, attempt_no: int) -> str:
     """What ps shows of the supervisor of an attempt (``set_title``)."""
     return f"{SUPERVISOR_NAME} task={task_id} attempt={attempt_no}"

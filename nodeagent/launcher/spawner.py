@@ -16,8 +16,13 @@ platform's secret key, which tasks never see. A launch worker that cannot reach 
 forks the supervisor itself; one whose request went out but got no answer does not (the
 supervisor may exist): reconciliation sees to a launch that never started (LAUNCH_PATIENCE).
 
-Supervisors are detached as soon as they are forked (their own session; SIGCHLD is ignored
-here, so the kernel reaps them): killing or restarting the spawner leaves them running.
+Supervisors are detached as they are forked: a double fork (the first child exits at once;
+SIGCHLD is ignored here, so the kernel reaps it) re-parents each to init, in a session of its
+own, its standard streams /dev/null. So no supervisor is in the tree of the agent or of
+whatever runs it (``make run``, a process manager): killing all of it, even with SIGKILL, leaves
+supervisors and their tasks running, to be adopted by the restarted agent, as a container's
+shim outlives its daemon. Nothing here or above sets PR_SET_CHILD_SUBREAPER (only a
+supervisor does, for its own task), which would keep them in a platform process's tree.
 
 A supervisor whose attempt ended plainly (succeeded or failed, recorded through the agent) does
 not exit: it offers itself back here (``wait_for_work``) and the spawner hands it the next
@@ -41,7 +46,7 @@ import socket
 import sys
 import time
 
-from nodeagent.launcher import wire
+from nodeagent.launcher import procs, wire
 from scheduling.agentapi.messages import Assignment
 
 logger = logging.getLogger("scheduling.spawner")
@@ -145,20 +150,38 @@ class Spawner:
         return None
 
     def fork(self, assignment, sink: str, conn: socket.socket) -> int:
+        """Double fork: the supervisor is our grandchild, re-parented to init (or the nearest
+        subreaper) as soon as its parent exits, so it is in no platform process's tree and
+        outlives everything that kills a tree (a process manager killing the agent's tree
+        with SIGKILL). Returns its pid."""
         from nodeagent.launcher import supervisor  # reads the settings as it loads: not at the top
 
+        read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
+                os.close(read)
                 self.listener.close()
                 conn.close()
                 for idle, _, _ in self.idle:  # or they would not see the spawner let them go
                     idle.close()
-                os.setsid()
+                grandchild = os.fork()
+                if grandchild == 0:
+                    os.close(write)
+                    os.setsid()
+                    procs.detach_standard_streams()
+                else:
+                    os.write(write, grandchild.to_bytes(4, "little"))
+                    os._exit(0)  # reaped by the kernel: SIGCHLD is ignored here
             except BaseException:
                 os._exit(1)
             supervisor.become(assignment, sink, pooled=True)  # never returns
-        return pid
+        os.close(write)
+        try:
+            data = os.read(read, 4)
+        finally:
+            os.close(read)
+        return int.from_bytes(data, "little") if len(data) == 4 else pid
 
 
 def warm() -> None:
@@ -194,7 +217,7 @@ def warm() -> None:
 def main(argv: list[str]) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
     (node_name,) = argv[1:]
-    from nodeagent.launcher import procs, supervisor
+    from nodeagent.launcher import supervisor
 
     supervisor.log_to_stderr()  # the spawner's own (a supervisor logs to its file: become)
     warm()

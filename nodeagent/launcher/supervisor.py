@@ -641,8 +641,8 @@ class SinkHandler(logging.FileHandler):
 def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
     """In a freshly forked child (of the spawner or of a launch worker): be the supervisor of
     ``assignment``, its logging to ``sink`` (``SinkHandler``: made on its first line), and
-    exit with its status. Never returns. Standard input is /dev/null; standard output and error
-    stay the parent's (the node agent's log), where only a crash of Python itself would write.
+    exit with its status. Never returns. Standard input is /dev/null (and so are standard
+    output and error, which its forker detached: ``procs.detach_standard_streams``).
 
     Logging is set up once per process, not per attempt, and only moved to the next attempt's
     file after that.

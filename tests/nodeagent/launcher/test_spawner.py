@@ -71,12 +71,18 @@ def supervisor_of(task: Task) -> psutil.Process:
     return psutil.Process(pid)
 
 
-def test_supervisors_are_forked_by_the_spawner_and_outlive_it(spawning, listening, lab):
+def test_supervisors_are_forked_by_the_spawner_out_of_its_tree_and_outlive_it(
+    spawning, listening, lab
+):
     task = submit(lab, "sleep 2; echo done")
     wait_for(state_of(task, "running"))
     supervisor = supervisor_of(task)
-    assert supervisor.ppid() == spawning.pid
+    # Not under the spawner, nor under this process that started it (as `make run` does): a
+    # process manager killing its whole tree leaves the supervisor be.
+    assert supervisor.pid not in {p.pid for p in psutil.Process().children(recursive=True)}
     assert supervisor.pid == os.getsid(supervisor.pid)  # a session of its own
+    # Nothing of the agent's output: that pipe's reader would never see its end.
+    assert {os.readlink(f"/proc/{supervisor.pid}/fd/{fd}") for fd in (0, 1, 2)} == {"/dev/null"}
     spawning.send_signal(signal.SIGKILL)
     spawning.wait()
     wait_for(state_of(task, "succeeded"))
@@ -118,7 +124,7 @@ def test_a_supervisor_of_the_spawner_writes_to_the_database_when_no_agent_answer
     """The one path on which it loads Django's apps: nobody else can record its exit."""
     task = submit(lab, "sleep 3; exit 3")  # running long enough to be seen, Django cold
     wait_for(state_of(task, "running"))
-    assert supervisor_of(task).ppid() == spawning.pid
+    assert supervisor_of(task).cmdline()[0].startswith(procs.SUPERVISOR_NAME)
     wait_for(state_of(task, "failed"))
     assert (task.exit_code, task.reason) == (3, "exited with 3")
 
@@ -141,17 +147,40 @@ def assignment(lab, node) -> Assignment:
     )  # fmt: skip
 
 
-def test_a_request_without_the_platforms_signature_forks_nothing(spawning, lab, node):
+@pytest.fixture
+def forks_seen(spawning):
+    """This process made a child subreaper while the test runs: what the spawner forks (its
+    supervisors leave its tree at once, see ``Spawner.fork``) is re-parented here instead of to
+    init, and stays one of our descendants, alive or a zombie. Returns a function that lists
+    them."""
+    procs.become_subreaper()
+
+    def descendants() -> set[int]:
+        return {p.pid for p in psutil.Process().children(recursive=True)} - {spawning.pid}
+
+    try:
+        yield descendants
+    finally:
+        procs.prctl(procs.PR_SET_CHILD_SUBREAPER, 0)
+        for pid in descendants():  # zombies re-parented here; not the spawner (Popen's)
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def test_a_request_without_the_platforms_signature_forks_nothing(spawning, lab, node, forks_seen):
     message = {"assignment": assignment(lab, node).as_dict(), "sink": "/dev/null"}
-    before = len(psutil.Process(spawning.pid).children())
+    before = forks_seen()
     assert raw_request(node.name, {**message, "sig": "0" * 64}) == b""
     assert raw_request(node.name, message) == b""
-    assert len(psutil.Process(spawning.pid).children()) == before
+    assert forks_seen() == before
     assert spawning.poll() is None  # and it goes on serving
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
-def test_a_request_from_another_user_forks_nothing(spawning, lab, node):
+def test_a_request_from_another_user_forks_nothing(spawning, lab, node, forks_seen):
+    before = forks_seen()
     message = {"assignment": assignment(lab, node).as_dict(), "sink": "/dev/null"}
     message["sig"] = wire.signature(message)  # even signed: a task never has the key
     read, write = os.pipe()
@@ -172,7 +201,7 @@ def test_a_request_from_another_user_forks_nothing(spawning, lab, node):
     os.close(write)
     os.waitpid(child, 0)
     assert os.read(read, 65536) == b"-"
-    assert not psutil.Process(spawning.pid).children()
+    assert forks_seen() == before
 
 
 def test_without_a_spawner_a_request_is_not_sent(launcher, lab, node):
