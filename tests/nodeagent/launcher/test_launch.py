@@ -371,6 +371,7 @@ def test_reconciliation_requeues_an_attempt_whose_supervisor_died(launcher, node
     requeue = task.events.get(from_state="lost")
     assert requeue.to_state == "pending"
     assert "supervisor of attempt 1 on workstation-1 is gone" in requeue.reason
+    assert "the task's output pipe went with it" in requeue.reason  # why not adopted
     assert attempt_of(task).outcome == "lost"
     task.refresh_from_db()
     assert task.infra_requeues == 1 and task.attempt == 2  # placed again at once

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -186,3 +187,48 @@ def test_a_node_holds_no_more_database_connections_than_documented(agents, lab):
     cap = connections.budget(web_workers=0, db_pool_size=0, nodes=1,
                              q_workers=settings.Q_CLUSTER["workers"])  # fmt: skip
     assert 0 < sum(peak.values()) <= cap.nodes, peak
+
+
+COUNT_TO_80 = (
+    'python3 -c "import time\nfor i in range(80):\n    print(i, flush=True)\n    time.sleep(0.1)"'
+)
+
+
+def kill_root_tree(leader: subprocess.Popen) -> list[int]:
+    """SIGKILL ``leader`` and every process of root's under it at once, as a fault injector
+    does to what `make run` starts: everything the platform runs, but tasks (their tenants'
+    users). Returns the pids killed."""
+    try:
+        tree = [psutil.Process(leader.pid), *psutil.Process(leader.pid).children(recursive=True)]
+    except psutil.Error:
+        tree = []
+    killed = []
+    for proc in tree:
+        try:
+            if proc.uids().real == 0:
+                proc.kill()
+                killed.append(proc.pid)
+        except psutil.Error:
+            pass
+    leader.wait()
+    return killed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="tasks run as their tenant's user only as root")
+def test_running_tasks_are_adopted_after_every_root_process_under_the_agent_is_killed(agents, lab):
+    (agent,) = agents({"workstation-1": 4})
+    running = [submit(lab, COUNT_TO_80) for _ in range(4)]
+    pending = [submit(lab, "echo later") for _ in range(3)]
+    for task in running:
+        wait_for(state_of(task, "running"), timeout=60)
+    for task in pending:
+        assert state_of(task, "pending")()
+    assert kill_root_tree(agent.proc)  # the agent, its spawner, its cluster and its workers
+    agent.start()
+    for task in running + pending:
+        wait_for(state_of(task, "succeeded"), timeout=90)
+    for task in running:  # adopted: run once, from start to end, every line in its log
+        (attempt,) = TaskAttempt.objects.filter(task=task)
+        assert (attempt.number, attempt.outcome) == (1, "succeeded")
+        lines = Path(attempt.log_path).read_text().splitlines()
+        assert lines == [str(i) for i in range(80)]
