@@ -96,6 +96,7 @@ from bench.common import (
 )
 from gpuplatform import connections as db_connections
 from gpuplatform.dburl import current_database_url
+from gpuplatform.procid import ProcessId
 from scheduling.controls import task_cancel
 from scheduling.models import (
     GPU,
@@ -720,12 +721,27 @@ def _machine_busy_s() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
+def _supervisors() -> list[tuple[tuple[int, float], psutil.Process]]:
+    """The supervisors alive now that ran an attempt in the bench's database (running one or
+    idle at their spawner), each with its key: (pid, start time)."""
+    rows = TaskAttempt.objects.exclude(supervisor_pid=None).values_list(
+        "supervisor_pid", "supervisor_started"
+    )
+    found = []
+    for pid, started in set(rows):
+        if ProcessId(pid, started).alive():
+            with suppress(psutil.Error):
+                found.append(((pid, started), psutil.Process(pid)))
+    return found
+
+
 def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | None) -> dict:
     """CPU seconds spent so far by each role's processes, and by the whole machine.
 
-    A spawner's supervisors are detached and reaped by the kernel (the spawner ignores SIGCHLD),
-    so what one spent vanishes with it rather than joining its parent's children's times, as a
-    reaped child's does. They are kept apart, by process (``SUPERVISORS``), for ``role_spent``."""
+    A spawner's supervisors are detached (a double fork puts them out of its tree, see
+    ``Spawner.fork``) and reaped by init, so what one spent vanishes with it rather than joining
+    its parent's children's times, as a reaped child's does. They are found through the attempts
+    they recorded, and kept apart, by process (``SUPERVISORS``), for ``role_spent``."""
     spent = dict.fromkeys((*CPU_ROLES, "machine"), 0.0)
     supervisors: dict[tuple[int, float], float] = {}
     spent[SUPERVISORS] = supervisors
@@ -746,12 +762,11 @@ def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | No
                     spent["node launch clusters"] += _tree_cpu(child)
                     continue
                 spent[SPAWNERS] += _own_cpu(child)
-                for supervisor in child.children():
-                    with suppress(psutil.Error):  # ended meanwhile
-                        key = (supervisor.pid, supervisor.create_time())
-                        supervisors[key] = _tree_cpu(supervisor)
         except psutil.Error:
             continue
+    for key, supervisor in _supervisors():
+        with suppress(psutil.Error):  # ended meanwhile
+            supervisors[key] = _tree_cpu(supervisor)
     if postmaster is not None:
         try:
             spent["PostgreSQL"] = _tree_cpu(postmaster)
