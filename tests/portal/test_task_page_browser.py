@@ -26,8 +26,9 @@ WAIT = 30_000  # ms: a launch on a busy machine may take a while; the test waits
 
 @pytest.fixture
 def gates():
-    """Files the tasks wait for, in a directory their tenant's user may look into."""
-    folder = Path(tempfile.mkdtemp(prefix="gpuplatform-gates-"))
+    """Files the tasks wait for, in a directory their tenant's user may look into: under
+    /var/tmp, since a task's /tmp is a private tmpfs of its own."""
+    folder = Path(tempfile.mkdtemp(prefix="gpuplatform-gates-", dir="/var/tmp"))
     folder.chmod(0o711)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
