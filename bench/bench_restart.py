@@ -25,7 +25,16 @@ from pathlib import Path
 import psutil
 
 from bench.bench_latency import child_env, through_the_broker
-from bench.common import Proc, close_other_sessions, free_port, stop_all, table, target, wait_for
+from bench.common import (
+    Proc,
+    clear_estate,
+    close_other_sessions,
+    free_port,
+    stop_all,
+    table,
+    target,
+    wait_for,
+)
 from gpuplatform.procid import ProcessId
 from scheduling.models import Node, Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -142,6 +151,7 @@ def main() -> dict:
     config.write_text(CONFIG)
     environ = child_env(tmp, config)
     environ.update(PORT=str(free_port()), WEB_WORKERS="1", STOP_GRACE="20")
+    clear_estate()  # tasks placed on an earlier benchmark's node would never run
     tenant, _ = Tenant.objects.get_or_create(name="bench-restart")
     procs: list[Proc] = []
     try:

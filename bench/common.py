@@ -113,6 +113,17 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f} ms"
 
 
+def clear_estate(*extra_tables: str) -> None:
+    """Empty every task table (and ``extra_tables``) and remove every node and GPU: what the
+    benchmarks before left would be in every pass, and tasks would be placed on nodes whose
+    agents are gone."""
+    from scheduling.models import GPU, Node
+
+    clear_tasks(*extra_tables)
+    GPU.objects.all().delete()
+    Node.objects.all().delete()
+
+
 def clear_tasks(*extra_tables: str) -> None:
     """Empty every task table (and ``extra_tables``) between benchmark rounds."""
     from django.db import connection
