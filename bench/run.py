@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             judged = len(common.TARGETS)
             began = time.perf_counter()
             try:
+                if created:  # each starts from an empty estate, whatever the last one left
+                    common.clear_estate()
                 figures[name] = module.main()
                 result.outcome = report.outcome(figures[name])
             except Exception:  # noqa: BLE001 - report it and go on with the others
