@@ -5,7 +5,7 @@ format_html escapes the same for far less."""
 from __future__ import annotations
 
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
@@ -51,7 +51,7 @@ def _tile(tile: dict, simulated: bool, tasks_url: str, dash_url: str, labels: di
         'data-memory-mb="{memory}"{sim} title="{model} {uuid}"{style}>'
         '<div class="gp-tile-head"><strong>GPU {index}</strong> '
         '<span class="gp-state">{label}</span></div>'
-        '<div class="gp-type">{gpu_type}</div>'
+        '<div class="gp-type">{gpu_type}{sim_tag}</div>'
         '<div class="gp-metrics"><span data-metric="util">{util}</span>'
         '<span data-metric="mem">{mem}</span><span data-metric="temp">{temp}</span>'
         '<span data-metric="power">{power}</span></div>'
@@ -66,7 +66,10 @@ def _tile(tile: dict, simulated: bool, tasks_url: str, dash_url: str, labels: di
             "in use" if tile["holders"] and gpu.state == "available" else gpu.state, gpu.state
         ),
         memory=gpu.memory_mb,
-        sim=format_html(' data-simulated="{}"', labels["simulated"]) if simulated else "",
+        sim=mark_safe(' data-simulated="1"') if simulated else "",  # noqa: S308 - a constant
+        sim_tag=format_html(' <span class="gp-sim">· {}</span>', labels["simulated"])
+        if simulated
+        else "",
         model=gpu.model,
         uuid=gpu.uuid,
         style=format_html(' style="--gp-heat: hsl({} 65% 45%)"', heat) if heat is not None else "",
