@@ -26,6 +26,17 @@ class JobRecord:
     first_start_s: float | None = None
     end_s: float | None = None
     preemptions: int = 0
+    # The start a pass told it to expect when it arrived and waited (replay/forecasting.py),
+    # and on what basis; "later" or "unknown" when it got none; None when it started at once.
+    expected_start_s: float | None = None
+    forecast_basis: str | None = None
+
+    @property
+    def forecast_error_s(self) -> float | None:
+        """How far its real first start fell from the start it was told to expect."""
+        if self.expected_start_s is None or self.first_start_s is None:
+            return None
+        return abs(self.first_start_s - self.expected_start_s)
 
     @property
     def jct_s(self) -> float:
@@ -92,10 +103,23 @@ class ReplayResult:
                 for name, seconds in sorted(self.class_gpu_s.items())
             },
             "class_share_wait_max_s": dict(sorted(self.class_share_wait_max_s.items())),
+            **_forecast_figures(done),
             "policy_passes": self.passes,
             "policy_time_total_s": self.policy_time_total_s,
             "policy_time_max_s": self.policy_time_max_s,
         }
+
+
+def _forecast_figures(records: Sequence[JobRecord]) -> dict[str, Any]:
+    """The expected start against the real one, over the jobs that waited on arrival."""
+    waited = [r for r in records if r.forecast_basis is not None]
+    errors = sorted(e for r in waited if (e := r.forecast_error_s) is not None)
+    return {
+        "forecast_jobs": len(waited),
+        "forecast_unknown": len(waited) - len(errors),
+        "p50_forecast_error_s": percentile(errors, 50),
+        "p90_forecast_error_s": percentile(errors, 90),
+    }
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float | None]:

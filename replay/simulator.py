@@ -14,6 +14,10 @@ only the simulator uses it to end the job; multi-GPU jobs need all their GPUs on
 fractional job asks for ``gpu_milli/1000`` of one GPU's memory. A preempted job loses all its
 progress and goes back to the queue with its original submit time.
 
+A job that the pass at its arrival leaves waiting is told when to expect its start, as a pass
+tells a waiting task in production (``replay.forecasting``); the summary compares that with
+when it really started.
+
 Pure Python, no Django: the ``replay`` management command is the thin shell around it.
 """
 
@@ -34,6 +38,7 @@ from replay.common import (
     PolicyFn,
     PolicyViolation,
 )
+from replay.forecasting import History, estimate_arrivals
 from replay.results import JobRecord, ReplayResult
 from replay.trace import TraceJob
 from scheduling.policy.model import (
@@ -226,6 +231,7 @@ def simulate(
     wake_ups: set[float] = set()  # booked, as the scheduler books one delayed pass each
     guarantee = _class_guarantees(nodes * gpus_per_node, settings)
     within_share_since: dict[int, float] = {}  # pending job -> since when it fits the share
+    history = History()  # runtimes of the jobs that ended, for the expected starts
 
     def occupied(run: _Run, until: float) -> float:
         gpu_s = run.weight * (until - run.task.started_at)
@@ -240,10 +246,12 @@ def simulate(
         now = events[0][0]
         cluster.advance_usage(now)
         changed = False
+        arrived: list[int] = []
         while events and events[0][0] == now:
             _, kind, task_id, run_no = heapq.heappop(events)
             if kind == _ARRIVE:
                 cluster.pending[task_id] = waiting[task_id]
+                arrived.append(task_id)
                 changed = True
             elif kind == _WAKE:
                 wake_ups.discard(now)
@@ -251,6 +259,7 @@ def simulate(
             elif run_no == runs[task_id] and task_id in cluster.running:
                 occupied(cluster.stop(task_id), now)
                 records[task_id - 1].end_s = now
+                history.ended(jobs[task_id - 1].tenant, jobs[task_id - 1].duration_s)
                 changed = True
         if not changed:  # only completions of runs that were preempted: nothing to decide
             continue
@@ -315,6 +324,8 @@ def simulate(
                 f"at the same instant (a livelock); the last preempted {last} and placed {placed}"
             )
         _track_share_waits(cluster, jobs, guarantee, within_share_since, result, now)
+        # What a job that waits is told to expect, as the pass that left it waiting says.
+        estimate_arrivals(snapshot, decision, arrived, history, records)
         # A wait that ends by time alone gets its pass then, not at the next arrival or end.
         if decision.wake_at is not None and decision.wake_at > now:
             if decision.wake_at not in wake_ups:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -779,3 +780,36 @@ def test_the_command_prints_json_and_a_table_with_the_real_core(tiny_trace: Path
     payload = json.loads(capsys.readouterr().out)
     assert set(payload["summaries"]) == {"ours", "fifo"}
     assert [s["jobs"] for s in payload["summaries"].values()] == [3, 3]
+
+
+# --- the expected start, against the real one --------------------------------------------------
+
+
+def test_the_report_gives_the_expected_starts_error_on_a_tiny_trace() -> None:
+    # One GPU. a runs 0-100: the only history of tenant-1 (100 s) once it ends. x (tenant-2)
+    # arrives while a runs, before anything ended: nothing to go by, its estimate is unknown.
+    # b runs 200-300; c arrives at 250, told 300 (b's typical 100 s), starts at 300: error 0.
+    # d arrives at 260 behind c, told 400 (c's typical 100 s too), starts at 350: error 50.
+    jobs = [
+        job("a", 0, 100),
+        job("x", 10, 5, tenant="tenant-2"),
+        job("b", 200, 100),
+        job("c", 250, 50),
+        job("d", 260, 10),
+    ]
+    comparison = compare(jobs, nodes=1, gpus_per_node=1, gpu_memory_mb=MEM)
+    by_id = {r.job_id: r for r in comparison["results"]["ours"].records}
+    assert {k: (r.forecast_basis, r.expected_start_s) for k, r in by_id.items()} == {
+        "a": (None, None),  # started at once
+        "x": ("unknown", None),
+        "b": (None, None),
+        "c": ("tenant", 300),
+        "d": ("tenant", 400),
+    }
+    summary = comparison["summaries"]["ours"]
+    assert (summary["forecast_jobs"], summary["forecast_unknown"]) == (3, 1)
+    assert (summary["p50_forecast_error_s"], summary["p90_forecast_error_s"]) == (50, 50)
+    table = format_table(comparison)
+    assert "jobs that waited on arrival" in table
+    assert re.search(r"expected start error p50\s+50s", table), table
+    assert re.search(r"of them no estimate \(unknown, later\)\s+1\b", table), table
