@@ -24,13 +24,19 @@ capacity). All traffic goes over HTTP with tenant tokens. Phases, in order:
    estate, and the holders are cancelled through the API afterwards. Issue 9's 300 a second is
    judged on the second: in the first, the tasks' own lives share the CPUs with the
    submissions. What is still pending a while after each is cancelled.
-3. Throughput: 2,000 one-GPU ``true`` tasks in two POSTs of 1,000 (each also measured as a
-   batch, tasks/s, with how many processes were runnable on the machine meanwhile, to tell
-   waiting for the CPU from waiting for a lock).
-   Completed per second runs from the first POST to the last
-   ``Task.finished_at``; mean busy GPUs is the allocations' overlap (``Allocation.started_at`` to
-   ``released_at``) with the time tasks waited: from the first POST's answer (its tasks are
-   committed, visible to the scheduler) to the last ``Task.scheduled_at`` (or the time limit).
+3. Throughput, in two lines (``bench/throughput/scenarios.py``), each from an idle estate:
+   first what users do, the default: 4 tenants, each under an 8-GPU quota, each submitting 500
+   tasks in one POST (80% one GPU, 10% two GPUs, 10% sharing a GPU by ``gpu_memory: 4Gi``),
+   every one of which must succeed; then one tenant with no quota, 2,000 one-GPU tasks in two
+   POSTs of 1,000 (what the peers run). Each POST is also measured as a batch, tasks/s, with
+   how many processes were runnable on the machine meanwhile, to tell waiting for the CPU from
+   waiting for a lock. Completed per second runs from the first POST to the last
+   ``Task.finished_at``; mean busy GPUs is the GPUs' busy spans (``Allocation.started_at`` to
+   ``released_at``, a GPU shared by memory counted once) over the time tasks waited: from the
+   first POST's answer (its tasks are committed, visible to the scheduler) to the last
+   ``Task.scheduled_at`` (or the time limit). Each line's CPU per finished task is split by
+   role (``bench/throughput/accounting.py``), and set against the CPU a task may cost for the
+   platform to match task-spooler on these CPUs ("what is left").
 
 A thread counts this database's sessions in ``pg_stat_activity`` throughout (its own included);
 the peak is printed per phase. Each phase stops at a time limit, and a run stopped there says so
@@ -41,38 +47,30 @@ starting by a temporary policy-rc.d; otherwise "not measured: why"), each in a s
 removed at the end, every daemon stopped whatever happens: task-spooler (``tsp -S 32``, its own
 ``TS_SOCKET``; 2,000 ``tsp -n true``) and Slurm (``slurmctld`` + ``slurmd``, one node of 32 CPUs
 standing for 32 GPU slots, ``AuthType=auth/none``, free ports, otherwise untuned; two job arrays
-of 1,000 ``true``), with the same latency probe (``date +%s.%N``, ``tsp`` / ``sbatch --wrap``).
+of 1,000 ``true``), with the same latency probe (``date +%s.%N``, ``tsp`` / ``sbatch --wrap``);
+their figures, and each line of ours as a ratio to each, print last.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import http.client
 import itertools
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
-import psutil
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection, connections
+from django.db import connection
 from django_q.models import OrmQ
 
 from bench.bench_latency import idle, through_the_broker
@@ -84,19 +82,58 @@ from bench.common import (
     api_client,
     clear_tasks,
     close_other_sessions,
-    free_port,
     median,
     merge_clients,
     percentile,
     stop_all,
-    table,
-    target,
     wait_for,
     web_server,
 )
-from gpuplatform import connections as db_connections
+from bench.throughput.accounting import (
+    STATS_SETTLE_S,
+    ConnectionSampler,
+    cpu_by_role,
+    cpu_per_task,
+    database_work,
+    passes_run,
+    postmaster_of_this_connection,
+    role_spent,
+    run_queue,
+    server_connection_cap,
+    work_per_task,
+)
+from bench.throughput.figures import (
+    API_LIMIT_S,
+    API_REQUESTS,
+    CLIENTS,
+    DRAIN_LIMIT_S,
+    HOLD,
+    IDLE_S,
+    LATENCY_LIMIT_S,
+    LATENCY_MIN,
+    LATENCY_TASKS,
+    NODES,
+    POLL_S,
+    POOL,
+    SLOTS,
+    STAMP,
+    STARTUP_LIMIT_S,
+    THROUGHPUT_LIMIT_S,
+    THROUGHPUT_POLL_S,
+    WARMUP,
+    Latency,
+    completion,
+    estate_yaml,
+    gpu_spans,
+    mean_busy,
+    parse_stamp,
+    pass_times,
+    reuse_gaps,
+)
+from bench.throughput.peers import cleanup, measure_slurm, measure_tsp, sigterm_as_exit
+from bench.throughput.report import plain, report
+from bench.throughput.scenarios import SCENARIOS, Scenario
 from gpuplatform.dburl import current_database_url
-from gpuplatform.procid import ProcessId
 from scheduling.controls import task_cancel
 from scheduling.models import (
     GPU,
@@ -107,449 +144,12 @@ from scheduling.models import (
     Task,
     TaskAttempt,
 )
+from scheduling.quotas import quota_set
 from scheduling.states import TERMINAL, IllegalTransition, TaskState
 from tenants import services as tenant_services
-from tenants.models import Membership, Role, Tenant
+from tenants.models import Membership, Quota, Role, Tenant
 
 NEEDS_DATABASE = True
-
-NODES, GPUS_PER_NODE = 4, 8
-SLOTS = NODES * GPUS_PER_NODE
-POOL = "bench-throughput"
-TASKS, BATCH = 2_000, 1_000
-CLIENTS = 8
-API_REQUESTS = 250  # per client (API_LIMIT_S stops them sooner at today's speed)
-STAMP = "date +%s.%N"  # the latency probe: its process writes the time it runs
-HOLD = "sleep 600"  # keeps a GPU busy while a burst queues (cancelled after it)
-LATENCY_TASKS, LATENCY_MIN = 30, 8  # as many as LATENCY_LIMIT_S allows, at least LATENCY_MIN
-WARMUP = 3
-# Time limits (seconds) that keep the whole benchmark near three minutes at today's speed.
-STARTUP_LIMIT_S = 90.0
-LATENCY_LIMIT_S = 20.0
-API_LIMIT_S = 6.0
-DRAIN_LIMIT_S = 10.0  # for the API phase's tasks, before the rest are cancelled
-THROUGHPUT_LIMIT_S = 50.0
-IDLE_S = 10.0  # what an idle estate costs is measured over this long
-PEER_LATENCY_LIMIT_S = 12.0
-PEER_LATENCY_MIN = 5
-SLURM_THROUGHPUT_LIMIT_S = 30.0
-TSP_THROUGHPUT_LIMIT_S = 60.0
-# pg_stat_activity: sessions live for seconds at least; each count costs PostgreSQL ~1 ms,
-# which this bench would charge to the platform.
-SAMPLE_S = 0.25
-POLL_S = 0.05
-THROUGHPUT_POLL_S = 0.2  # near the end (only finds it: the figure comes from finished_at)
-# Targets from issue 9.
-TARGET_PER_S = 200.0
-TARGET_BUSY = 0.95  # "GPUs never idle while a task that fits is pending", as a mean
-TARGET_REUSE_S = 0.100  # "a finished task's GPUs are offered again within tens of milliseconds"
-TARGET_P50_S, TARGET_P99_S = 0.060, 0.250
-TARGET_API_PER_S = 300.0
-TARGET_BATCH_PER_S = 2_000.0
-
-HOSTNAME = socket.gethostname().split(".")[0]
-
-
-# --- Figures from recorded timestamps (pure) --------------------------------------------------
-
-
-def mean_busy(intervals: Sequence[tuple[float, float | None]], start: float, end: float) -> float:
-    """Mean number of intervals open over [start, end]; an interval still open (None) counts
-    up to ``end``."""
-    if end <= start:
-        return 0.0
-    covered = 0.0
-    for began, ended in intervals:
-        ended = end if ended is None else ended
-        covered += max(0.0, min(ended, end) - max(began, start))
-    return covered / (end - start)
-
-
-def reuse_gaps(
-    allocations: Sequence[tuple[int, float, float | None]], start: float, end: float
-) -> list[float]:
-    """Seconds each GPU stood free between one allocation's release and the next one's start
-    (a freed GPU "offered again"), for the next allocations that started within [start, end]:
-    ``allocations`` are (GPU id, started, released or None)."""
-    by_gpu: dict[int, list[tuple[float, float | None]]] = {}
-    for gpu, began, ended in allocations:
-        by_gpu.setdefault(gpu, []).append((began, ended))
-    gaps = []
-    for spans in by_gpu.values():
-        spans.sort(key=lambda span: span[0])
-        for (_, released), (began, _) in itertools.pairwise(spans):
-            if released is not None and start <= began <= end:
-                gaps.append(max(0.0, began - released))
-    return gaps
-
-
-@dataclass
-class Completion:
-    """How many of ``total`` finished, and at what rate."""
-
-    total: int
-    finished: int
-    elapsed_s: float  # first submit -> last finish, or -> the time limit when not all finished
-    limited: bool
-
-    @property
-    def per_s(self) -> float:
-        return self.finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def describe(self) -> str:
-        rate = f"{self.per_s:,.1f}/s"
-        if self.limited:
-            done = f"{self.finished:,} of {self.total:,}"
-            return f"{rate} ({done} finished in {self.elapsed_s:.0f} s)"
-        return f"{rate} ({self.total:,} in {self.elapsed_s:.1f} s)"
-
-
-def completion(first_submit: float, finishes: Sequence[float], total: int,
-               stopped: float) -> Completion:  # fmt: skip
-    """From the first submission to the last finish; a run stopped at its time limit before all
-    finished is measured to ``stopped``."""
-    if len(finishes) >= total:
-        return Completion(total, len(finishes), max(finishes) - first_submit, limited=False)
-    # What finished while the figures were being read came after the limit.
-    in_time = sum(1 for moment in finishes if moment <= stopped)
-    return Completion(total, in_time, stopped - first_submit, limited=True)
-
-
-def parse_stamp(text: str) -> float | None:
-    """The first line ``date +%s.%N`` wrote, as seconds since the epoch."""
-    for line in text.splitlines():
-        try:
-            return float(line.strip())
-        except ValueError:
-            continue
-    return None
-
-
-@dataclass
-class Latency:
-    samples: list[float] = field(default_factory=list)
-    lost: int = 0  # probes whose stamp never came
-
-    def p(self, q: float) -> float | None:
-        return percentile(self.samples, q) if self.samples else None
-
-    def describe(self) -> str:
-        if not self.samples:
-            return "n/a"
-        return f"{self.p(50) * 1000:,.1f} / {self.p(99) * 1000:,.1f} ms ({len(self.samples)} runs)"
-
-
-def ratio(ours: float | None, theirs: float | None) -> str:
-    if not ours or not theirs:
-        return "-"
-    value = ours / theirs
-    return f"{value:,.3f}x" if value < 10 else f"{value:,.0f}x"
-
-
-def slurm_conf(scratch: Path, *, host: str, ctld_port: int, node_port: int, cpus: int) -> str:
-    """One controller and one node on this host, everything under ``scratch``, no munge."""
-    return f"""\
-# Written by gpuplatform's bench/bench_throughput.py; removed with its directory.
-ClusterName=gpuplatform-bench
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={node_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/none
-CredType=cred/none
-StateSaveLocation={scratch}/state
-SlurmdSpoolDir={scratch}/spool
-SlurmctldPidFile={scratch}/slurmctld.pid
-SlurmdPidFile={scratch}/slurmd.pid
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-MpiDefault=none
-ReturnToService=2
-# The node claims {cpus} CPUs (the GPU slots of the estate) whatever the host has.
-SlurmdParameters=config_overrides
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=bench Nodes={host} Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-def estate_yaml() -> str:
-    nodes = "".join(
-        f"  - name: bench-tput-{n}\n    pool: {POOL}\n"
-        f"    simulate: {{model: NVIDIA GeForce RTX 4090, memory: 24Gi, count: {GPUS_PER_NODE}}}\n"
-        for n in range(1, NODES + 1)
-    )
-    # The heartbeat is the default (configs/scheduler.yaml, 5 s), as `make run` has it: every
-    # heartbeat reconciles now and then and checks GPU memory, and four agents beating every
-    # second, as this benchmark had them, cost about a tenth of this 2-core machine.
-    return f"pools:\n  - name: default\n  - name: {POOL}\nnodes:\n{nodes}"
-
-
-# --- Clean-up that happens whatever happens ------------------------------------------------------
-
-
-@contextmanager
-def sigterm_as_exit() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C (finally blocks run, daemons stop) instead of killing us."""
-
-    def on_term(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def cleanup(action: Callable[[], None]) -> Iterator[None]:
-    """Run ``action`` on leaving, and at interpreter exit if leaving never happened."""
-    done = False
-
-    def once() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            action()
-
-    atexit.register(once)
-    try:
-        yield
-    finally:
-        once()
-        atexit.unregister(once)
-
-
-def kill_ours(name: str, ours: Callable[[psutil.Process], bool]) -> int:
-    """SIGKILL the processes called ``name`` that ``ours`` recognises (by a path in our scratch
-    directory: never another user's daemon of the same name)."""
-    killed = 0
-    for proc in psutil.process_iter(["name"]):
-        if proc.info["name"] != name:
-            continue
-        try:
-            if ours(proc):
-                proc.kill()
-                killed += 1
-        except psutil.Error:
-            pass
-    return killed
-
-
-# --- Installing the peers -----------------------------------------------------------------------
-
-
-@contextmanager
-def no_service_starts() -> Iterator[None]:
-    """Debian's maintainer scripts start a package's daemons unless policy-rc.d says no; the
-    bench wants none running but its own, so it says no while it installs (if no policy exists)."""
-    policy = Path("/usr/sbin/policy-rc.d")
-    if policy.exists():
-        yield
-        return
-    policy.write_text(
-        "#!/bin/sh\n# gpuplatform bench: no daemon starts while it installs\nexit 101\n"
-    )
-    policy.chmod(0o755)
-    try:
-        yield
-    finally:
-        policy.unlink(missing_ok=True)
-
-
-def ensure_installed(binaries: Sequence[str], packages: Sequence[str]) -> str | None:
-    """None when every binary is on PATH (installing the packages if need be); else why not."""
-    if all(shutil.which(b) for b in binaries):
-        return None
-    if os.geteuid() != 0:
-        return f"not installed ({', '.join(packages)}), and not root to install it"
-    if shutil.which("apt-get") is None:
-        return f"not installed ({', '.join(packages)}), and no apt-get"
-    environ = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
-    print(f"installing {' '.join(packages)} with apt-get...", flush=True)
-    with no_service_starts():
-        for attempt in (install, ["apt-get", "update", "-q"], install):
-            done = subprocess.run(  # noqa: S603 - fixed argv
-                attempt, env=environ, capture_output=True, text=True, timeout=600, check=False
-            )
-            if attempt is install and done.returncode == 0:
-                break
-    missing = [b for b in binaries if not shutil.which(b)]
-    if missing:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        return f"not installed: apt-get install {' '.join(packages)} failed ({' '.join(last)})"
-    return None
-
-
-def run_quiet(argv: list[str], environ: dict[str, str], timeout: float = 30) -> str:
-    done = subprocess.run(  # noqa: S603 - fixed argv
-        argv, env=environ, capture_output=True, text=True, timeout=timeout, check=True
-    )
-    return done.stdout
-
-
-# --- task-spooler ------------------------------------------------------------------------------
-
-
-def measure_tsp(scratch: Path) -> dict:
-    why = ensure_installed(["tsp"], ["task-spooler"])
-    if why:
-        return {"skipped": why}
-    scratch.mkdir()
-    socket_path = str(scratch / "socket")
-    environ = {**os.environ, "TS_SOCKET": socket_path, "TMPDIR": str(scratch)}
-    tsp = functools.partial(run_quiet, environ=environ)
-
-    def stop() -> None:
-        try:
-            tsp(["tsp", "-K"], timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            pass  # killed below, or never started
-        kill_ours("tsp", lambda proc: proc.environ().get("TS_SOCKET") == socket_path)
-
-    with cleanup(stop):
-        tsp(["tsp", "-S", str(SLOTS)])  # starts its server
-        latency = Latency()
-        until = time.monotonic() + PEER_LATENCY_LIMIT_S
-        while len(latency.samples) < LATENCY_TASKS and (
-            len(latency.samples) < PEER_LATENCY_MIN or time.monotonic() < until
-        ):
-            submitted = time.time()
-            job = tsp(["tsp", *STAMP.split()]).strip()
-            tsp(["tsp", "-w", job])
-            output = Path(tsp(["tsp", "-o", job]).strip())
-            stamp = parse_stamp(output.read_text())
-            if stamp is None:
-                latency.lost += 1
-            else:
-                latency.samples.append(stamp - submitted)
-        tsp(["tsp", "-C"])  # forget the finished probes
-
-        first = time.time()
-        for _ in range(TASKS):
-            tsp(["tsp", "-n", "true"])
-        deadline = first + TSP_THROUGHPUT_LIMIT_S
-        while True:
-            listing = tsp(["tsp", "-l"]).splitlines()[1:]
-            waiting = sum(1 for line in listing if line.split()[1:2] in (["queued"], ["running"]))
-            now = time.time()
-            if not waiting or now > deadline:
-                break
-            time.sleep(POLL_S / 5)
-    finishes = [now] * (TASKS - waiting)
-    return {"version": tsp_version(), "latency": latency,
-            "throughput": completion(first, finishes, TASKS, now)}  # fmt: skip
-
-
-def tsp_version() -> str:
-    done = subprocess.run(["tsp", "-V"], capture_output=True, text=True, check=False)  # noqa: S607
-    if done.returncode != 0:
-        return "?"
-    return (done.stdout or done.stderr).strip().splitlines()[0].split(" - ")[0]
-
-
-# --- Slurm -------------------------------------------------------------------------------------
-
-
-SLURM_BINARIES = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel"]
-
-
-def slurm_auth_none() -> bool:
-    """Slurm 22.05 still ships auth/none (dropped in later releases): no munge needed."""
-    plugins = ("/usr/lib/*-linux-gnu/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
-    return any(any(Path("/").glob(f"{d.lstrip('/')}/auth_none.so")) for d in plugins)
-
-
-def measure_slurm(scratch: Path) -> dict:
-    why = ensure_installed(SLURM_BINARIES, ["slurm-wlm"])
-    if why:
-        return {"skipped": why}
-    if os.geteuid() != 0:
-        return {"skipped": "slurmd must run as root to start jobs"}
-    if not slurm_auth_none():
-        return {"skipped": "this Slurm has no auth/none plugin (a munge set-up is not automated)"}
-    version = run_quiet(["slurmctld", "-V"], dict(os.environ)).strip()
-    for sub in ("state", "spool", "out", "jobs"):
-        (scratch / sub).mkdir(parents=True)
-    jobs = scratch / "jobs"
-    conf = scratch / "slurm.conf"
-    conf.write_text(slurm_conf(scratch, host=HOSTNAME, ctld_port=free_port(),
-                               node_port=free_port(), cpus=SLOTS))  # fmt: skip
-    environ = {**os.environ, "SLURM_CONF": str(conf)}
-    slurm = functools.partial(run_quiet, environ=environ)
-    daemons = [
-        Proc("slurmctld", ["slurmctld", "-D", "-c", "-f", str(conf)], environ, scratch),
-        Proc("slurmd", ["slurmd", "-D", "-f", str(conf)], environ, scratch),
-    ]
-
-    def stop() -> None:
-        # Jobs first, and gone, before slurmd: a step daemon whose slurmd was killed under it
-        # hangs on (seen: 15 left behind), so any still there are killed too, found by the
-        # working directory every job of ours was given.
-        try:
-            slurm(["scancel", "--user", "root"], timeout=15)
-            until = time.monotonic() + 15
-            while slurm(["squeue", "-h"], timeout=15).strip() and time.monotonic() < until:
-                time.sleep(0.2)
-        except (OSError, subprocess.SubprocessError):
-            pass
-        stop_all(daemons, grace_s=15)
-        kill_ours("slurmstepd", lambda proc: Path(proc.cwd()).is_relative_to(jobs))
-
-    with cleanup(stop):
-        wait_for("Slurm's node to be idle",
-                 lambda: slurm(["sinfo", "-h", "-o", "%t"]).strip() == "idle", 60, daemons,
-                 poll_s=0.2)  # fmt: skip
-        latency = Latency()
-        until = time.monotonic() + PEER_LATENCY_LIMIT_S
-        n = 0
-        while len(latency.samples) < LATENCY_TASKS and (
-            len(latency.samples) < PEER_LATENCY_MIN or time.monotonic() < until
-        ):
-            out = scratch / "out" / f"latency-{n}.out"
-            n += 1
-            submitted = time.time()
-            slurm(["sbatch", "-Q", "--parsable", "-D", str(jobs), "-o", str(out), "--wrap", STAMP])
-            stamp = None
-            with_deadline = time.monotonic() + 30
-            while stamp is None and time.monotonic() < with_deadline:
-                stamp = parse_stamp(out.read_text()) if out.exists() else None
-                time.sleep(0.005)
-            if stamp is None:
-                latency.lost += 1
-            else:
-                latency.samples.append(stamp - submitted)
-        # The last probe's job may still be completing: let it leave the queue.
-        wait_for("the probes to leave Slurm's queue",
-                 lambda: not slurm(["squeue", "-h", "-r", "-o", "%i"]).strip(), 30, daemons,
-                 poll_s=0.1)  # fmt: skip
-
-        first = time.time()
-        for _ in range(TASKS // BATCH):  # two submissions, as the platform's two API calls
-            slurm(["sbatch", "-Q", "--parsable", "-D", str(jobs), f"--array=0-{BATCH - 1}",
-                   "-o", "/dev/null", "--wrap", "true"])  # fmt: skip
-        deadline = first + SLURM_THROUGHPUT_LIMIT_S
-        while True:
-            left = len(slurm(["squeue", "-h", "-r", "-o", "%i"]).split())
-            now = time.time()
-            if not left or now > deadline:
-                break
-            time.sleep(0.1)
-    finishes = [now] * (TASKS - left)
-    return {"version": version, "latency": latency,
-            "throughput": completion(first, finishes, TASKS, now)}  # fmt: skip
-
 
 # --- gpuplatform ---------------------------------------------------------------------------------
 
@@ -576,235 +176,6 @@ def platform_env(tmp: Path, config: Path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return environ
-
-
-class ConnectionSampler(threading.Thread):
-    """Counts this database's sessions every SAMPLE_S by the role their ``application_name``
-    names (gpuplatform/connections.py), with the phase each sample falls in."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.samples: list[tuple[str, Counter[str]]] = []
-        self.phase = "start-up"
-        self.stopping = threading.Event()
-        self.paused = threading.Event()  # set: no statement of its own (measure_idle)
-
-    def run(self) -> None:
-        try:
-            with connections["default"].cursor() as cursor:
-                while not self.stopping.is_set():
-                    if self.paused.is_set():
-                        self.stopping.wait(SAMPLE_S)
-                        continue
-                    cursor.execute(
-                        "SELECT application_name, count(*) FROM pg_stat_activity"
-                        " WHERE datname = current_database() GROUP BY 1"
-                    )
-                    by_role: Counter[str] = Counter()
-                    for name, count in cursor.fetchall():
-                        by_role[connection_role(name)] += count
-                    self.samples.append((self.phase, by_role))
-                    self.stopping.wait(SAMPLE_S)
-        finally:
-            connections["default"].close()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=5)
-
-    def peaks(self) -> dict[str, int]:
-        """The most sessions at once in each phase, the bench's own included."""
-        out: dict[str, int] = {}
-        for phase, by_role in self.samples:
-            out[phase] = max(out.get(phase, 0), sum(by_role.values()))
-        return out
-
-    def role_peaks(self) -> dict[str, int]:
-        """The most sessions each role held at once, over the whole run, and the platform's
-        (every role but the bench's own) at its peak."""
-        out: Counter[str] = Counter()
-        for _, by_role in self.samples:
-            for role, count in by_role.items():
-                out[role] = max(out[role], count)
-            out[PLATFORM] = max(out[PLATFORM], sum(by_role.values()) - by_role[BENCH_ROLE])
-        return dict(out)
-
-
-RUNNABLE_SAMPLE_S = 0.005
-
-
-def runnable() -> int:
-    """Processes (threads) running or ready to run on this machine now (/proc/stat)."""
-    with open("/proc/stat", "rb") as stat:
-        for line in stat:
-            if line.startswith(b"procs_running "):
-                return int(line.split()[1])
-    return 0
-
-
-@contextmanager
-def run_queue() -> Iterator[list[int]]:
-    """Samples ``runnable()`` every RUNNABLE_SAMPLE_S while the block runs, into the list it
-    yields: how many processes the web server and its PostgreSQL backend shared the CPUs with
-    (a batch is answered as fast as their share of them allows)."""
-    samples: list[int] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            samples.append(runnable())
-            done.wait(RUNNABLE_SAMPLE_S)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        done.set()
-        thread.join()
-
-
-BENCH_ROLE, PLATFORM = "this bench", "platform"
-CONNECTION_ROLES = ("web", "scheduler", "nodes")
-
-
-def connection_role(application_name: str) -> str:
-    """The budget's role of a session (``connections.budget_role``), this bench's own, or the
-    session's own name."""
-    if application_name == "gpuplatform run":  # bench/run.py
-        return BENCH_ROLE
-    return db_connections.budget_role(application_name) or application_name or "unnamed"
-
-
-def connection_budget() -> db_connections.Budget:
-    """The documented cap for the processes this bench starts."""
-    return db_connections.budget(
-        web_workers=MAKE_RUN_WEB_WORKERS,
-        db_pool_size=settings.DB_POOL_SIZE,
-        q_workers=settings.Q_CLUSTER["workers"],
-        nodes=NODES,
-    )
-
-
-# Where the CPU of the 2,000-task phase goes, by role. Two snapshots (start and end of the
-# phase) suffice: a process that ends is counted in its parent's children_user/children_system
-# once reaped, and each role's processes are one parent's tree. A spawner's tree holds the
-# supervisors it forked while they live (they supervise attempt after attempt:
-# SUPERVISOR_REUSE) and, once reaped by them, their tasks. One that exits during the phase is
-# reaped by the kernel (the spawner ignores SIGCHLD), which adds its time to nobody's: it, this
-# benchmark and the kernel's own threads are what the machine spent beyond the roles.
-SPAWNERS = "spawners, supervisors and tasks"
-SUPERVISORS = "supervisors"  # cpu_by_role's own key: by process, not a sum
-CPU_ROLES = ("web (daphne)", "scheduler (qcluster)", "node agents", "node launch clusters",
-             SPAWNERS, "PostgreSQL")  # fmt: skip
-CPU_REST = "the rest"
-
-
-def _own_cpu(proc: psutil.Process) -> float:
-    """CPU seconds of ``proc`` and of the children it reaped."""
-    times = proc.cpu_times()
-    return times.user + times.system + times.children_user + times.children_system
-
-
-def _tree_cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for member in (proc, *proc.children(recursive=True)):
-        try:
-            total += _own_cpu(member)
-        except psutil.Error:
-            continue  # ended meanwhile: its parent has it (or will, once it reaps it)
-    return total
-
-
-def _machine_busy_s() -> float:
-    times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
-
-
-def _supervisors() -> list[tuple[tuple[int, float], psutil.Process]]:
-    """The supervisors alive now that ran an attempt in the bench's database (running one or
-    idle at their spawner), each with its key: (pid, start time)."""
-    rows = TaskAttempt.objects.exclude(supervisor_pid=None).values_list(
-        "supervisor_pid", "supervisor_started"
-    )
-    found = []
-    for pid, started in set(rows):
-        if ProcessId(pid, started).alive():
-            with suppress(psutil.Error):
-                found.append(((pid, started), psutil.Process(pid)))
-    return found
-
-
-def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | None) -> dict:
-    """CPU seconds spent so far by each role's processes, and by the whole machine.
-
-    A spawner's supervisors are detached (a double fork puts them out of its tree, see
-    ``Spawner.fork``) and reaped by init, so what one spent vanishes with it rather than joining
-    its parent's children's times, as a reaped child's does. They are found through the attempts
-    they recorded, and kept apart, by process (``SUPERVISORS``), for ``role_spent``."""
-    spent = dict.fromkeys((*CPU_ROLES, "machine"), 0.0)
-    supervisors: dict[tuple[int, float], float] = {}
-    spent[SUPERVISORS] = supervisors
-    spent["machine"] = _machine_busy_s()
-    roots = [("web (daphne)", web_pid)] + [
-        ("scheduler (qcluster)" if p.name == "scheduler" else "node agents", p.proc.pid)
-        for p in procs
-    ]
-    for role, pid in roots:
-        try:
-            root = psutil.Process(pid)
-            if role != "node agents":
-                spent[role] += _tree_cpu(root)
-                continue
-            spent[role] += _own_cpu(root)  # its threads: relay, sampler, heartbeat
-            for child in root.children():
-                if "spawner" not in " ".join(child.cmdline()):
-                    spent["node launch clusters"] += _tree_cpu(child)
-                    continue
-                spent[SPAWNERS] += _own_cpu(child)
-        except psutil.Error:
-            continue
-    for key, supervisor in _supervisors():
-        with suppress(psutil.Error):  # ended meanwhile
-            supervisors[key] = _tree_cpu(supervisor)
-    if postmaster is not None:
-        try:
-            spent["PostgreSQL"] = _tree_cpu(postmaster)
-        except psutil.Error:
-            pass
-    return spent
-
-
-def postmaster_of_this_connection() -> psutil.Process | None:
-    """The PostgreSQL server process, when it runs on this machine."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (backend,) = cursor.fetchone()
-    try:
-        return psutil.Process(backend).parent()
-    except psutil.Error:
-        return None  # a server elsewhere (or in another pid namespace)
-
-
-def role_spent(before: dict, after: dict) -> dict[str, float]:
-    """CPU seconds each role spent between two ``cpu_by_role`` readings. A supervisor counts
-    what it spent since the first (all it spent, if it started since); one that ended between
-    them counts nothing, so its role's figure is a little low rather than wrong by all the
-    supervisor had spent before the window."""
-    spent = {role: after[role] - before[role] for role in CPU_ROLES}
-    was = before[SUPERVISORS]
-    spent[SPAWNERS] += sum(cpu - was.get(key, 0.0) for key, cpu in after[SUPERVISORS].items())
-    return spent
-
-
-def cpu_per_task(before: dict, after: dict, finished: int) -> dict[str, float]:
-    """Milliseconds of CPU per finished task, per role, the rest, and in all."""
-    spent = role_spent(before, after)
-    machine = after["machine"] - before["machine"]
-    spent[CPU_REST] = max(0.0, machine - sum(spent.values()))
-    per = {role: 1000 * seconds / max(finished, 1) for role, seconds in spent.items()}
-    per["all"] = 1000 * machine / max(finished, 1)
-    return per
 
 
 class Api:
@@ -847,6 +218,18 @@ def make_tenant(name: str, members: int) -> tuple[Tenant, list[str]]:
         Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": Role.MEMBER})
         tokens.append(tenant_services.apitoken_create(user=user, tenant=tenant, name="bench")[1])
     return tenant, tokens
+
+
+def scenario_tenants(scenario: Scenario) -> list[str]:
+    """A token for each of ``scenario``'s tenants, each under its GPU quota (cluster-wide)."""
+    tokens = []
+    for n in range(1, scenario.tenants + 1):
+        tenant, (token,) = make_tenant(f"bench-throughput-{scenario.key}-{n}", 1)
+        quota = Quota.objects.filter(tenant=tenant, pool=None).first() or Quota(tenant=tenant)
+        quota.max_gpus = scenario.quota_gpus
+        quota_set(quota=quota)
+        tokens.append(token)
+    return tokens
 
 
 def unfinished(tenant: Tenant) -> int:
@@ -974,20 +357,10 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
     }
 
 
-# What the scheduler logs of each pass that placed, preempted or failed a task (scheduler.py).
-PASS_LINE = re.compile(r"pass: (\d+) placed, .* ([\d.]+) ms$")
-
-
-def pass_times(log: str) -> list[tuple[int, float]]:
-    """(tasks placed, milliseconds inside the pass) of each pass the scheduler logged."""
-    return [
-        (int(match[1]), float(match[2]))
-        for line in log.splitlines()
-        if (match := PASS_LINE.search(line))
-    ]
-
-
-def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
+def measure_throughput(scenario: Scenario, apis: list[Api], procs: list[Proc],
+                       web_pid: int) -> dict:  # fmt: skip
+    """``scenario``'s tenants (``apis``, one each) submit their tasks, one POST after another;
+    every figure runs from the first POST until the last of them finished (or the limit)."""
     postmaster = postmaster_of_this_connection()
     work_before = database_work()  # first: its settling wait stays out of the CPU's window
     cpu_before = cpu_by_role(web_pid, procs, postmaster)
@@ -998,22 +371,26 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
     batches, crowds = [], []
     ids: list[int] = []
     window_start = None
-    for b in range(TASKS // BATCH):
-        specs = [spec(f"tput-{b}-{i}", "true") for i in range(BATCH)]
-        with run_queue() as crowd:
-            began = time.perf_counter()
-            ids += api.submit(specs)
-            batches.append(BATCH / (time.perf_counter() - began))
-        crowds.append(crowd)
-        window_start = window_start or time.time()
+    # Each tenant's first POST, then each one's second (if any): as they would come at once.
+    posts = scenario.batches(POOL)
+    for round_ in itertools.zip_longest(*posts):
+        for api, specs in zip(apis, round_, strict=True):
+            if specs is None:
+                continue
+            with run_queue() as crowd:
+                began = time.perf_counter()
+                ids += api.submit(specs)
+                batches.append(len(specs) / (time.perf_counter() - began))
+            crowds.append(crowd)
+            window_start = window_start or time.time()
     deadline = first + THROUGHPUT_LIMIT_S
-    rows = Task.objects.filter(pk__in=ids)  # not the tenant's latency probes
-    # Polled through the (tenant, state) index: the same count as rows' (the tenant submits
+    rows = Task.objects.filter(pk__in=ids)  # not the tenants' latency probes
+    # Polled through the (tenant, state) index: the same count as rows' (the tenants submit
     # nothing else meanwhile), where probing the 2,000 ids cost PostgreSQL 5.5 ms a poll, about
     # a third of a millisecond per task of what this bench reports as the platform's CPU.
-    tenant_id = rows.values_list("tenant_id", flat=True).first()
+    tenant_ids = list(rows.values_list("tenant_id", flat=True).distinct())
     active = [state for state in TaskState if state not in TERMINAL]
-    ours = Task.objects.filter(tenant_id=tenant_id, state__in=active, pk__gte=min(ids))
+    ours = Task.objects.filter(tenant_id__in=tenant_ids, state__in=active, pk__gte=min(ids))
     while (left := ours.count()) and time.time() < deadline:
         for p in procs:
             p.check()
@@ -1033,16 +410,19 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
     states = Counter(rows.values_list("state", flat=True))
     scheduled = [t.timestamp() for t in rows.exclude(scheduled_at=None)
                  .values_list("scheduled_at", flat=True)]  # fmt: skip
-    window_end = max(scheduled) if len(scheduled) == TASKS else stopped
-    allocations = [
+    total = scenario.tasks
+    window_end = max(scheduled) if len(scheduled) == total else stopped
+    # A GPU shared by memory is busy once, however many hold it.
+    spans = gpu_spans([
         (g, s.timestamp(), r.timestamp() if r else None)
         for g, s, r in Allocation.objects.filter(task_id__in=ids).values_list(
             "gpu_id", "started_at", "released_at"
         )
-    ]
-    intervals = [(began, released) for _, began, released in allocations]
-    done = completion(first, finishes, TASKS, stopped)
+    ])  # fmt: skip
+    intervals = [(began, released) for _, began, released in spans]
+    done = completion(first, finishes, total, stopped)
     return {
+        "scenario": scenario.label,
         "completion": done,
         "cpu_ms_per_task": cpu_per_task(cpu_before, cpu_after, done.finished),
         "db_per_task": work_per_task(work_before, work_after, done.finished),
@@ -1052,7 +432,7 @@ def measure_throughput(api: Api, procs: list[Proc], web_pid: int) -> dict:
         # Runnable processes while each batch was answered: median, most.
         "batch_runnable": [(median(c), max(c)) if c else (0, 0) for c in crowds],
         "busy": mean_busy(intervals, window_start, window_end),
-        "reuse_gaps": reuse_gaps(allocations, window_start, window_end),
+        "reuse_gaps": reuse_gaps(spans, window_start, window_end),
         "busy_window_s": window_end - window_start,
         "passes": passes,
         "pass_ms": [ms for placed, ms in logged_passes if placed],
@@ -1091,49 +471,6 @@ def measure_idle(procs: list[Proc], web_pid: int, sampler: ConnectionSampler) ->
     }
 
 
-def passes_run() -> int:
-    """Scheduling passes so far (``SchedulerState.passes``, counted by every pass)."""
-    return SchedulerState.objects.values_list("passes", flat=True).first() or 0
-
-
-# PostgreSQL's backends publish their statistics at most once a second (PGSTAT_MIN_INTERVAL).
-STATS_SETTLE_S = 1.5
-
-
-def database_work(settle_s: float = STATS_SETTLE_S) -> tuple[int, int, int]:
-    """The server's position in its write-ahead log (bytes), its next transaction id, and the
-    transactions this database has ended (a statement outside a transaction is one), read once
-    the backends have published their statistics (``settle_s``).
-
-    What they grow by over a phase are counts, not timings: the machine's speed moves them only
-    through the work that depends on timing (how many passes ran, how many reports the agents
-    wrote together, the samplers' writes once a second). A transaction that writes takes an id,
-    one that only reads takes none. The log and the ids are the server's: another database's
-    writes count too."""
-    time.sleep(settle_s)
-    with connection.cursor() as cursor:
-        # A statement of its own: in the reading one, the backend's cached view stayed stale.
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(
-            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, txid_current(),"
-            "       xact_commit + xact_rollback"
-            "  FROM pg_stat_database WHERE datname = current_database()"
-        )
-        wal, xid, ended = cursor.fetchone()
-    return int(wal), int(xid), int(ended)
-
-
-def work_per_task(before: tuple[int, ...], after: tuple[int, ...], finished: int) -> dict:
-    """Transactions, those of them that wrote, and kB of WAL per finished task between two
-    ``database_work()``, less their own (two transactions, one of them writing)."""
-    per = max(finished, 1)
-    return {
-        "transactions": (after[2] - before[2] - 2) / per,
-        "writes": (after[1] - before[1] - 1) / per,
-        "wal_kb": (after[0] - before[0]) / 1024 / per,
-    }
-
-
 def measure_platform(pool, tmp: Path) -> dict:
     tmp.mkdir()
     tmp.chmod(0o711)  # run as root, tasks run as their tenant's user and must reach their root
@@ -1147,10 +484,15 @@ def measure_platform(pool, tmp: Path) -> dict:
     _, (token,) = make_tenant("bench-throughput", 1)
     _, (hold_token,) = make_tenant("bench-throughput-hold", 1)
     api_tenant, api_tokens = make_tenant("bench-throughput-api", CLIENTS)
+    scenario_tokens = {
+        # The unlimited tenant is the latency probes' own (no quota).
+        scenario.key: [token] if scenario.quota_gpus is None else scenario_tenants(scenario)
+        for scenario in SCENARIOS
+    }
     connection.close()  # nothing of ours crosses the clients' fork, or the sampler's thread
     sampler = ConnectionSampler()
     procs: list[Proc] = []
-    figures: dict = {}
+    figures: dict = {"throughput": {}}
     began = time.perf_counter()
     with ExitStack() as stack:  # leaving: web, the rest, the sampler, then stray sessions
         stack.callback(close_other_sessions)
@@ -1188,193 +530,19 @@ def measure_platform(pool, tmp: Path) -> dict:
         stack.callback(hold.close)
         figures["api_queued"] = measure_api(pool, port, api_tokens, api_tenant, procs, web.pid,
                                             hold=hold)  # fmt: skip
-        sampler.phase = "2,000 tasks"
-        figures["throughput"] = measure_throughput(api, procs, web.pid)
+        for scenario in SCENARIOS:
+            sampler.phase = f"{scenario.tasks:,} tasks, {scenario.label}"
+            apis = [Api(port, each) for each in scenario_tokens[scenario.key]]
+            for each in apis:
+                stack.callback(each.close)
+            figures["throughput"][scenario.key] = measure_throughput(scenario, apis, procs,
+                                                                     web.pid)  # fmt: skip
         sampler.phase = "stopping"
     figures["connections"] = sampler.peaks()
     figures["connection_roles"] = sampler.role_peaks()
     figures["max_connections"] = server_connection_cap()
     clear_tasks(OrmQ._meta.db_table)
     return figures
-
-
-def server_connection_cap() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {db_connections.SERVER_ALLOWS}")
-        return cursor.fetchone()[0]
-
-
-# --- Report --------------------------------------------------------------------------------------
-
-
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1000:,.1f} ms"
-
-
-def peer_cell(peer: dict, what: str) -> str:
-    if "skipped" in peer:
-        return "not measured"
-    if what == "throughput":
-        return peer["throughput"].describe()
-    return peer["latency"].describe()
-
-
-def api_cell(phase: dict) -> str:
-    return (f"{phase['per_s']:,.0f}/s, p99 {_ms(phase['p99_s'])}, {phase['errors']:,} errors "
-            f"({phase['http_500']:,} HTTP 5xx) of {phase['requests']:,}")  # fmt: skip
-
-
-def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
-    tput: Completion = ours["throughput"]["completion"]
-    lat: Latency = ours["latency"]
-    api, queued = ours["api"], ours["api_queued"]
-    busy = ours["throughput"]["busy"]
-    gaps = ours["throughput"]["reuse_gaps"]
-    peak = max(ours["connections"].values())
-    roles, cap = ours["connection_roles"], connection_budget()
-    batches = ours["throughput"]["batches_per_s"]
-
-    def peer_rate(peer: dict) -> float | None:
-        return peer["throughput"].per_s if "throughput" in peer else None
-
-    def peer_p(peer: dict, q: float) -> float | None:
-        return peer["latency"].p(q) if "latency" in peer else None
-
-    rows = [
-        ["tasks completed per second", tput.describe(), peer_cell(tsp, "throughput"),
-         peer_cell(slurm, "throughput"), ratio(tput.per_s, peer_rate(tsp)),
-         ratio(tput.per_s, peer_rate(slurm))],
-        ["submit -> process exists, p50 / p99", lat.describe(), peer_cell(tsp, "latency"),
-         peer_cell(slurm, "latency"),
-         f"{ratio(lat.p(50), peer_p(tsp, 50))} / {ratio(lat.p(99), peer_p(tsp, 99))}",
-         f"{ratio(lat.p(50), peer_p(slurm, 50))} / {ratio(lat.p(99), peer_p(slurm, 99))}"],
-        [f"API submissions, {CLIENTS} clients, one task each, into a busy estate (they queue)",
-         api_cell(queued), "-", "-", "", ""],
-        [f"the same, each task also run at once (`true`, {SLOTS} GPUs free)", api_cell(api),
-         "-", "-", "", ""],
-        [f"{BATCH:,}-task batch (the two submissions)",
-         " / ".join(f"{b:,.0f} tasks/s" for b in batches), "-", "-", "", ""],
-        ["mean busy GPUs while tasks wait", f"{busy:,.1f} of {SLOTS}", "-", "-", "", ""],
-        ["a freed GPU placed again, p50 / p99",
-         f"{_ms(percentile(gaps, 50))} / {_ms(percentile(gaps, 99))} ({len(gaps):,} times)"
-         if gaps else "never", "-", "-", "", ""],
-        ["peak PostgreSQL connections (the platform's)",
-         f"{roles.get(PLATFORM, 0)} (cap {cap.total})",
-         "-", "-", "", ""],
-    ]  # fmt: skip
-    header = ["measure", "gpuplatform", "task-spooler (tsp -S 32)",
-              "Slurm, one node, untuned", "ratio to tsp", "ratio to Slurm"]  # fmt: skip
-    print(table(header, rows, left=len(header)))
-    print("ratios: gpuplatform / peer (throughput: higher is better; latency: lower is better)")
-    for name, peer in (("task-spooler", tsp), ("Slurm", slurm)):
-        if "skipped" in peer:
-            print(f"{name}: {peer['skipped']}")
-        else:
-            lost = f"; {peer['latency'].lost} probe(s) never ran" if peer["latency"].lost else ""
-            print(f"{name}: {peer['version']}{lost}")
-    print()
-
-    t = ours["throughput"]
-    print(f"gpuplatform: {NODES} node agents x {GPUS_PER_NODE} simulated GPUs, scheduler, daphne; "
-          f"up and warm in {ours['startup_s']:.1f} s; final states of the {TASKS:,} tasks: "
-          f"{dict(sorted(t['states'].items()))}")  # fmt: skip
-    print(f"busy GPUs measured over {t['busy_window_s']:.1f} s (first batch committed -> last "
-          "task placed, or the time limit)")  # fmt: skip
-    print(f"scheduling passes in the {TASKS:,}-task phase: {t['passes']:,} "
-          f"({TASKS / max(t['passes'], 1):.1f} tasks per pass)")  # fmt: skip
-    if t["pass_ms"]:
-        print(f"  of them {len(t['pass_ms']):,} placed tasks, each in p50 / p90 "
-              f"{_ms(percentile(t['pass_ms'], 50) / 1000)} / "
-              f"{_ms(percentile(t['pass_ms'], 90) / 1000)} from its first read to its last "
-              "write, before its commit (the scheduler's log)")  # fmt: skip
-    crowd = " / ".join(f"{m:.0f} ({most})" for m, most in t["batch_runnable"])
-    print(f"  the {BATCH:,}-task batches were answered while this many processes were runnable "
-          f"on the machine's {CPUS} CPUs, median (most): {crowd}; the second shares them "
-          "with the first thousand's placements, launches and ends")  # fmt: skip
-    cpu = t["cpu_ms_per_task"]
-    parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
-    budget = 1000 * CPUS / TARGET_PER_S
-    print(f"CPU per finished task in the {TASKS:,}-task phase: {cpu['all']:.1f} ms of the "
-          f"machine's {CPUS} CPUs ({parts}); {TARGET_PER_S:,.0f} tasks/s on them "
-          f"leave {budget:.0f} ms")  # fmt: skip
-    work = t["db_per_task"]
-    print(f"PostgreSQL work per finished task in the {TASKS:,}-task phase: "
-          f"{work['transactions']:.2f} transactions ({work['writes']:.2f} of them writing), "
-          f"{work['wal_kb']:.1f} kB of WAL (counts, not timings: see database_work)")  # fmt: skip
-    if lat.lost:
-        print(f"latency: {lat.lost} probe(s) left out (supervisor killed from outside)")
-    for title, phase, what in (
-        ("API phase, into a busy estate", queued, "while their tasks queue"),
-        ("API phase, each task run at once", api, "while their tasks run"),
-    ):
-        print(f"{title}: statuses {phase['statuses']}; {phase['cancelled_after']} of its tasks, "
-              f"still pending {DRAIN_LIMIT_S:.0f} s after the clients (and the estate's "
-              f"holders) stopped, were cancelled; {phase['left_running']} still unfinished "
-              "when the next phase began")  # fmt: skip
-        if phase["error_sample"]:
-            print(f"  e.g. {phase['error_sample']}")
-        cpu = phase["cpu_ms_per_accepted"]
-        parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
-        print(f"  while the clients submitted: {cpu['all']:.1f} ms of CPU per accepted "
-              f"submission ({parts}; the rest includes the clients), {phase['passes']:,} "
-              f"scheduling passes ({phase['passes_per_accepted']:.2f} per accepted "
-              f"submission); at that cost the machine's {CPUS} CPUs allow at most "
-              f"{CPUS * 1000 / max(cpu['all'], 1e-9):,.0f} submissions a second "
-              f"{what}")  # fmt: skip
-    lifecycle = t["cpu_ms_per_task"]["all"]
-    print(f"  {TARGET_API_PER_S:,.0f} submissions a second leave "
-          f"{CPUS * 1000 / TARGET_API_PER_S:.1f} ms of the {CPUS} CPUs for each: a task's "
-          f"whole life (pass, launch, process, end) took {lifecycle:.1f} ms of them in the "
-          f"{TASKS:,}-task phase, before its POST's; so the target is judged on the busy "
-          "estate, the API's own capacity")  # fmt: skip
-    idle = ours["idle"]
-    parts = ", ".join(f"{role} {idle['cpu_pct'][role]:.1f}" for role in CPU_ROLES)
-    print(f"an idle estate ({NODES} nodes x {GPUS_PER_NODE} GPUs, nothing submitted, "
-          f"{idle['seconds']:.0f} s): {idle['transactions_per_s']:.1f} PostgreSQL transactions a "
-          f"second ({idle['writes_per_s']:.1f} writing), {idle['wal_kb_per_s']:.1f} kB/s of WAL; "
-          f"percent of one core: {parts}")  # fmt: skip
-    conns = ", ".join(f"{phase} {n}" for phase, n in ours["connections"].items())
-    print(f"PostgreSQL sessions on the bench database, peak per phase (this bench's own two "
-          f"included): {conns}; the server allows {ours['max_connections']} (max_connections "
-          "less the superuser reserve)")  # fmt: skip
-    held = ", ".join(f"{role} {roles.get(role, 0)} of {getattr(cap, role)}"
-                     for role in CONNECTION_ROLES)  # fmt: skip
-    others = ", ".join(f"{role} {n}" for role, n in roles.items()
-                       if role not in (*CONNECTION_ROLES, PLATFORM, BENCH_ROLE))  # fmt: skip
-    print(f"  the platform's own, most at once: {roles.get(PLATFORM, 0)} of the documented cap "
-          f"{cap.total} (gpuplatform/connections.py); by role, most at once of its cap: {held}"
-          f"{'; others: ' + others if others else ''}")  # fmt: skip
-    print()
-
-    reuse_p50 = percentile(gaps, 50) if gaps else None
-    platform_held = roles.get(PLATFORM, 0)
-    targets = [  # what was measured, as measured, the target, met
-        ("tasks completed per second", f"{tput.per_s:,.1f}", f">= {TARGET_PER_S:,.0f}",
-         tput.per_s >= TARGET_PER_S),
-        ("mean busy GPUs while tasks wait", f"{busy:,.1f} of {SLOTS}",
-         f">= {TARGET_BUSY:.0%} of {SLOTS}", busy >= TARGET_BUSY * SLOTS),
-        ("a freed GPU placed again within tens of milliseconds, p50",
-         _ms(reuse_p50) if gaps else "never", f"< {_ms(TARGET_REUSE_S)}",
-         reuse_p50 is not None and reuse_p50 < TARGET_REUSE_S),
-        ("submit -> process exists p50", _ms(lat.p(50)), f"<= {_ms(TARGET_P50_S)}",
-         None if lat.p(50) is None else lat.p(50) <= TARGET_P50_S),
-        ("submit -> process exists p99", _ms(lat.p(99)), f"<= {_ms(TARGET_P99_S)}",
-         None if lat.p(99) is None else lat.p(99) <= TARGET_P99_S),
-        (f"API single-task submissions/s, {CLIENTS} clients (into a busy estate)",
-         f"{queued['per_s']:,.0f}/s, {queued['errors']:,} errors",
-         f">= {TARGET_API_PER_S:,.0f}/s, 0 errors",
-         queued["per_s"] >= TARGET_API_PER_S and queued["errors"] == 0),
-        (f"{BATCH:,}-task batch (both submissions)",
-         " / ".join(f"{b:,.0f} tasks/s" for b in batches),
-         f">= {TARGET_BATCH_PER_S:,.0f} tasks/s", min(batches) >= TARGET_BATCH_PER_S),
-        ("PostgreSQL connections of the platform, most at once",
-         f"{platform_held} (sessions {peak})",
-         f"<= the documented cap {cap.total}, under the server's {ours['max_connections']}",
-         platform_held <= cap.total and peak < ours["max_connections"]),
-    ]  # fmt: skip
-    for figure, value, goal, met in targets:
-        print(f"target: {figure} {goal}: {target(figure, value, goal, met)}")
-    return [(f"{figure} {goal}", met) for figure, value, goal, met in targets]
 
 
 def main() -> dict:
@@ -1403,24 +571,8 @@ def main() -> dict:
     targets = report(ours, tsp, slurm)
     return {
         "load_average": load,
-        "gpuplatform": _plain(ours),
-        "tsp": _plain(tsp),
-        "slurm": _plain(slurm),
+        "gpuplatform": plain(ours),
+        "tsp": plain(tsp),
+        "slurm": plain(slurm),
         "targets": {label: met for label, met in targets},
     }
-
-
-def _plain(value: object) -> object:
-    """Figures as JSON-friendly values (bench/run.py --json)."""
-    if isinstance(value, Completion):
-        return {"total": value.total, "finished": value.finished, "elapsed_s": value.elapsed_s,
-                "limited": value.limited, "per_s": value.per_s}  # fmt: skip
-    if isinstance(value, Latency):
-        return {"p50_s": value.p(50), "p99_s": value.p(99), "n": len(value.samples),
-                "lost": value.lost,
-                "mean_s": statistics.fmean(value.samples) if value.samples else None}  # fmt: skip
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value

@@ -1,0 +1,298 @@
+"""Where a phase's resources go: CPU by role, PostgreSQL sessions by role and the database's
+work, and how many processes were runnable."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import psutil
+from django.conf import settings
+from django.db import connection, connections
+
+from bench.common import MAKE_RUN_WEB_WORKERS, Proc
+from bench.throughput.figures import NODES, SAMPLE_S
+from gpuplatform import connections as db_connections
+from gpuplatform.procid import ProcessId
+from scheduling.models import SchedulerState, TaskAttempt
+
+
+class ConnectionSampler(threading.Thread):
+    """Counts this database's sessions every SAMPLE_S by the role their ``application_name``
+    names (gpuplatform/connections.py), with the phase each sample falls in."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[str, Counter[str]]] = []
+        self.phase = "start-up"
+        self.stopping = threading.Event()
+        self.paused = threading.Event()  # set: no statement of its own (measure_idle)
+
+    def run(self) -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                while not self.stopping.is_set():
+                    if self.paused.is_set():
+                        self.stopping.wait(SAMPLE_S)
+                        continue
+                    cursor.execute(
+                        "SELECT application_name, count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() GROUP BY 1"
+                    )
+                    by_role: Counter[str] = Counter()
+                    for name, count in cursor.fetchall():
+                        by_role[connection_role(name)] += count
+                    self.samples.append((self.phase, by_role))
+                    self.stopping.wait(SAMPLE_S)
+        finally:
+            connections["default"].close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+
+    def peaks(self) -> dict[str, int]:
+        """The most sessions at once in each phase, the bench's own included."""
+        out: dict[str, int] = {}
+        for phase, by_role in self.samples:
+            out[phase] = max(out.get(phase, 0), sum(by_role.values()))
+        return out
+
+    def role_peaks(self) -> dict[str, int]:
+        """The most sessions each role held at once, over the whole run, and the platform's
+        (every role but the bench's own) at its peak."""
+        out: Counter[str] = Counter()
+        for _, by_role in self.samples:
+            for role, count in by_role.items():
+                out[role] = max(out[role], count)
+            out[PLATFORM] = max(out[PLATFORM], sum(by_role.values()) - by_role[BENCH_ROLE])
+        return dict(out)
+
+
+RUNNABLE_SAMPLE_S = 0.005
+
+
+def runnable() -> int:
+    """Processes (threads) running or ready to run on this machine now (/proc/stat)."""
+    with open("/proc/stat", "rb") as stat:
+        for line in stat:
+            if line.startswith(b"procs_running "):
+                return int(line.split()[1])
+    return 0
+
+
+@contextmanager
+def run_queue() -> Iterator[list[int]]:
+    """Samples ``runnable()`` every RUNNABLE_SAMPLE_S while the block runs, into the list it
+    yields: how many processes the web server and its PostgreSQL backend shared the CPUs with
+    (a batch is answered as fast as their share of them allows)."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(runnable())
+            done.wait(RUNNABLE_SAMPLE_S)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join()
+
+
+BENCH_ROLE, PLATFORM = "this bench", "platform"
+CONNECTION_ROLES = ("web", "scheduler", "nodes")
+
+
+def connection_role(application_name: str) -> str:
+    """The budget's role of a session (``connections.budget_role``), this bench's own, or the
+    session's own name."""
+    if application_name == "gpuplatform run":  # bench/run.py
+        return BENCH_ROLE
+    return db_connections.budget_role(application_name) or application_name or "unnamed"
+
+
+def connection_budget() -> db_connections.Budget:
+    """The documented cap for the processes this bench starts."""
+    return db_connections.budget(
+        web_workers=MAKE_RUN_WEB_WORKERS,
+        db_pool_size=settings.DB_POOL_SIZE,
+        q_workers=settings.Q_CLUSTER["workers"],
+        nodes=NODES,
+    )
+
+
+# Where the CPU of the 2,000-task phase goes, by role. Two snapshots (start and end of the
+# phase) suffice: a process that ends is counted in its parent's children_user/children_system
+# once reaped, and each role's processes are one parent's tree. A spawner's tree holds the
+# supervisors it forked while they live (they supervise attempt after attempt:
+# SUPERVISOR_REUSE) and, once reaped by them, their tasks. One that exits during the phase is
+# reaped by the kernel (the spawner ignores SIGCHLD), which adds its time to nobody's: it, this
+# benchmark and the kernel's own threads are what the machine spent beyond the roles.
+SPAWNERS = "spawners, supervisors and tasks"
+SUPERVISORS = "supervisors"  # cpu_by_role's own key: by process, not a sum
+CPU_ROLES = ("web (daphne)", "scheduler (qcluster)", "node agents", "node launch clusters",
+             SPAWNERS, "PostgreSQL")  # fmt: skip
+CPU_REST = "the rest"
+
+
+def _own_cpu(proc: psutil.Process) -> float:
+    """CPU seconds of ``proc`` and of the children it reaped."""
+    times = proc.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _tree_cpu(proc: psutil.Process) -> float:
+    total = 0.0
+    for member in (proc, *proc.children(recursive=True)):
+        try:
+            total += _own_cpu(member)
+        except psutil.Error:
+            continue  # ended meanwhile: its parent has it (or will, once it reaps it)
+    return total
+
+
+def _machine_busy_s() -> float:
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def _supervisors() -> list[tuple[tuple[int, float], psutil.Process]]:
+    """The supervisors alive now that ran an attempt in the bench's database (running one or
+    idle at their spawner), each with its key: (pid, start time)."""
+    rows = TaskAttempt.objects.exclude(supervisor_pid=None).values_list(
+        "supervisor_pid", "supervisor_started"
+    )
+    found = []
+    for pid, started in set(rows):
+        if ProcessId(pid, started).alive():
+            with suppress(psutil.Error):
+                found.append(((pid, started), psutil.Process(pid)))
+    return found
+
+
+def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | None) -> dict:
+    """CPU seconds spent so far by each role's processes, and by the whole machine.
+
+    A spawner's supervisors are detached (a double fork puts them out of its tree, see
+    ``Spawner.fork``) and reaped by init, so what one spent vanishes with it rather than joining
+    its parent's children's times, as a reaped child's does. They are found through the attempts
+    they recorded, and kept apart, by process (``SUPERVISORS``), for ``role_spent``."""
+    spent = dict.fromkeys((*CPU_ROLES, "machine"), 0.0)
+    supervisors: dict[tuple[int, float], float] = {}
+    spent[SUPERVISORS] = supervisors
+    spent["machine"] = _machine_busy_s()
+    roots = [("web (daphne)", web_pid)] + [
+        ("scheduler (qcluster)" if p.name == "scheduler" else "node agents", p.proc.pid)
+        for p in procs
+    ]
+    for role, pid in roots:
+        try:
+            root = psutil.Process(pid)
+            if role != "node agents":
+                spent[role] += _tree_cpu(root)
+                continue
+            spent[role] += _own_cpu(root)  # its threads: relay, sampler, heartbeat
+            for child in root.children():
+                if "spawner" not in " ".join(child.cmdline()):
+                    spent["node launch clusters"] += _tree_cpu(child)
+                    continue
+                spent[SPAWNERS] += _own_cpu(child)
+        except psutil.Error:
+            continue
+    for key, supervisor in _supervisors():
+        with suppress(psutil.Error):  # ended meanwhile
+            supervisors[key] = _tree_cpu(supervisor)
+    if postmaster is not None:
+        try:
+            spent["PostgreSQL"] = _tree_cpu(postmaster)
+        except psutil.Error:
+            pass
+    return spent
+
+
+def postmaster_of_this_connection() -> psutil.Process | None:
+    """The PostgreSQL server process, when it runs on this machine."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    try:
+        return psutil.Process(backend).parent()
+    except psutil.Error:
+        return None  # a server elsewhere (or in another pid namespace)
+
+
+def role_spent(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds each role spent between two ``cpu_by_role`` readings. A supervisor counts
+    what it spent since the first (all it spent, if it started since); one that ended between
+    them counts nothing, so its role's figure is a little low rather than wrong by all the
+    supervisor had spent before the window."""
+    spent = {role: after[role] - before[role] for role in CPU_ROLES}
+    was = before[SUPERVISORS]
+    spent[SPAWNERS] += sum(cpu - was.get(key, 0.0) for key, cpu in after[SUPERVISORS].items())
+    return spent
+
+
+def cpu_per_task(before: dict, after: dict, finished: int) -> dict[str, float]:
+    """Milliseconds of CPU per finished task, per role, the rest, and in all."""
+    spent = role_spent(before, after)
+    machine = after["machine"] - before["machine"]
+    spent[CPU_REST] = max(0.0, machine - sum(spent.values()))
+    per = {role: 1000 * seconds / max(finished, 1) for role, seconds in spent.items()}
+    per["all"] = 1000 * machine / max(finished, 1)
+    return per
+
+
+def passes_run() -> int:
+    """Scheduling passes so far (``SchedulerState.passes``, counted by every pass)."""
+    return SchedulerState.objects.values_list("passes", flat=True).first() or 0
+
+
+# PostgreSQL's backends publish their statistics at most once a second (PGSTAT_MIN_INTERVAL).
+STATS_SETTLE_S = 1.5
+
+
+def database_work(settle_s: float = STATS_SETTLE_S) -> tuple[int, int, int]:
+    """The server's position in its write-ahead log (bytes), its next transaction id, and the
+    transactions this database has ended (a statement outside a transaction is one), read once
+    the backends have published their statistics (``settle_s``).
+
+    What they grow by over a phase are counts, not timings: the machine's speed moves them only
+    through the work that depends on timing (how many passes ran, how many reports the agents
+    wrote together, the samplers' writes once a second). A transaction that writes takes an id,
+    one that only reads takes none. The log and the ids are the server's: another database's
+    writes count too."""
+    time.sleep(settle_s)
+    with connection.cursor() as cursor:
+        # A statement of its own: in the reading one, the backend's cached view stayed stale.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, txid_current(),"
+            "       xact_commit + xact_rollback"
+            "  FROM pg_stat_database WHERE datname = current_database()"
+        )
+        wal, xid, ended = cursor.fetchone()
+    return int(wal), int(xid), int(ended)
+
+
+def work_per_task(before: tuple[int, ...], after: tuple[int, ...], finished: int) -> dict:
+    """Transactions, those of them that wrote, and kB of WAL per finished task between two
+    ``database_work()``, less their own (two transactions, one of them writing)."""
+    per = max(finished, 1)
+    return {
+        "transactions": (after[2] - before[2] - 2) / per,
+        "writes": (after[1] - before[1] - 1) / per,
+        "wal_kb": (after[0] - before[0]) / 1024 / per,
+    }
+
+
+def server_connection_cap() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {db_connections.SERVER_ALLOWS}")
+        return cursor.fetchone()[0]
