@@ -388,7 +388,7 @@ def measure_throughput(scenario: Scenario, apis: list[Api], procs: list[Proc],
     # Polled through the (tenant, state) index: the same count as rows' (the tenants submit
     # nothing else meanwhile), where probing the 2,000 ids cost PostgreSQL 5.5 ms a poll, about
     # a third of a millisecond per task of what this bench reports as the platform's CPU.
-    tenant_ids = list(rows.values_list("tenant_id", flat=True).distinct())
+    tenant_ids = list(rows.order_by().values_list("tenant_id", flat=True).distinct())
     active = [state for state in TaskState if state not in TERMINAL]
     ours = Task.objects.filter(tenant_id__in=tenant_ids, state__in=active, pk__gte=min(ids))
     while (left := ours.count()) and time.time() < deadline:
