@@ -80,6 +80,7 @@ from bench.common import (
     ClientJob,
     Proc,
     api_client,
+    clear_estate,
     clear_tasks,
     close_other_sessions,
     median,
@@ -136,7 +137,6 @@ from bench.throughput.scenarios import SCENARIOS, Scenario
 from gpuplatform.dburl import current_database_url
 from scheduling.controls import task_cancel
 from scheduling.models import (
-    GPU,
     Allocation,
     Node,
     PassRequest,
@@ -478,9 +478,7 @@ def measure_platform(pool, tmp: Path) -> dict:
     config.write_text(estate_yaml())
     environ = platform_env(tmp, config)
     # Whatever benchmarks before this one left (tasks, nodes, GPUs) would be in every pass.
-    clear_tasks(OrmQ._meta.db_table)
-    GPU.objects.all().delete()
-    Node.objects.all().delete()
+    clear_estate(OrmQ._meta.db_table)
     _, (token,) = make_tenant("bench-throughput", 1)
     _, (hold_token,) = make_tenant("bench-throughput-hold", 1)
     api_tenant, api_tokens = make_tenant("bench-throughput-api", CLIENTS)
