@@ -51,4 +51,5 @@ urlpatterns = [
     path("readyz", views.readyz, name="readyz"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", prometheus_metrics, name="metrics"),
+    path("favicon.ico", views.favicon, name="favicon"),
 ]

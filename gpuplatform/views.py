@@ -8,7 +8,8 @@ import sys
 from http import HTTPStatus
 
 from django.db import DatabaseError, connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.templatetags.static import static
 from django.views import defaults
 
 from gpuplatform.outage import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, database_unavailable
@@ -100,3 +101,9 @@ class QuietDatabaseOutage(logging.Filter):
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """``/favicon.ico``, which browsers and bookmarks ask for whatever a page links: the
+    platform's icon (static/favicon.svg), where the pages' ``<link rel="icon">`` points."""
+    return HttpResponseRedirect(static("favicon.svg"))
