@@ -57,10 +57,9 @@ class TaskForm(SpecRefusals, forms.Form):
         required=False,
         help_text=_("Per GPU, such as 20Gi: lets tasks share a card. Empty: whole GPUs."),
     )
-    gpu_type = forms.CharField(
-        label=_("GPU type"), required=False, max_length=max_length("resources.gpu_type")
-    )
-    pool = forms.CharField(label=_("Pool"), required=False, max_length=max_length("resources.pool"))
+    # Choices from the inventory (``offer_choices``), set by the view; "" is any.
+    gpu_type = forms.ChoiceField(label=_("GPU type"), required=False, choices=[("", _("any"))])
+    pool = forms.ChoiceField(label=_("Pool"), required=False, choices=[("", _("any"))])
     queue = forms.CharField(
         label=_("Queue"),
         required=False,
@@ -96,6 +95,26 @@ class TaskForm(SpecRefusals, forms.Form):
         required=False,
         help_text=_("Start only after these tasks succeeded: ids or names, comma-separated."),
     )
+
+    def __init__(self, *args, offers: dict[str, list[tuple[str, str]]] | None = None, **kwargs):
+        """``offers``: the choices of ``gpu_type`` and ``pool`` (:func:`offer_choices`). A value
+        not among them (a clone's type that is gone, or one posted meanwhile) stays, selected
+        and labelled as missing: the spec parser and the submit service judge it, as the API's
+        would, instead of the form silently changing it."""
+        super().__init__(*args, **kwargs)
+        for name, choices in (offers or {}).items():
+            self.fields[name].choices = choices
+        for name in ("gpu_type", "pool"):
+            field = self.fields[name]
+            if self.is_bound:
+                value = self.data.get(self.add_prefix(name), "")
+            else:
+                value = self.initial.get(name, "")
+            known = {str(choice) for choice, _label in field.choices}
+            limit = max_length(f"resources.{name}")
+            if isinstance(value, str) and value and value not in known and len(value) <= limit:
+                missing = _("%(name)s: not in the inventory now") % {"name": value}
+                field.choices = [*field.choices, (value, missing)]
 
     def clean(self):
         data = super().clean()
@@ -181,6 +200,87 @@ class TaskForm(SpecRefusals, forms.Form):
             "workdir": task.workdir,
             "after": ", ".join(str(ref) for ref in policy.get("after") or []),
         }
+
+
+def _gpus(count: float) -> str:
+    return str(int(count)) if float(count).is_integer() else f"{count:.2f}".rstrip("0")
+
+
+def _offer_label(name: str, free: int, total: int, *, quota: bool, left: float | None) -> str:
+    counts = {"name": name, "free": free, "total": total}
+    if not quota:
+        return _("%(name)s: %(free)d of %(total)d free") % counts
+    if left is None:
+        return _("%(name)s: %(free)d of %(total)d free; no quota limit") % counts
+    return _("%(name)s: %(free)d of %(total)d free; your quota allows %(left)s more") % {
+        **counts,
+        "left": _gpus(left),
+    }
+
+
+def offer_choices(
+    types: list,
+    pools: list,
+    *,
+    quota: bool,
+    cluster_left: float | None = None,
+    pool_left: dict[str, float | None] | None = None,
+) -> dict[str, list[tuple[str, str]]]:
+    """The task form's ``gpu_type`` and ``pool`` choices: any, then each type and pool of the
+    inventory (``scheduling.selectors.gpu_offers``) with its free and total GPUs and, when the
+    caller may see the quota (``quota``), how many more GPUs it lets the tenant hold there."""
+    pool_left = pool_left or {}
+    free, total = sum(o.free for o in types), sum(o.total for o in types)
+    choices: dict[str, list[tuple[str, str]]] = {}
+    for field, offers, any_name in (
+        ("gpu_type", types, _("any type")),
+        ("pool", pools, _("any pool")),
+    ):
+        choices[field] = [("", _offer_label(any_name, free, total, quota=quota, left=cluster_left))]
+        for offer in offers:
+            left = pool_left.get(offer.name, cluster_left) if field == "pool" else cluster_left
+            label = _offer_label(offer.name, offer.free, offer.total, quota=quota, left=left)
+            choices[field].append((offer.name, label))
+    return choices
+
+
+# The YAML editor's first text when it is not cloning a task: a task to edit, a comment on each
+# key, and a sweep to uncomment. tests/portal/test_submit_form.py checks that it parses as it
+# is and with the sweep uncommented.
+YAML_EXAMPLE = """\
+# %(intro)s
+kind: task
+name: my-training
+command: python train.py --epochs 3   # %(command)s
+resources:
+  gpus: 1              # %(gpus)s
+  gpu_memory: 8Gi      # %(gpu_memory)s
+queue: experiments     # %(queue)s
+policy:
+  timeout: 6h          # %(timeout)s
+
+# %(sweep)s
+# ---
+# kind: sweep
+# name: lr-sweep
+# parameters:
+#   lr: [0.01, 0.001]
+# template:
+#   command: python train.py --lr {lr}
+#   resources: {gpus: 1}
+"""
+
+
+def yaml_example() -> str:
+    return YAML_EXAMPLE % {
+        "intro": _("An example task: change it and submit. Every key: the spec reference."),
+        "command": _("run by /bin/sh -c in your tenant's directory"),
+        "gpus": _("or a range such as 1-4: takes what is free, up to 4"),
+        "gpu_memory": _("per GPU, lets tasks share a card; remove it for whole GPUs"),
+        "queue": _("tasks in one queue run one at a time, in order"),
+        "timeout": _("stopped, and failed, after this long"),
+        "sweep": _("A sweep, one task per value of lr: uncomment the lines below to add it."),
+    }
 
 
 class YamlForm(SpecRefusals, forms.Form):

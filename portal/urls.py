@@ -14,6 +14,7 @@ urlpatterns = [
     path("tasks/<int:pk>/<str:action>/", views.task_control, name="task_control"),
     path("submit/", views.submit, name="submit"),
     path("submit/preview/", views.submit_preview, name="submit_preview"),
+    path("spec/", views.spec_reference, name="spec"),
     path("usage/", views.usage, name="usage"),
     path("usage.csv", views.usage_csv, name="usage_csv"),
     path("tokens/", views.tokens, name="tokens"),

@@ -25,7 +25,15 @@ from gpuplatform import query
 from gpuplatform.query import BIGINT_MAX, INT_MAX, WholeNumber
 from monitoring import selectors as alert_selectors
 from portal.controls import controls_for
-from portal.forms import MemberForm, TaskForm, ThrottledLoginForm, TokenForm, YamlForm
+from portal.forms import (
+    MemberForm,
+    TaskForm,
+    ThrottledLoginForm,
+    TokenForm,
+    YamlForm,
+    offer_choices,
+    yaml_example,
+)
 from scheduling import controls, selectors
 from scheduling import usage as tenant_usage
 from scheduling.spec import SpecError, parse_yaml
@@ -405,15 +413,20 @@ def submit(request: HttpRequest) -> HttpResponse:
     clone = None
     if "clone" in asked:
         clone = selectors.task_get(tenant=who.tenant, pk=asked["clone"])
-    form = TaskForm(initial=TaskForm.initial_from(clone) if clone else None, prefix="task")
+    offers = _offers(who) if mode != "yaml" else None
+    form = TaskForm(
+        initial=TaskForm.initial_from(clone) if clone else None, prefix="task", offers=offers
+    )
     yaml_form = YamlForm(
-        initial={"spec": yaml.safe_dump(clone.spec, sort_keys=False, allow_unicode=True)}
-        if clone
-        else None,
+        initial={
+            "spec": yaml.safe_dump(clone.spec, sort_keys=False, allow_unicode=True)
+            if clone
+            else yaml_example()
+        },
         prefix="yaml",
     )
     if request.method == "POST":
-        bound = TaskForm(request.POST, prefix="task") if mode == "form" else None
+        bound = TaskForm(request.POST, prefix="task", offers=offers) if mode == "form" else None
         bound = bound or YamlForm(request.POST, prefix="yaml")
         if mode == "form":
             form = bound
@@ -452,6 +465,29 @@ def submit(request: HttpRequest) -> HttpResponse:
             "clone": clone,
         },
         status=status,
+    )
+
+
+def _offers(who) -> dict[str, list[tuple[str, str]]]:
+    """The form's GPU type and pool choices; what the quota leaves only for those the role
+    matrix shows the quota to (tenant admins), as on the overview."""
+    types, pools = selectors.gpu_offers()
+    if not who.may(Action.VIEW_QUOTA):
+        return offer_choices(types, pools, quota=False)
+    cluster_left, pool_left = tenant_usage.gpus_quota_left(tenant=who.tenant)
+    return offer_choices(
+        types, pools, quota=True, cluster_left=cluster_left, pool_left=pool_left
+    )
+
+
+@portal_page
+def spec_reference(request: HttpRequest) -> HttpResponse:
+    """Every key of a task and of a sweep, what it takes, its limits and default: the table the
+    YAML editor links to, rendered from the spec's schema."""
+    return render(
+        request,
+        "portal/spec_reference.html",
+        {"title": _("Spec reference"), "active": "submit", "help": YamlForm().spec_help()},
     )
 
 

@@ -314,3 +314,39 @@ def gpus_free_by_type() -> list[dict]:
         .order_by("gpu_type")
     )
     return list(free)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One GPU type or pool a task may ask for, as the submit form lists it: ``free`` whole
+    GPUs a new task could start on at once (what :func:`gpus_free_by_type` counts), of
+    ``total`` GPUs the platform knows of it in any state."""
+
+    name: str
+    free: int
+    total: int
+
+
+def gpu_offers() -> tuple[list[Offer], list[Offer]]:
+    """Every GPU type and every pool with GPUs, each with its free and total GPUs, in one
+    query: the choices a task's ``gpu_type`` and ``pool`` have now."""
+    held = Allocation.objects.filter(gpu=OuterRef("pk"), released_at__isnull=True)
+    rows = (
+        GPU.objects.values("gpu_type", "node__pool__name")
+        .annotate(
+            total=Count("id"),
+            free=Count("id", filter=Q(~Exists(held), state="available", node__state="available")),
+        )
+        .order_by()
+    )
+    types: dict[str, list[int]] = {}
+    pools: dict[str, list[int]] = {}
+    for row in rows:
+        for key, into in ((row["gpu_type"], types), (row["node__pool__name"], pools)):
+            counts = into.setdefault(key, [0, 0])
+            counts[0] += row["free"]
+            counts[1] += row["total"]
+    return (
+        [Offer(name, free, total) for name, (free, total) in sorted(types.items())],
+        [Offer(name, free, total) for name, (free, total) in sorted(pools.items())],
+    )

@@ -76,6 +76,37 @@ def quota_summary(*, tenant: Tenant) -> dict:
     }
 
 
+def gpus_quota_left(*, tenant: Tenant) -> tuple[float | None, dict[str, float | None]]:
+    """How many more GPUs the tenant's quotas let it hold now: cluster-wide, and in each pool
+    that has a quota of its own (the smaller of the two there). ``None``: no limit. Use is
+    counted as the scheduler counts it: a shared GPU by its share, in the pool of its node."""
+    quotas = quota_limits(tenant=tenant)
+    if not any(q.max_gpus is not None for q in quotas):
+        return None, {}
+    held = (
+        Allocation.objects.filter(released_at__isnull=True, task__tenant=tenant)
+        .values("gpu__node__pool__name")
+        .annotate(gpus=Sum(CardShare()))
+        .order_by()
+    )
+    in_pool = {row["gpu__node__pool__name"]: row["gpus"] or 0.0 for row in held}
+
+    def left(limit: int | None, used: float) -> float | None:
+        return None if limit is None else max(0.0, round(limit - used, 3))
+
+    cluster = next((q for q in quotas if q.pool_id is None), None)
+    cluster_left = left(cluster.max_gpus if cluster else None, sum(in_pool.values()))
+    pools: dict[str, float | None] = {}
+    for quota in quotas:
+        if quota.pool_id is None:
+            continue
+        here = left(quota.max_gpus, in_pool.get(quota.pool.name, 0.0))
+        pools[quota.pool.name] = min(
+            (x for x in (here, cluster_left) if x is not None), default=None
+        )
+    return cluster_left, pools
+
+
 def usage_per_day(*, tenant: Tenant, days: int) -> list[dict]:
     """Each UTC day's GPU-hours: every allocation's overlap with the day, times its share."""
     sql = f"""
