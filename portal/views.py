@@ -475,9 +475,7 @@ def _offers(who) -> dict[str, list[tuple[str, str]]]:
     if not who.may(Action.VIEW_QUOTA):
         return offer_choices(types, pools, quota=False)
     cluster_left, pool_left = tenant_usage.gpus_quota_left(tenant=who.tenant)
-    return offer_choices(
-        types, pools, quota=True, cluster_left=cluster_left, pool_left=pool_left
-    )
+    return offer_choices(types, pools, quota=True, cluster_left=cluster_left, pool_left=pool_left)
 
 
 @portal_page
