@@ -328,8 +328,9 @@ class Offer:
 
 
 def gpu_offers() -> tuple[list[Offer], list[Offer]]:
-    """Every GPU type and every pool with GPUs, each with its free and total GPUs, in one
-    query: the choices a task's ``gpu_type`` and ``pool`` have now."""
+    """Every GPU type and every pool that has nodes (one of CPU-only nodes too: a task of
+    ``gpus: 0`` may ask for it), each with its free and total GPUs: the choices a task's
+    ``gpu_type`` and ``pool`` have now."""
     held = Allocation.objects.filter(gpu=OuterRef("pk"), released_at__isnull=True)
     rows = (
         GPU.objects.values("gpu_type", "node__pool__name")
@@ -340,7 +341,10 @@ def gpu_offers() -> tuple[list[Offer], list[Offer]]:
         .order_by()
     )
     types: dict[str, list[int]] = {}
-    pools: dict[str, list[int]] = {}
+    pools: dict[str, list[int]] = {
+        name: [0, 0]
+        for name in Pool.objects.filter(nodes__isnull=False).values_list("name", flat=True)
+    }
     for row in rows:
         for key, into in ((row["gpu_type"], types), (row["node__pool__name"], pools)):
             counts = into.setdefault(key, [0, 0])

@@ -75,6 +75,16 @@ def test_no_quota_says_so(owner, workstation):
     }
 
 
+def test_a_pool_of_cpu_only_nodes_is_offered_too(teammate, workstation):
+    NodeFactory(name="cpu-1", pool=PoolFactory(name="cpu"))
+    choices = _choices(browser(teammate).get("/portal/submit/"), "pool")
+    assert choices == {
+        "": "any pool: 4 of 4 free",
+        "cpu": "cpu: 0 of 0 free",
+        "default": "default: 4 of 4 free",
+    }
+
+
 def test_the_form_submits_the_chosen_type_and_pool(teammate, workstation):
     form = {"mode": "form", "task-name": "train", "task-command": "python train.py",
             "task-gpus": "1", "task-priority": "normal", "task-task_class": "batch",
