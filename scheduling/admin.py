@@ -8,6 +8,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.timesince import timesince
 
 from gpuplatform.admin import ReadOnlyAdmin, ReadOnlyInline
 from gpuplatform.units import format_memory_mb
@@ -58,16 +59,16 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
+    # What fits beside the sidebar and the filters at 1280 px: the reason under the state, the
+    # backend as a filter (and on each node's page).
     list_display = [
         "name",
         "pool",
-        "state_badge",
+        "state_with_reason",
         "gpu_count",
-        "backend",
         "hostname",
         "heartbeat_age",
         "isolation",
-        "state_reason",
     ]
     list_filter = ["state", "pool", "backend"]
     search_fields = ["name", "hostname"]
@@ -112,14 +113,14 @@ class NodeAdmin(admin.ModelAdmin):
         return obj.gpu_count
 
     @admin.display(ordering="state", description="state")
-    def state_badge(self, obj: Node) -> str:
-        return _badge(obj.state)
+    def state_with_reason(self, obj: Node) -> str:
+        if not obj.state_reason:
+            return _badge(obj.state)
+        return format_html('{}<div class="help">{}</div>', _badge(obj.state), obj.state_reason)
 
     @admin.display(ordering="last_heartbeat", description="last heartbeat")
     def heartbeat_age(self, obj: Node) -> str:
-        if obj.last_heartbeat is None:
-            return "never"
-        return f"{int((timezone.now() - obj.last_heartbeat).total_seconds())} s ago"
+        return _age(obj.last_heartbeat)
 
     @admin.action(description="Drain: finish running work, place nothing new")
     def drain(self, request, queryset):
@@ -136,16 +137,16 @@ class NodeAdmin(admin.ModelAdmin):
 
 @admin.register(GPU)
 class GpuAdmin(admin.ModelAdmin):
+    # What fits beside the sidebar and the filters at 1280 px: the model, UUID and PCI bus id
+    # are on each GPU's page (and searchable), times as ages.
     list_display = [
         "__str__",
-        "model",
         "gpu_type",
         "memory",
         "state_badge",
         "active_allocations",
-        "foreign_memory_mb",
-        "uuid",
-        "last_seen_at",
+        "foreign_memory",
+        "seen",
     ]
     list_filter = ["state", "gpu_type", "node__pool", "node"]
     search_fields = ["uuid", "model", "gpu_type", "node__name", "pci_bus_id"]
@@ -184,6 +185,14 @@ class GpuAdmin(admin.ModelAdmin):
     @admin.display(ordering="active", description="allocations")
     def active_allocations(self, obj: GPU) -> int:
         return obj.active
+
+    @admin.display(ordering="foreign_memory_mb", description="foreign memory")
+    def foreign_memory(self, obj: GPU) -> str:
+        return format_memory_mb(obj.foreign_memory_mb)
+
+    @admin.display(ordering="last_seen_at", description="last seen")
+    def seen(self, obj: GPU) -> str:
+        return _age(obj.last_seen_at)
 
     @admin.display(ordering="state", description="state")
     def state_badge(self, obj: GPU) -> str:
@@ -498,6 +507,13 @@ _BADGE_COLOURS = {
     "lost": "#c62828",
     "timed_out": "#c62828",
 }
+
+
+def _age(at) -> str:
+    if at is None:
+        return "never"
+    seconds = int((timezone.now() - at).total_seconds())
+    return f"{seconds} s ago" if seconds < 60 else f"{timesince(at, depth=1)} ago"
 
 
 def _badge(state: str) -> str:
