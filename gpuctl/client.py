@@ -219,6 +219,7 @@ class Client:
         url = self.url_for(path, params)
         sent = {
             "Accept": "application/json",
+            **({"Accept-Language": language} if (language := accept_language()) else {}),
             "Authorization": f"Bearer {self.token}",
             "User-Agent": f"gpuctl/{__version__} Python/{platform.python_version()}",
             **(headers or {}),
@@ -339,6 +340,22 @@ def _read_quietly(exc: urllib.error.HTTPError) -> bytes:
         return exc.read()
     except (OSError, http.client.HTTPException):
         return b""
+
+
+def accept_language(environ: Any = None) -> str:
+    """The Accept-Language for the user's locale, so the server writes reasons and messages in
+    it: the first of LC_ALL, LC_MESSAGES and LANG that is set, as POSIX reads them
+    ("zh_CN.UTF-8" asks for zh-CN, which the server serves as Simplified Chinese); none for
+    the C and POSIX locales (the server's default, English)."""
+    environ = os.environ if environ is None else environ
+    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
+        value = environ.get(name, "")
+        if value:
+            locale = value.split(".")[0].split("@")[0]
+            if locale in ("C", "POSIX") or not locale.replace("_", "").isalpha():
+                return ""
+            return locale.replace("_", "-")
+    return ""
 
 
 def retry_after(headers: Any) -> float:

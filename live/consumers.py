@@ -18,9 +18,12 @@ import time
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.utils import translation
 
+from gpuplatform.language import scope_language
 from live import selectors
 from live.events import SAMPLE_FIELDS
+from scheduling import reasons
 from tenants import access
 
 # More events than this in one message (a pass that placed thousands of tasks): the page is told
@@ -37,6 +40,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
+        self.language = scope_language(self.scope)
         self.samples: dict[int, list] = {}
         self.seq = 0
         self.acked = 0
@@ -73,6 +77,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             answer = await database_sync_to_async(selectors.catch_up)(
                 caller=self.caller, since=float(since)
             )
+            answer["events"] = self._localized(answer["events"])
             await self.send_json({"type": "catch_up", **answer})
         else:
             await self._error("type", "expected 'ack' or 'catch_up'")
@@ -96,8 +101,26 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if len(events) > MAX_EVENTS:
             await self.send_json({"type": "resync"})
         elif events:
-            await self.send_json({"type": "events", "events": events})
+            await self.send_json({"type": "events", "events": self._localized(events)})
         await self._flush()
+
+    def _localized(self, events: list[dict]) -> list[dict]:
+        """The events with each task's reason rendered in this reader's language from its
+        code and parameters (``scheduling.reasons``); events without a code as they came."""
+        if not any(event.get("reason_code") for event in events):
+            return events
+        with translation.override(self.language):
+            return [
+                {
+                    **event,
+                    "reason": reasons.render(
+                        event["reason_code"], event.get("reason_params"), event.get("reason", "")
+                    ),
+                }
+                if event.get("reason_code")
+                else event
+                for event in events
+            ]
 
     async def _flush(self) -> None:
         if self.samples and self.seq - self.acked < settings.LIVE_UNACKED_FRAMES:

@@ -68,6 +68,9 @@ def task_event(task: Any) -> dict:
         "name": task.name,
         "state": str(task.state),
         "reason": task.reason,
+        # The reason as data: each socket renders it in its reader's language (consumers).
+        "reason_code": getattr(task, "reason_code", ""),
+        "reason_params": getattr(task, "reason_params", None) or {},
         "node_id": task.node_id,
         "at": time.time(),
     }

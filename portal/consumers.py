@@ -25,6 +25,7 @@ from django.utils import translation
 from rest_framework.exceptions import ValidationError
 
 from gpuplatform import query
+from gpuplatform.language import scope_language
 from portal.controls import controls_for
 from portal.views import AttemptQuery
 from scheduling import selectors
@@ -46,7 +47,7 @@ MAX_CHUNK = 256 * 1024  # at most this much per message
 class TaskLogConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.task_id = int(self.scope["url_route"]["kwargs"]["pk"])
-        self.language = translation.get_language_from_request(_Headers(self.scope))
+        self.language = scope_language(self.scope)
         code = await sync_to_async(self._admit)()
         await self.accept()
         if code:
@@ -81,13 +82,16 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
             pump.cancel()
 
     def _look(self) -> dict:
-        """The task's state and the attempt to show (its number and log file, if any)."""
+        """The task's state and the attempt to show (its number and log file, if any), with
+        its reason in the reader's language."""
         task = selectors.task_get(tenant=self.tenant, pk=self.task_id)
         number = self.pinned or task.attempt
         attempt = selectors.task_attempt(tenant=self.tenant, task_id=task.pk, number=number)
+        with translation.override(self.language):
+            reason = task.reason_text
         return {
             "state": task.state,
-            "reason": task.reason_text,
+            "reason": reason,
             "number": number,
             "path": attempt.log_path if attempt else "",
             "attempt_ended": bool(attempt and attempt.outcome),
@@ -144,16 +148,6 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
 
     async def _send(self, kind: str, **fields) -> None:
         await self.send(text_data=json.dumps({"type": kind, **fields}))
-
-
-class _Headers:
-    """Enough of a request for Django's language negotiation (cookie, then Accept-Language)."""
-
-    def __init__(self, scope) -> None:
-        headers = dict(scope.get("headers") or [])
-        self.META = {"HTTP_ACCEPT_LANGUAGE": headers.get(b"accept-language", b"").decode()}
-        self.COOKIES = scope.get("cookies") or {}
-        self.path_info = "/"
 
 
 def _start_offset(path: str) -> int:

@@ -222,9 +222,18 @@ class TaskAttemptInline(ReadOnlyInline):
               "stop_requested", "pid", "log_path"]  # fmt: skip
 
 
-class TaskEventInline(ReadOnlyInline):
+class EventReason:
+    """An event's reason in the operator's language (``scheduling.reasons``)."""
+
+    @admin.display(description="reason")
+    def reason_shown(self, obj: TaskEvent) -> str:
+        return obj.reason_text
+
+
+class TaskEventInline(EventReason, ReadOnlyInline):
     model = TaskEvent
-    fields = ["at", "from_state", "to_state", "attempt", "reason", "actor"]
+    fields = ["at", "from_state", "to_state", "attempt", "reason_shown", "actor"]
+    readonly_fields = ["reason_shown"]
 
 
 class TaskChangeList(ChangeList):
@@ -420,8 +429,8 @@ class AllocationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(TaskEvent)
-class TaskEventAdmin(ReadOnlyAdmin):
-    list_display = ["at", "task", "from_state", "to_state", "attempt", "actor", "reason"]
+class TaskEventAdmin(EventReason, ReadOnlyAdmin):
+    list_display = ["at", "task", "from_state", "to_state", "attempt", "actor", "reason_shown"]
     list_filter = ["to_state", "from_state"]
     search_fields = ["=task__id", "task__name", "reason"]
     list_select_related = ["task", "actor"]

@@ -28,11 +28,11 @@ from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request
 from gpuplatform.api_defaults import Page
 from gpuplatform.query import BIGINT_MAX, INT_MAX, WholeNumber
 from scheduling import controls, idempotency, logs, selectors, services
+from scheduling.api_rows import gpus_range, submitted_data, task_rows
 from scheduling.models import (
     GPU,
     Node,
     Pool,
-    SchedulerState,
     Task,
     TaskEvent,
 )
@@ -91,71 +91,6 @@ class TaskListOut(serializers.ListSerializer):
         return super().to_representation(tasks)
 
 
-_MOMENT = serializers.DateTimeField()  # how DRF writes a datetime (ISO 8601, UTC as Z)
-
-
-def _moment(value, written: dict) -> str | None:
-    """``value`` as DRF writes it, once per value in ``written`` (the tasks of one submission
-    share their submission time: DRF's conversion per task was a real share of a large POST)."""
-    if value is None:
-        return None
-    if value not in written:
-        written[value] = _MOMENT.to_representation(value)
-    return written[value]
-
-
-def task_row(task: Task, written: dict) -> dict:
-    """What TaskOut makes of ``task``, field for field (tests/api compares the two).
-    ``written``: the times already written for the same answer (``_moment``)."""
-    return _row(
-        (
-            task.pk, task.name, task.state, task.reason,
-            task.wait.get("code", "") if task.wait else None, task.queue, task.priority,
-            task.task_class, task.gpus_min, task.gpus_max, task.gpu_memory_mb,
-            task.node.name if task.node_id is not None else None,
-            task.owner.username if task.owner_id is not None else None,
-            task.attempt, task.exit_code, task.submitted_at, task.started_at, task.finished_at,
-        ),
-        task.place if task.wait else None,
-        written,
-    )  # fmt: skip
-
-
-def task_rows(rows: list[tuple]) -> list[dict]:
-    """What TaskOut makes of each task, from its row (selectors.TASK_ROW): the places in
-    line of those a pass assessed in one query, and no Task, Node or User built (the
-    instances were a real share of a page's CPU)."""
-    waiting = [row[0] for row in rows if row[2] == TaskState.PENDING and row[4] is not None]
-    places = SchedulerState.places(waiting) if waiting else {}
-    written: dict = {}
-    return [_row(row, places.get(row[0]), written) for row in rows]
-
-
-def _row(values: tuple, place: tuple[int, int] | None, written: dict) -> dict:
-    """TaskOut's fields from a task's row (selectors.TASK_ROW), its place in line (None when
-    it is not in line) and ``written`` (``_moment``)."""
-    (pk, name, state, reason, wait_code, queue, priority, task_class, gpus_min, gpus_max, memory,
-     node, owner, attempt, exit_code, submitted_at, started_at, finished_at) = values  # fmt: skip
-    return {
-        "id": pk,
-        "name": name,
-        "state": str(state),
-        "reason": Task.reason_in_line(reason, wait_code or "", place),
-        "queue": queue,
-        "priority": priority,
-        "task_class": str(task_class),
-        "gpus": _gpus(gpus_min, gpus_max),
-        "gpu_memory_mb": memory,
-        "node": node,
-        "owner": owner,
-        "attempt": attempt,
-        "exit_code": exit_code,
-        "submitted_at": _moment(submitted_at, written),
-        "started_at": _moment(started_at, written),
-        "finished_at": _moment(finished_at, written),
-    }
-
-
 class TaskOut(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", default=None, allow_null=True)
     owner = serializers.CharField(source="owner.username", default=None, allow_null=True)
@@ -164,7 +99,18 @@ class TaskOut(serializers.ModelSerializer):
     reason = serializers.CharField(
         source="reason_text",
         read_only=True,
-        help_text="Why it waits (with its place in line), or how it ended.",
+        help_text="Why it waits (with its place in line), or how it ended, in the language of "
+        "the request's Accept-Language (English by default).",
+    )
+    reason_code = serializers.CharField(
+        read_only=True,
+        help_text="The reason as data: its code (see docs/api.md), empty where the reason is "
+        "text only (a pass's wait, whose data is `wait`; rows older than the codes).",
+    )
+    reason_params = serializers.DictField(
+        read_only=True,
+        help_text="The reason's parameters by name; `notes`: further reasons ({code, params}) "
+        "that end it; a parameter may itself be a reason.",
     )
 
     class Meta:
@@ -175,6 +121,8 @@ class TaskOut(serializers.ModelSerializer):
             "name",
             "state",
             "reason",
+            "reason_code",
+            "reason_params",
             "queue",
             "priority",
             "task_class",
@@ -190,7 +138,7 @@ class TaskOut(serializers.ModelSerializer):
         ]
 
     def get_gpus(self, task: Task) -> str:
-        return _gpus(task.gpus_min, task.gpus_max)
+        return gpus_range(task.gpus_min, task.gpus_max)
 
 
 class TaskSubmitted(TaskOut):
@@ -205,20 +153,6 @@ class TaskSubmitted(TaskOut):
 
     def get_warnings(self, task: Task) -> list[str]:
         return self.context.get("warnings", {}).get(task.pk, [])
-
-
-def submitted_data(tasks: list[Task], warnings: dict[int, list[str]]) -> list[dict]:
-    """``TaskSubmitted(tasks, many=True).data`` for tasks just created, built directly
-    (``task_row``): DRF builds a ModelSerializer's fields from the model for every response
-    and then runs each field of each task, a noticeable share of a submission's CPU. The
-    serializer remains the schema; tests/api/test_tasks_api.py checks that
-    this answers exactly what it would."""
-    written: dict = {}
-    return [{**task_row(task, written), "warnings": warnings.get(task.pk, [])} for task in tasks]
-
-
-def _gpus(low: int, high: int) -> str:
-    return str(low) if low == high else f"{low}-{high}"
 
 
 class AttemptOut(serializers.Serializer):
@@ -325,10 +259,26 @@ class TaskDetail(TaskOut):
 
 class EventOut(serializers.ModelSerializer):
     actor = serializers.CharField(source="actor.username", default=None, allow_null=True)
+    reason = serializers.CharField(
+        source="reason_text",
+        read_only=True,
+        help_text="In the language of the request's Accept-Language (English by default).",
+    )
+    reason_code = serializers.CharField(read_only=True)
+    reason_params = serializers.DictField(read_only=True)
 
     class Meta:
         model = TaskEvent
-        fields = ["at", "from_state", "to_state", "reason", "attempt", "actor"]
+        fields = [
+            "at",
+            "from_state",
+            "to_state",
+            "reason",
+            "reason_code",
+            "reason_params",
+            "attempt",
+            "actor",
+        ]
 
 
 class LogOut(serializers.Serializer):

@@ -22,7 +22,7 @@ from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from gpuplatform.broker import QueueBatch
-from scheduling import passes, transitions
+from scheduling import passes, reasons, transitions
 from scheduling.models import StopRequest, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS, TERMINAL, IllegalTransition, TaskState
 
@@ -85,8 +85,7 @@ def stop_attempt(task: Task, action: str = "stop") -> None:
 # --- The controls --------------------------------------------------------------------------------
 
 
-def _by(verb: str, by: AbstractBaseUser | None) -> str:
-    return f"{verb} by {by.get_username()}" if by is not None else verb
+_by = reasons.by  # "cancelled", or "cancelled by alice": as data (scheduling.reasons)
 
 
 def current_attempt(task: Task) -> TaskAttempt | None:
@@ -104,13 +103,16 @@ def task_cancel(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
                 task=task, to_state=TaskState.CANCELLED, reason=reason, actor=by
             )
         TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.CANCEL)
-        Task.objects.filter(pk=task.pk).update(reason=f"{reason}{STOPPING}")
+        text, code, params = reasons.stored(reason.noted(reasons.Reason("stopping")))
+        Task.objects.filter(pk=task.pk).update(
+            reason=text, reason_code=code, reason_params=params
+        )  # (text ends with STOPPING)
         stop_attempt(task)
     task.refresh_from_db()
     return task
 
 
-def task_preempt(*, task: Task, reason: str) -> None:
+def task_preempt(*, task: Task, reason: reasons.Reason | str) -> None:
     """Called by the scheduler: stop a victim so a more important task can start."""
     transitions.task_transition(
         task=task, to_state=TaskState.PREEMPTED, reason=reason, wake_scheduler=False
@@ -119,7 +121,9 @@ def task_preempt(*, task: Task, reason: str) -> None:
     if attempt is None or attempt.outcome:
         # Never started: nothing to stop, straight back to the queue.
         transitions.task_transition(
-            task=task, to_state=TaskState.PENDING, reason=f"{reason}; requeued"
+            task=task,
+            to_state=TaskState.PENDING,
+            reason=reasons.of(reason).noted(reasons.Reason("requeued")),
         )
         return
     TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.PREEMPT)
@@ -133,7 +137,7 @@ def task_stop_for_violation(*, task: Task, reason: str) -> bool:
         if attempt is None or attempt.outcome or attempt.stop_requested:
             return False
         TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.VIOLATION)
-        Task.objects.filter(pk=task.pk).update(reason=reason)
+        Task.objects.filter(pk=task.pk).update(reason=reason, reason_code="", reason_params={})
         stop_attempt(task)
     return True
 
@@ -160,10 +164,13 @@ def task_retry(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
     """Run a task that ended without success again, or release one held after repeated
     infrastructure failures."""
     if task.state == TaskState.PENDING and task.hold_reason:
+        text, code, params = reasons.stored(_by("released", by))
         Task.objects.filter(pk=task.pk).update(
             hold_reason="",
             infra_requeues=0,
-            reason=_by("released", by),
+            reason=text,
+            reason_code=code,
+            reason_params=params,
             wait={},
             wait_digest=0,
         )
@@ -241,7 +248,7 @@ def requeue_tasks_of_silent_nodes(lost_after: timedelta) -> list[int]:
     for task in Task.objects.filter(
         state__in=HOLDS_GPUS, node__state="offline", node__last_heartbeat__lt=cutoff
     ).select_related("node"):
-        requeue_lost(task, f"node {task.node.name} stopped heartbeating")
+        requeue_lost(task, reasons.Reason("node_silent", {"node": task.node.name}))
         lost.append(task.pk)
     return lost
 
@@ -249,7 +256,7 @@ def requeue_tasks_of_silent_nodes(lost_after: timedelta) -> list[int]:
 # --- Infrastructure failures ----------------------------------------------------------------------
 
 
-def requeue_lost(task: Task, reason: str) -> None:
+def requeue_lost(task: Task, reason: reasons.Reason | str) -> None:
     """The node or the supervisor is gone: mark the attempt lost and requeue the task, without
     spending the user's retries, until INFRA_REQUEUE_LIMIT; then hold it for a person."""
     with transaction.atomic():
@@ -259,15 +266,18 @@ def requeue_lost(task: Task, reason: str) -> None:
         TaskAttempt.objects.filter(task=task, number=task.attempt, outcome="").update(
             outcome="lost", ended_at=timezone.now()
         )  # (an attempt already settled, e.g. lost to a failed GPU, keeps its record)
+        reason = reasons.of(reason)
         transitions.task_transition(task=task, to_state=TaskState.LOST, reason=reason)
         requeues = task.infra_requeues + 1
-        hold = ""
+        hold = None
         if requeues > settings.INFRA_REQUEUE_LIMIT:
-            hold = f"held after {requeues - 1} infrastructure requeues; last: {reason}"
+            hold = reasons.Reason(
+                "held_after_requeues", {"requeues": requeues - 1, "reason": reason.as_data()}
+            )
         transitions.task_transition(
             task=task,
             to_state=TaskState.PENDING,
-            reason=hold or f"requeued: {reason}",
+            reason=hold or reasons.Reason("lost_requeued", {"reason": reason.as_data()}),
             infra_requeues=requeues,
-            hold_reason=hold,
+            hold_reason=hold.text if hold else "",
         )

@@ -16,6 +16,7 @@ from django.db import connection, models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from scheduling import reasons
 from scheduling.policy.model import Wait, wait_record
 from scheduling.states import TaskState
 from tenants.models import SLUG_VALIDATOR
@@ -200,7 +201,16 @@ class Task(models.Model):
         choices=TASK_STATE_CHOICES,
         default=TaskState.PENDING.value,
     )
-    reason = models.TextField(blank=True, help_text="Why it waits, or how it ended.")
+    reason = models.TextField(blank=True, help_text="Why it waits, or how it ended (English).")
+    reason_code = models.CharField(
+        max_length=40,
+        blank=True,
+        help_text="The reason as data: its code in scheduling.reasons' catalogue (empty: the "
+        "text only, as rows written before codes existed).",
+    )
+    reason_params = models.JSONField(
+        default=dict, blank=True, help_text="The reason's parameters (scheduling.reasons)."
+    )
     wait = models.JSONField(
         default=dict,
         blank=True,
@@ -305,17 +315,32 @@ class Task(models.Model):
 
     @property
     def reason_text(self) -> str:
-        """The reason as people read it: while in line, with its place there."""
+        """The reason as people read it, in the active language: while in line, with its place
+        there."""
         if not self.wait:  # not assessed by a pass (yet): no place to look up
-            return self.reason
-        return Task.reason_in_line(self.reason, self.wait.get("code", ""), self.place)
+            return self.reason_rendered
+        return Task.reason_in_line(
+            self.reason, self.wait.get("code", ""), self.place, self.reason_code, self.reason_params
+        )
+
+    @property
+    def reason_rendered(self) -> str:
+        """The reason in the active language, without a place in line (no query)."""
+        return reasons.render(self.reason_code, self.reason_params, self.reason)
 
     @staticmethod
-    def reason_in_line(reason: str, code: str, place: tuple[int, int] | None) -> str:
+    def reason_in_line(
+        reason: str,
+        code: str,
+        place: tuple[int, int] | None,
+        reason_code: str = "",
+        reason_params: dict | None = None,
+    ) -> str:
         """``reason_text`` of a task with this reason, the code of its wait and its place in
-        line (None when it is not in line), for callers that read columns, not a Task."""
+        line (None when it is not in line), and its reason as data, for callers that read
+        columns, not a Task."""
         if place is None:
-            return reason
+            return reasons.render(reason_code, reason_params, reason)
         return Wait(code, reason).render(*place)
 
     @property
@@ -423,6 +448,8 @@ class TaskEvent(models.Model):
     from_state = models.CharField(max_length=16, blank=True)
     to_state = models.CharField(max_length=16)
     reason = models.TextField(blank=True)
+    reason_code = models.CharField(max_length=40, blank=True)
+    reason_params = models.JSONField(default=dict, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
@@ -434,6 +461,11 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.from_state or '-'} -> {self.to_state}"
+
+    @property
+    def reason_text(self) -> str:
+        """The reason in the active language (``scheduling.reasons``)."""
+        return reasons.render(self.reason_code, self.reason_params, self.reason)
 
 
 class SchedulerStateManager(models.Manager):

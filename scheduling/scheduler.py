@@ -397,11 +397,15 @@ _PLACING = transitions.moved(
     where="t.id = v.id",
     sets="node_id = v.node_id, attempt = t.attempt + 1",
     event_reason="v.reason",
+    event_code="'placed'",
+    event_params="v.params",
     returning="t.tenant_id, t.node_id",
 )
 _PLACE = f"""
     WITH v AS (SELECT v.id, n.id AS node_id,
-                      v.reason || ' (GPU ' || COALESCE(i.indexes, 'none') || ')' AS reason
+                      v.reason || ' (GPU ' || COALESCE(i.indexes, 'none') || ')' AS reason,
+                      jsonb_build_object('node', v.node, 'gpus', COALESCE(i.indexes, 'none'))
+                          AS params
                  FROM unnest(%(ids)s::bigint[], %(nodes)s::text[], %(reasons)s::text[])
                       AS v(id, node, reason)
                  JOIN scheduling_node n ON n.name = v.node
@@ -476,7 +480,7 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
                 """
                 UPDATE scheduling_task AS t
                    SET reason = (%s::text[])[v.n], wait = (%s::jsonb[])[v.n],
-                       wait_digest = (%s::bigint[])[v.n]
+                       wait_digest = (%s::bigint[])[v.n], reason_code = '', reason_params = '{}'
                   FROM unnest(%s::bigint[], %s::int[]) AS v(id, n)
                  WHERE t.id = v.id AND t.state = %s
              RETURNING t.id, t.tenant_id, t.reason

@@ -44,13 +44,13 @@ def task_get_any(*, pk: int) -> Task:
     return get_object_or_404(Task.objects.select_related("tenant"), pk=pk)
 
 
-# What a task list's row holds, in this order (scheduling.api._row reads it): Task columns,
+# What a task list's row holds, in this order (scheduling.api_rows._row reads it): Task columns,
 # then "wait_code" (None until a pass assessed the task, else the code of why it waits, "" if
 # none), "node" (its node's name) and "owner" (its owner's username).
 TASK_ROW = (
-    "id", "name", "state", "reason", "wait_code", "queue", "priority", "task_class", "gpus_min",
-    "gpus_max", "gpu_memory_mb", "node", "owner", "attempt", "exit_code", "submitted_at",
-    "started_at", "finished_at",
+    "id", "name", "state", "reason", "reason_code", "reason_params", "wait_code", "queue",
+    "priority", "task_class", "gpus_min", "gpus_max", "gpu_memory_mb", "node", "owner", "attempt",
+    "exit_code", "submitted_at", "started_at", "finished_at",
 )  # fmt: skip
 
 

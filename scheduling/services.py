@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from gpuplatform import events
-from scheduling import passes, states
+from scheduling import passes, reasons, states
 from scheduling.agentapi.messages import GpuInfo
 from scheduling.models import GPU, GpuState, Node, NodeState, Pool, Task, TaskEvent
 from scheduling.spec import SpecError, parse_priority
@@ -59,16 +59,20 @@ def task_set_priority(
         raise ChangeRefused({"priority": [problem]})
     if value == task.priority:
         return task
-    reason = f"priority {task.priority} -> {value}"
-    if by is not None:
-        reason = f"{reason} by {by.get_username()}"
+    change = {"old": task.priority, "new": value}
+    if by is None:
+        reason = reasons.Reason("priority", change)
+    else:
+        reason = reasons.Reason("priority_by", {**change, "by": by.get_username()})
     Task.objects.filter(pk=task.pk).update(priority=value, updated_at=timezone.now())
     task.priority = value
     TaskEvent.objects.create(
         task=task,
         from_state=task.state,
         to_state=task.state,
-        reason=reason,
+        reason=reason.text,
+        reason_code=reason.code,
+        reason_params=reason.params,
         attempt=task.attempt,
         actor=by,
     )

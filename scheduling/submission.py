@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _
 
 from gpuplatform.db import server_bound_cursor
 from gpuplatform.units import format_memory_mb
-from scheduling import passes, paths
+from scheduling import passes, paths, reasons
 from scheduling.models import GpuState, Task, TaskEvent
 from scheduling.spec import MAX_SWEEP_TASKS, SpecError, TaskSpec
 from scheduling.states import TaskState
@@ -368,14 +368,15 @@ def _insert_sql(varying: tuple[str, ...], claim: bool, renamed: bool = False) ->
         f'SELECT {picked} FROM jsonb_populate_recordset(NULL::"{table}", %(rows)s::jsonb) '
         f'WITH ORDINALITY AS r, jsonb_populate_record(NULL::"{table}", %(common)s::jsonb) AS c '
         "ORDER BY r.ordinality RETURNING id), "
-        f'e AS (INSERT INTO "{events}" (task_id, at, from_state, to_state, reason, attempt, '
-        "actor_id) SELECT id, %(at)s, '', %(state)s, %(reason)s, 0, %(actor)s FROM t)"
+        f'e AS (INSERT INTO "{events}" (task_id, at, from_state, to_state, reason, reason_code, '
+        "reason_params, attempt, actor_id) SELECT id, %(at)s, '', %(state)s, %(reason)s, "
+        "%(code)s, %(params)s::jsonb, 0, %(actor)s FROM t)"
         f"{f', {passes.claim_cte()} SELECT id, {passes.CLAIMED}' if claim else ' SELECT id'} FROM t"
     )
 
 
 def _insert(
-    template: Task, own: list[dict[str, object]], *, reason: str, actor, claim: bool
+    template: Task, own: list[dict[str, object]], *, reason: reasons.Reason, actor, claim: bool
 ) -> tuple[list[Task], tuple[int, bool] | None]:
     """INSERT a task per ``own`` (its columns from its spec; the others ``template``'s), each
     with a "submitted" event; the tasks as loaded from the database, and with ``claim`` what
@@ -397,7 +398,8 @@ def _insert(
             _insert_sql(tuple(column[name] for name in varying), claim, renamed),
             {"rows": json.dumps(rows, default=_json_default),
              "common": json.dumps(common, default=_json_default),
-             "at": template.submitted_at, "state": TaskState.PENDING.value, "reason": reason,
+             "at": template.submitted_at, "state": TaskState.PENDING.value,
+             "reason": reason.text, "code": reason.code, "params": json.dumps(reason.params),
              "actor": actor.pk if actor is not None else None},
         )  # fmt: skip
         returned = cursor.fetchall()
@@ -491,15 +493,16 @@ def tasks_submit(
     template = Task(
         tenant=tenant,
         owner=owner,
-        reason="submitted; waiting for the scheduler",
+        reason=reasons.Reason("waiting_for_scheduler").text,
+        reason_code="waiting_for_scheduler",
         submitted_at=now,
         updated_at=now,
     )
     own = _own_columns(specs, estate.pools)
-    reason = "submitted"
+    reason = reasons.Reason("submitted")
     if by is not None and by != owner:
         whose = owner.get_username() if owner is not None else "nobody"
-        reason = f"submitted by {by.get_username()} for {whose}"
+        reason = reasons.Reason("submitted_for", {"by": by.get_username(), "owner": whose})
     several = _queue_capped(estate.quota) or any(resolved)  # a lock, or dependency links
     # A statement that commits by itself also claims the pass flag in that commit: one round
     # trip fewer than request_pass's after it (a plain POST's five were: token, rate limit,

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpuplatform import events
-from scheduling import passes, states
+from scheduling import passes, reasons, states
 from scheduling.models import Allocation, Task, TaskEvent
 from scheduling.states import TaskState
 
@@ -66,7 +66,7 @@ def task_transition(
     *,
     task: Task,
     to_state: TaskState | str,
-    reason: str = "",
+    reason: reasons.Reason | str = "",
     actor: AbstractBaseUser | None = None,
     wake_scheduler: bool = True,
     **fields: Any,
@@ -76,12 +76,22 @@ def task_transition(
     The UPDATE is conditional on the state the caller read, so two processes racing to move
     the same task cannot both succeed: the loser gets StaleTask and must re-read. Leaving the
     states that hold GPUs releases the task's allocations in the same transaction.
+    ``reason`` as data (``reasons.Reason``) is stored as its English text, code and parameters;
+    plain text as text alone.
     """
     from_state = TaskState(task.state)
     to_state = TaskState(to_state)
     states.check(from_state, to_state)
     now = timezone.now()
-    updates: dict[str, Any] = {"state": to_state, "reason": reason, "wait": {}, "wait_digest": 0}
+    text, code, params = reasons.stored(reason)
+    updates: dict[str, Any] = {
+        "state": to_state,
+        "reason": text,
+        "reason_code": code,
+        "reason_params": params,
+        "wait": {},
+        "wait_digest": 0,
+    }
     updates.update(fields)
     updates.update(
         (column, now if value == NOW else None)
@@ -99,7 +109,9 @@ def task_transition(
         at=now,
         from_state=from_state,
         to_state=to_state,
-        reason=reason,
+        reason=text,
+        reason_code=code,
+        reason_params=params,
         attempt=task.attempt,
         actor=actor,
     )
@@ -127,6 +139,10 @@ def moved(
     now: str = "%(now)s",
     reason: str = "''",
     event_reason: str | None = None,
+    code: str = "''",
+    params: str = "'{}'::jsonb",
+    event_code: str | None = None,
+    event_params: str | None = None,
     sets: str = "",
     returning: str = "",
 ) -> str:
@@ -136,7 +152,10 @@ def moved(
     each moved task's ``id``, ``attempt`` and ``event_reason``, then ``returning``'s columns;
     ``name_events`` records their TaskEvents; and ``name_freed`` releases their GPUs when the
     move ends the hold on them. ``reason`` is the tasks' new reason (SQL), ``event_reason`` the
-    events' (the new reason by default), ``sets`` more assignments, ``now`` the time's
+    events' (the new reason by default), ``code`` and ``params`` the reason as data (SQL: text
+    and jsonb, ``scheduling.reasons``), ``event_code`` and ``event_params`` the events' (the
+    tasks' by default), ``sets`` more assignments,
+    ``now`` the time's
     placeholder. Only tasks still in ``from_state`` move: that is checked with ``IS NOT
     DISTINCT FROM``, which no index serves, so the planner finds the tasks by ``where``'s keys
     and never by the state's index (see ``scheduler._PLACE``)."""
@@ -147,17 +166,22 @@ def moved(
     ]
     also = ", ".join([*stamps, sets] if sets else stamps)
     event_reason = event_reason or f"{name}.reason"
+    event_code = event_code or f"{name}.reason_code"
+    event_params = event_params or f"{name}.reason_params"
     extra = f", {returning}" if returning else ""
     ctes = [
         f"""{name} AS (UPDATE scheduling_task AS {name}
              SET state = '{to_state.value}', reason = {reason}, wait = '{{}}', wait_digest = 0,
-                 {also}
+                 reason_code = {code}, reason_params = {params}, {also}
             FROM {source}
            WHERE ({where}) AND {name}.state IS NOT DISTINCT FROM '{from_state.value}'
-       RETURNING {name}.id, {name}.attempt, {event_reason} AS event_reason{extra})""",  # noqa: S608 - the callers' constant text
+       RETURNING {name}.id, {name}.attempt, {event_reason} AS event_reason,
+                 {event_code} AS event_code, {event_params} AS event_params{extra})""",  # noqa: S608 - the callers' constant text
         f"""{name}_events AS (INSERT INTO scheduling_taskevent
-                             (task_id, at, from_state, to_state, reason, attempt)
-          SELECT id, {now}, '{from_state.value}', '{to_state.value}', event_reason, attempt
+                             (task_id, at, from_state, to_state, reason, reason_code,
+                              reason_params, attempt)
+          SELECT id, {now}, '{from_state.value}', '{to_state.value}', event_reason, event_code,
+                 event_params, attempt
             FROM {name})""",  # noqa: S608 - constant text
     ]
     if _releases(from_state, to_state):

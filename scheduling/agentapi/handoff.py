@@ -103,7 +103,8 @@ class Candidate:
 def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
     """Record these plain ends (exits with 0 nobody asked for) and, with a ``hand``, hand
     their GPUs on to the successors on ``hand.node``; returns the ended tasks as
-    ``_SUCCEEDED`` does (attempt id, task id, tenant id, name, reason, node id). Runs in a
+    ``_SUCCEEDED`` does (attempt id, task id, tenant id, name, reason, node id, reason code,
+    reason params). Runs in a
     transaction of its own (or the caller's)."""
     if hand is None:
         return _record_alone(plain)
@@ -138,7 +139,7 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
                 break
         else:  # GPUs still free after the last round
             passes.request_pass()
-    return [row[:6] for row in ended]
+    return [row[:8] for row in ended]
 
 
 def _place(
@@ -244,15 +245,15 @@ _TAKEN = f"""
 
 def _record_alone(plain: list[ExitReport]) -> list[tuple]:
     """Record plain ends in one statement (``_SUCCEEDED``), which also claims the pass flag
-    when it commits by itself; returns the ended tasks (its first six columns)."""
+    when it commits by itself; returns the ended tasks (its first eight columns)."""
     alone = not connection.in_atomic_block  # the statement commits by itself
     with server_bound_cursor() as cursor:
         cursor.execute(_SUCCEEDED, succeeded_params(plain, timezone.now(), claim=alone))
         rows = cursor.fetchall()
     if rows:
         # Their GPUs are free: committed by itself, the statement claimed the flag.
-        passes.request_pass(rows[0][6:] if alone else None)
-    return [row[:6] for row in rows]
+        passes.request_pass(rows[0][8:] if alone else None)
+    return [row[:8] for row in rows]
 
 
 def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
@@ -279,6 +280,11 @@ _SUCCEEDING = transitions.moved(
     source="a",
     where="k.id = a.task_id",
     reason="concat_ws('; ', 'exited with 0', NULLIF(a.note, ''))",
+    code="'exited'",
+    # The node agent's note (limits hit, output lost) is English text: a reason of its own.
+    params="""jsonb_build_object('exit_code', 0) || CASE WHEN a.note = '' THEN '{}'::jsonb
+              ELSE jsonb_build_object('notes', jsonb_build_array(jsonb_build_object(
+                   'code', 'text', 'params', jsonb_build_object('text', a.note)))) END""",
     sets="exit_code = 0",
     returning="a.id AS attempt_id, k.tenant_id, k.name, k.reason, k.node_id",
 )
@@ -296,5 +302,6 @@ _SUCCEEDED = f"""
        RETURNING a.id, a.task_id, r.note),
     {_SUCCEEDING},
     {passes.claim_cte("%(claim)s AND EXISTS (SELECT 1 FROM k)")}
-    SELECT attempt_id, id, tenant_id, name, reason, node_id, {passes.CLAIMED} FROM k
+    SELECT attempt_id, id, tenant_id, name, reason, node_id, event_code, event_params,
+           {passes.CLAIMED} FROM k
 """  # noqa: S608 - constant text

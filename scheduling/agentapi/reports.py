@@ -7,6 +7,7 @@ module only, ``lifecycle`` (which starts supervisors) imports both.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import server_bound_cursor
-from scheduling import controls, transitions
+from scheduling import controls, reasons, transitions
 from scheduling.agentapi import handoff
 from scheduling.agentapi.handoff import HandOff
 from scheduling.agentapi.messages import ExitReport, StartReport
@@ -64,7 +65,8 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
 # would compile for every batch). The tasks are locked first, in id order, as
 # task_cancel and requeue_lost lock them, so nothing changes a task between the check and the
 # update; every condition that picks a row is evaluated again on the row as locked.
-# Each returns the moved tasks as (attempt id, task id, tenant id, name, reason, node id).
+# Each returns the moved tasks as (attempt id, task id, tenant id, name, reason, node id, reason
+# code, reason params).
 _STARTING = transitions.moved(
     "k",
     TaskState.SCHEDULED,
@@ -72,6 +74,8 @@ _STARTING = transitions.moved(
     source="a JOIN scheduling_node n ON n.id = a.node_id",
     where="k.id = a.task_id AND k.attempt = a.number AND a.stop_requested = ''",
     reason="'started on ' || n.name || ' (pid ' || a.pid || ')'",
+    code="'started'",
+    params="jsonb_build_object('node', n.name, 'pid', a.pid)",
     returning="a.id AS attempt_id, k.tenant_id, k.name, k.reason, k.node_id",
 )
 _STARTED = f"""
@@ -88,7 +92,7 @@ _STARTED = f"""
            WHERE a.id = r.id AND locked.id = a.task_id AND a.pid IS NULL
        RETURNING a.id, a.task_id, a.number, a.node_id, a.stop_requested, a.pid),
     {_STARTING}
-    SELECT attempt_id, id, tenant_id, name, reason, node_id FROM k
+    SELECT attempt_id, id, tenant_id, name, reason, node_id, event_code, event_params FROM k
 """  # noqa: S608 - constant text
 
 
@@ -96,9 +100,16 @@ def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
     """What subscribers of ``events.TASKS`` read of a task, from the rows of the statements."""
     return [
         SimpleNamespace(
-            pk=pk, tenant_id=tenant, name=name, state=state, reason=reason, node_id=node
-        )  # fmt: skip
-        for _, pk, tenant, name, reason, node in rows
+            pk=pk,
+            tenant_id=tenant,
+            name=name,
+            state=state,
+            reason=reason,
+            node_id=node,
+            reason_code=code,
+            reason_params=json.loads(params) if isinstance(params, str) else params,
+        )
+        for _, pk, tenant, name, reason, node, code, params in rows
     ]
 
 
@@ -190,14 +201,19 @@ def attempt_finished(
             if broken is not None:
                 controls.requeue_lost(
                     task,
-                    f"GPU {broken} became {broken.state} during the attempt (exit {exit_code})",
+                    reasons.Reason(
+                        "gpu_broken",
+                        {"gpu": str(broken), "state": broken.state, "exit_code": exit_code},
+                    ),
                 )
             else:
                 if outcome == "succeeded" and task.state == TaskState.SCHEDULED:
                     # It ran, but the report that carried its start never arrived (the
                     # supervisor died after its exit record): the record says it ran.
                     transitions.task_transition(
-                        task=task, to_state=TaskState.RUNNING, reason="started (seen at its end)"
+                        task=task,
+                        to_state=TaskState.RUNNING,
+                        reason=reasons.Reason("started_seen_at_end"),
                     )
                 _move_on(task, attempt, outcome, exit_code, problem, note)
     return outcome
@@ -226,8 +242,16 @@ def _outcome(attempt: TaskAttempt, exit_code: int | None, timed_out: bool, probl
     return "succeeded" if exit_code == 0 else "failed"
 
 
-def _noted(reason: str, note: str) -> str:
-    return f"{reason}; {note}" if note else reason
+def _noted(reason: reasons.Reason | str, note: str) -> reasons.Reason:
+    """``reason`` ending with the node agent's ``note`` (English text, kept as written)."""
+    return reasons.of(reason).noted(note)
+
+
+def _cancelled(task: Task) -> reasons.Reason | str:
+    """What ``task_cancel`` said (who cancelled), without its "stopping": it has stopped."""
+    if task.reason_code in ("cancelled", "cancelled_by"):
+        return reasons.Reason(task.reason_code, task.reason_params).without_notes()
+    return task.reason.removesuffix(controls.STOPPING) or reasons.Reason("cancelled")
 
 
 def _move_on(
@@ -243,7 +267,7 @@ def _move_on(
             task=task,
             to_state=TaskState.SUCCEEDED,
             exit_code=0,
-            reason=_noted("exited with 0", note),
+            reason=_noted(reasons.Reason("exited", {"exit_code": 0}), note),
         )
     elif outcome == "cancelled":
         # task_cancel said who cancelled and that it was stopping; now it has stopped.
@@ -251,15 +275,17 @@ def _move_on(
             task=task,
             to_state=TaskState.CANCELLED,
             exit_code=exit_code,
-            reason=_noted(task.reason.removesuffix(controls.STOPPING) or "cancelled", note),
+            reason=_noted(_cancelled(task), note),
         )
     elif outcome == "preempted":
         if task.state != TaskState.PREEMPTED:
-            transitions.task_transition(task=task, to_state=TaskState.PREEMPTED, reason="preempted")
+            transitions.task_transition(
+                task=task, to_state=TaskState.PREEMPTED, reason=reasons.Reason("preempted")
+            )
         transitions.task_transition(
             task=task,
             to_state=TaskState.PENDING,
-            reason=_noted("requeued after preemption", note),
+            reason=_noted(reasons.Reason("requeued_after_preemption"), note),
         )
     else:
         _fail_or_retry(task, outcome, exit_code, problem, note)
@@ -269,18 +295,19 @@ def _fail_or_retry(
     task: Task, outcome: str, exit_code: int | None, problem: str, note: str = ""
 ) -> None:
     what = problem or (
-        f"timed out after {task.timeout_s} s"
+        reasons.Reason("timed_out", {"seconds": task.timeout_s})
         if outcome == "timed_out"
-        else f"exited with {exit_code}"
+        else reasons.Reason("exited", {"exit_code": exit_code})
     )
     what = _noted(what, note)
     failures = TaskAttempt.objects.filter(task=task, outcome__in=USER_FAILURES).count()
     if failures <= task.retries and not problem:
         delay = min(3600, settings.RETRY_BACKOFF * 2 ** (failures - 1))
+        retry = {"failure": failures, "retries": task.retries, "delay": delay}
         transitions.task_transition(
             task=task,
             to_state=TaskState.PENDING,
-            reason=f"{what}; retry {failures} of {task.retries} in {delay} s",
+            reason=what.noted(reasons.Reason("retry", retry)),
             exit_code=exit_code,
             not_before=timezone.now() + timedelta(seconds=delay),
         )

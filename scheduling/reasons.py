@@ -1,0 +1,151 @@
+"""Why a task is where it is, as data: a code and parameters, rendered in the reader's language.
+
+A task's reason and each of its ``TaskEvent``'s are stored three ways: ``reason``, the English
+text (what API clients, logs and searches have always read), and ``reason_code`` with
+``reason_params``, from which every page, the API and gpuctl render it in the language of whoever
+reads it (``render``). The catalogue below holds one English template per code, marked for
+translation; its Chinese is in ``locale/zh_Hans/LC_MESSAGES/django.po``.
+
+A reason may end with notes (``params["notes"]``: more reasons, joined with "; "), and a
+parameter may itself be a reason (``{"code": ..., "params": ...}``): "requeued: node a stopped
+heartbeating". Text that has no code (what a node agent says about an attempt's limits or lost
+output, a preemption decided by the policy core) is kept as a ``text`` reason and shown as it
+was written. A row written before the codes existed has no code: it renders as its stored text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.utils.translation import gettext, pgettext
+from django.utils.translation import gettext_noop as _n
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+TEXT = "text"  # no code: the text as written, in whatever language it was written
+
+TEMPLATES: dict[str, str] = {
+    TEXT: "%(text)s",
+    # Submission
+    "submitted": _n("submitted"),
+    "submitted_for": _n("submitted by %(by)s for %(owner)s"),
+    "waiting_for_scheduler": _n("submitted; waiting for the scheduler"),
+    # Placement and start
+    "placed": _n("placed on %(node)s (GPU %(gpus)s)"),
+    "started": _n("started on %(node)s (pid %(pid)s)"),
+    "started_seen_at_end": _n("started (seen at its end)"),
+    # Ends
+    "exited": _n("exited with %(exit_code)s"),
+    "timed_out": _n("timed out after %(seconds)s s"),
+    "retry": _n("retry %(failure)s of %(retries)s in %(delay)s s"),
+    "cancelled": _n("cancelled"),
+    "cancelled_by": _n("cancelled by %(by)s"),
+    "stopping": _n("stopping"),
+    "preempted": _n("preempted"),
+    "requeued_after_preemption": _n("requeued after preemption"),
+    "requeued": _n("requeued"),
+    # People's controls
+    "paused": _n("paused"),
+    "paused_by": _n("paused by %(by)s"),
+    "resumed": _n("resumed"),
+    "resumed_by": _n("resumed by %(by)s"),
+    "released": _n("released"),
+    "released_by": _n("released by %(by)s"),
+    "retried": _n("retried"),
+    "retried_by": _n("retried by %(by)s"),
+    "requeued_by": _n("requeued by %(by)s"),
+    "priority": _n("priority %(old)s -> %(new)s"),
+    "priority_by": _n("priority %(old)s -> %(new)s by %(by)s"),
+    # Infrastructure
+    "lost_requeued": _n("requeued: %(reason)s"),
+    "held_after_requeues": _n("held after %(requeues)s infrastructure requeues; last: %(reason)s"),
+    "node_silent": _n("node %(node)s stopped heartbeating"),
+    "gpu_broken": _n("GPU %(gpu)s became %(state)s during the attempt (exit %(exit_code)s)"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One reason as data. ``text`` is its English, as stored in ``reason``; ``rendered`` its
+    text in the active language."""
+
+    code: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.code not in TEMPLATES:
+            raise ValueError(f"reason code: {self.code!r} is not in the catalogue")
+
+    @property
+    def text(self) -> str:
+        return render(self.code, self.params, translate=False)
+
+    @property
+    def rendered(self) -> str:
+        return render(self.code, self.params)
+
+    def noted(self, *notes: Reason | str) -> Reason:
+        """This reason with notes at its end (empty ones left out)."""
+        more = [of(note).as_data() for note in notes if note]
+        if not more:
+            return self
+        return Reason(self.code, {**self.params, "notes": [*self.params.get("notes", ()), *more]})
+
+    def without_notes(self) -> Reason:
+        return Reason(self.code, {k: v for k, v in self.params.items() if k != "notes"})
+
+    def as_data(self) -> dict[str, Any]:
+        return {"code": self.code, "params": self.params}
+
+
+def of(reason: Reason | str) -> Reason:
+    """A reason as data; plain text becomes a ``text`` reason."""
+    return reason if isinstance(reason, Reason) else Reason(TEXT, {"text": reason})
+
+
+def by(code: str, who: AbstractBaseUser | None) -> Reason:
+    """``code`` ("cancelled"), or ``code_by`` with the user's name when someone did it."""
+    if who is None:
+        return Reason(code)
+    return Reason(f"{code}_by", {"by": who.get_username()})
+
+
+def stored(reason: Reason | str) -> tuple[str, str, dict[str, Any]]:
+    """What a row stores of ``reason``: (English text, code, params). Plain text has no code, as
+    rows written before the codes existed."""
+    if isinstance(reason, Reason):
+        return reason.text, reason.code, reason.params
+    return reason, "", {}
+
+
+def render(
+    code: str, params: Mapping[str, Any] | None, fallback: str = "", *, translate: bool = True
+) -> str:
+    """The reason ``code`` with ``params`` in the active language (English with
+    ``translate=False``); ``fallback`` (the stored text) when there is no code or it cannot be
+    rendered (an unknown code, a parameter missing)."""
+    template = TEMPLATES.get(code or "")
+    if template is None:
+        return fallback
+    params = params or {}
+    values = {name: _value(value, translate) for name, value in params.items() if name != "notes"}
+    try:
+        text = (gettext(template) if translate and code != TEXT else template) % values
+    except (KeyError, TypeError, ValueError):
+        return fallback
+    notes = [_value(note, translate) for note in params.get("notes") or ()]
+    # Translators: what joins the parts of a reason ("exited with 0; output not kept").
+    separator = pgettext("reason parts", "; ") if translate else "; "
+    return separator.join([text, *(note for note in notes if note)])
+
+
+def _value(value: Any, translate: bool) -> Any:
+    """A parameter as it goes into its template: a reason in it rendered."""
+    if isinstance(value, Mapping) and "code" in value:
+        return render(
+            value["code"], value.get("params"), value.get("text", ""), translate=translate
+        )
+    return value
