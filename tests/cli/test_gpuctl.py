@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from gpuctl.client import accept_language
 from scheduling.models import Task, TaskAttempt
 from scheduling.scheduler import schedule_pass
 from tests.factories import AllocationFactory, QuotaFactory, TaskFactory
@@ -51,8 +52,11 @@ class Gpuctl:
         self.tmp_path = tmp_path
 
     def env(self, **extra: str) -> dict[str, str]:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")}
+        # The C locale unless a test names one: gpuctl asks the server for the user's language.
+        locale = ("GPUCTL_", "LC_ALL", "LC_MESSAGES", "LANG")
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(locale)}
         environ.update(GPUCTL_CONFIG=str(self.config), PYTHONUNBUFFERED="1", COLUMNS="200")
+        environ.update(LANG="C.UTF-8")
         environ.update(extra)
         return environ
 
@@ -457,3 +461,25 @@ def test_get_tasks_says_at_least_when_the_count_is_a_lower_bound(capsys):
         ctx._client = Client(exact)
         assert tasks.get_tasks(ctx) == 0
         assert said in capsys.readouterr().err
+
+
+def test_the_accept_language_follows_the_posix_locale():
+    assert accept_language({"LANG": "zh_CN.UTF-8"}) == "zh-CN"
+    assert accept_language({"LC_ALL": "zh_TW.UTF-8", "LANG": "en_US.UTF-8"}) == "zh-TW"
+    assert accept_language({"LC_MESSAGES": "zh_CN", "LANG": "en_US.UTF-8"}) == "zh-CN"
+    assert accept_language({"LANG": "C.UTF-8"}) == accept_language({"LANG": "POSIX"}) == ""
+    assert accept_language({}) == ""
+
+
+@live_db
+def test_reasons_come_in_the_users_language(server, gpuctl, owner):
+    task = TaskFactory(
+        tenant=owner.tenant, owner=owner.user, name="bad", state="failed", exit_code=2,
+        reason="exited with 2", reason_code="exited", reason_params={"exit_code": 2},
+    )  # fmt: skip
+    gpuctl.ok("login", "--url", server, "--token", owner.token)
+    chinese = fields_of(gpuctl.ok("describe", "task", str(task.pk), LANG="zh_CN.UTF-8"))
+    assert chinese["Reason"] == "已退出，退出码 2"
+    assert "已退出，退出码 2" in gpuctl.ok("get", "tasks", LC_ALL="zh_CN.UTF-8")
+    english = fields_of(gpuctl.ok("describe", "task", str(task.pk)))
+    assert english["Reason"] == "exited with 2"

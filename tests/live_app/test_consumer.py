@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from gpuplatform.asgi import application
 from live import events
-from scheduling import transitions
+from scheduling import reasons, transitions
 from tests.live_app.conftest import ORIGIN, socket_headers
 
 headers = sync_to_async(socket_headers)
@@ -230,3 +230,20 @@ async def test_a_catch_up_brings_the_samples_of_the_gap(teammate, estate):
     # Only the GPU the lab's task holds.
     assert [(row[0], row[2]) for row in answer["samples"]] == [(gpu0.pk, 11)]
     await socket.disconnect()
+
+
+async def test_each_reader_hears_a_tasks_reason_in_their_own_language(operator, estate):
+    english = await connect(await headers(user=operator))
+    chinese = await connect([*await headers(user=operator), (b"accept-language", b"zh-hans")])
+    reason = reasons.Reason("cancelled_by", {"by": "olga"})
+    await sync_to_async(transitions.task_transition)(
+        task=estate["theirs"], to_state="cancelled", reason=reason
+    )
+    heard = {}
+    for language, socket in (("en", english), ("zh", chinese)):
+        message = await socket.receive_json_from(timeout=5)
+        [event] = [e for e in message["events"] if e["kind"] == "task"]
+        assert (event["reason_code"], event["reason_params"]) == ("cancelled_by", {"by": "olga"})
+        heard[language] = event["reason"]
+        await socket.disconnect()
+    assert heard == {"en": "cancelled by olga", "zh": "已被 olga 取消"}

@@ -5,6 +5,7 @@ no string of our catalogue untranslated."""
 from __future__ import annotations
 
 import gettext
+import re
 import shutil
 from pathlib import Path
 
@@ -66,4 +67,29 @@ def untranslated(page) -> list[str]:
         for candidate in (text, text.rstrip(":：").strip()):
             if candidate in english and candidate not in found:
                 found.append(candidate)
+    return found
+
+
+# Words a Chinese page may show in Latin letters: product and technical names, units.
+PRODUCT_NAMES = frozenset(
+    """
+gpuplatform GPU GPUs CUDA YAML JSON API gpuctl NVIDIA GeForce RTX MiB GiB KiB TiB MB GB UTC
+PID pid CPU Bearer Python Django uPlot Prometheus
+""".split()
+)
+ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def english_words(page, user_data: list[str] = ()) -> list[str]:
+    """Words of three ASCII letters or more that this (Chinese) page shows outside ``<code>``,
+    product names (PRODUCT_NAMES) and ``user_data`` (task names, commands, user, tenant and node
+    names: what people typed, in whatever language they typed it)."""
+    allowed = set(PRODUCT_NAMES)
+    for text in user_data:
+        allowed.update(ENGLISH_WORD.findall(text))
+    found = []
+    for text in page.evaluate(VISIBLE_TEXT):
+        for word in ENGLISH_WORD.findall(text):
+            if word not in allowed and word not in found:
+                found.append(word)
     return found

@@ -21,7 +21,7 @@ from tests.api.conftest import make_actor
 from tests.factories import QuotaFactory, TaskFactory, TenantFactory
 from tests.live import web_server
 from tests.nodeagent.launcher.conftest import launcher, node  # noqa: F401 - fixtures
-from tests.portal.browser import SCREENSHOTS, chromium, screenshot, untranslated
+from tests.portal.browser import SCREENSHOTS, chromium, english_words, screenshot, untranslated
 
 pytestmark = pytest.mark.slow
 
@@ -208,3 +208,40 @@ def test_the_chinese_pages_leave_nothing_untranslated(site, people):
         assert untranslated(page) == []
         screenshot(page, "task-zh")
         browser.close()
+
+
+def test_the_chinese_pages_and_dashboard_show_no_english_words(site, people, node):  # noqa: F811
+    """Every Chinese portal page and the dashboard, with tasks that really ran (submitted,
+    placed, started, ended with 0 and with 3), shows no English word but product names and
+    what people typed."""
+    make_actor(people["alice"].tenant, Role.ADMIN, "olga", staff=True)
+    ran = {"ok": "echo 完成", "bad": "exit 3"}
+    with sync_playwright() as playwright:
+        browser = chromium(playwright)
+        page = sign_in(browser, site, "alice", locale="zh-CN")
+        for name, command in ran.items():
+            page.goto("/portal/submit/")
+            page.fill("#id_task-name", name)
+            page.fill("#id_task-command", command)
+            page.click("#task-form input[type=submit]")
+            expect(page.locator("#task-state")).to_contain_text(
+                "已成功" if name == "ok" else "已失败", timeout=30_000
+            )
+        tasks = orm(lambda: list(Task.objects.order_by("pk")))
+        typed = [*ran, *ran.values(), "alice", "olga", "vision-lab", node.name,
+                 *orm(lambda: [g.model for g in node.gpus.all()])]  # fmt: skip
+        pages = [("overview", "/portal/"), ("tasks", "/portal/tasks/"),
+                 *((f"task-{t.name}", f"/portal/tasks/{t.pk}/") for t in tasks),
+                 ("submit", "/portal/submit/"), ("usage", "/portal/usage/"),
+                 ("team", "/portal/team/"), ("tokens", "/portal/tokens/")]  # fmt: skip
+        found = {}
+        for name, url in pages:
+            page.goto(url)
+            found[url] = english_words(page, typed)
+            screenshot(page, f"words-zh-{name}")
+        operator = sign_in(browser, site, "olga", locale="zh-CN")
+        operator.goto("/dashboard/")
+        found["/dashboard/"] = english_words(operator, typed)
+        screenshot(operator, "words-zh-dashboard")
+        browser.close()
+    assert {url: words for url, words in found.items() if words} == {}
