@@ -282,7 +282,8 @@ _SUCCEEDING = transitions.moved(
     reason="concat_ws('; ', 'exited with 0', NULLIF(a.note, ''))",
     code="'exited'",
     # The node agent's note (limits hit, output lost) is English text: a reason of its own.
-    params="""jsonb_build_object('exit_code', 0) || CASE WHEN a.note = '' THEN '{}'::jsonb
+    params="""jsonb_build_object('exit_code', 0)
+              || CASE WHEN COALESCE(a.note, '') = '' THEN '{}'::jsonb
               ELSE jsonb_build_object('notes', jsonb_build_array(jsonb_build_object(
                    'code', 'text', 'params', jsonb_build_object('text', a.note)))) END""",
     sets="exit_code = 0",
