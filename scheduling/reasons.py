@@ -78,6 +78,10 @@ class Reason:
     def __post_init__(self) -> None:
         if self.code not in TEMPLATES:
             raise ValueError(f"reason code: {self.code!r} is not in the catalogue")
+        try:
+            TEMPLATES[self.code] % {name: "" for name in self.params}
+        except KeyError as exc:
+            raise ValueError(f"reason {self.code}: parameter {exc} missing") from None
 
     @property
     def text(self) -> str:

@@ -89,9 +89,11 @@ def test_a_row_without_a_code_or_with_one_unknown_shows_its_stored_text():
         assert reasons.render("exited", {}, "a parameter missing") == "a parameter missing"
 
 
-def test_an_unknown_code_is_refused_where_a_reason_is_made():
+def test_an_unknown_code_or_a_missing_parameter_is_refused_where_a_reason_is_made():
     with pytest.raises(ValueError, match="reason code"):
         reasons.Reason("exited_wiht")
+    with pytest.raises(ValueError, match="exit_code"):
+        reasons.Reason("exited", {"code": 1})
 
 
 # --- What the moves store ------------------------------------------------------------------------
