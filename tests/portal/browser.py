@@ -74,10 +74,14 @@ def untranslated(page) -> list[str]:
 PRODUCT_NAMES = frozenset(
     """
 gpuplatform GPU GPUs CUDA YAML JSON API gpuctl NVIDIA GeForce RTX MiB GiB KiB TiB MB GB UTC
-PID pid CPU Bearer Python Django uPlot Prometheus
+PID pid CPU Bearer Python Django uPlot Prometheus JavaScript English CSV
 """.split()
 )
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
+# Literal text: URLs and paths (a word of "/api/v1/tasks/3/metrics/" is not prose).
+LITERAL = re.compile(r"\S*/\S*")
+# The visible text outside <code> and <pre> (a spec as submitted is YAML, not prose).
+PROSE_TEXT = VISIBLE_TEXT.replace('"CODE"]', '"CODE", "PRE"]')
 
 
 def english_words(page, user_data: list[str] = ()) -> list[str]:
@@ -88,8 +92,8 @@ def english_words(page, user_data: list[str] = ()) -> list[str]:
     for text in user_data:
         allowed.update(ENGLISH_WORD.findall(text))
     found = []
-    for text in page.evaluate(VISIBLE_TEXT):
-        for word in ENGLISH_WORD.findall(text):
+    for text in page.evaluate(PROSE_TEXT):
+        for word in ENGLISH_WORD.findall(LITERAL.sub(" ", text)):
             if word not in allowed and word not in found:
                 found.append(word)
     return found
