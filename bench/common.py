@@ -243,7 +243,8 @@ def free_port() -> int:
 GTHREAD_THREADS = 4  # threads per gunicorn gthread worker
 
 
-# The daphne processes `make run` starts (scripts/run.py: WEB_WORKERS' default).
+# The daphne processes the api and throughput benchmarks serve a busy estate with. `make run`
+# starts WEB_WORKERS (scripts/run.py), one by default since issue 41 (bench_idle).
 MAKE_RUN_WEB_WORKERS = 2
 
 

@@ -52,14 +52,18 @@ class Budget:
         return self.web + self.scheduler + self.nodes
 
 
-def budget(*, web_workers: int, db_pool_size: int, q_workers: int, nodes: int) -> Budget:
-    """``web_workers`` web processes, one scheduler, ``nodes`` node agents, every django-q2
-    cluster with ``q_workers`` workers."""
-    cluster = q_workers + CLUSTER_OWN
+def budget(
+    *, web_workers: int, db_pool_size: int, q_workers: int, nodes: int,
+    launch_workers: int | None = None,
+) -> Budget:  # fmt: skip
+    """``web_workers`` web processes, one scheduler whose django-q2 cluster has ``q_workers``
+    workers, ``nodes`` node agents whose launch clusters have ``launch_workers`` (default: as
+    many as the scheduler's)."""
+    launch = q_workers if launch_workers is None else launch_workers
     return Budget(
         web=web_workers * (db_pool_size + CHANNEL_POOL_SIZE + CHANNEL_LISTENERS),
-        scheduler=cluster,
-        nodes=nodes * (AGENT_OWN + cluster),
+        scheduler=q_workers + CLUSTER_OWN,
+        nodes=nodes * (AGENT_OWN + launch + CLUSTER_OWN),
         node_count=nodes,
     )
 

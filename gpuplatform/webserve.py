@@ -9,7 +9,8 @@ an IPv6 address is served by one daphne process that binds it itself. Live event
 process through the PostgreSQL channel layer, and each process borrows its database
 connections from its own pool (``DB_POOL_SIZE`` each).
 
-It imports nothing of Django (the daphne processes do). On SIGTERM or SIGINT it sends them
+With one worker it execs daphne on the socket it bound, so one worker is one process. With
+several, it imports nothing of Django (the daphne processes do). On SIGTERM or SIGINT it sends them
 SIGTERM and exits once they have stopped; if one of them exits on its own it stops the others
 and exits with that status, so ``make run`` stops and says so rather than serving on fewer.
 """
@@ -63,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)  # fmt: skip
         bind = [sys.executable, "-m", "daphne", "-b", args.bind, "-p", str(args.port)]
         os.execv(sys.executable, [*bind, args.application])  # noqa: S606 - fixed argv
+    command = daphne_argv(sys.executable, sock, args.application)
+    if args.workers == 1:
+        # Nothing to spread: daphne itself takes this process's place on the socket, so one
+        # worker is one process (a launcher waiting beside it would cost a process for nothing).
+        os.set_inheritable(sock.fileno(), True)
+        os.execv(sys.executable, command)  # noqa: S606 - fixed argv
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -71,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    command = daphne_argv(sys.executable, sock, args.application)
     procs = [subprocess.Popen(command, pass_fds=[sock.fileno()]) for _ in range(args.workers)]  # noqa: S603 - fixed argv
     sock.close()  # theirs now: they accept from it
     code = 0

@@ -140,13 +140,14 @@ class NodeAgent:
             cursor.execute(_CONNECTIONS_AND_NODES, [self.name, NodeState.OFFLINE])
             allows, others = cursor.fetchone()
         try:  # as `make run` starts them (a bad value is make run's to refuse, not ours)
-            web_workers = env.integer("WEB_WORKERS", 2, minimum=1)
+            web_workers = env.integer("WEB_WORKERS", 1, minimum=1)
         except ImproperlyConfigured:
-            web_workers = 2
+            web_workers = 1
         cap = db_connections.budget(
             web_workers=web_workers,
             db_pool_size=settings.DB_POOL_SIZE,
             q_workers=settings.Q_CLUSTER["workers"],
+            launch_workers=settings.LAUNCH_WORKERS,
             nodes=others + 1,
         )
         problem = db_connections.shortfall(cap, allows)

@@ -31,10 +31,11 @@ def trusted_proxies() -> str:
 
 def web_command(python: str, host: str, port: str) -> list[str]:
     """WEB_WORKERS daphne processes (ASGI: HTTP and websockets) on one socket
-    (gpuplatform.webserve) by default; WEB_SERVER=gunicorn serves HTTP only, with WEB_WORKERS
-    sync workers. Since daphne runs each request's Django work in one hop to a thread
-    (gpuplatform.asgi_handler), it costs about what gunicorn does per request, and it serves
-    websockets too; bench/bench_api.py measures both (and gunicorn's gthread workers) in one
+    (gpuplatform.webserve; one by default, which a workstation's few users keep far from busy,
+    and which is then the one process webserve becomes); WEB_SERVER=gunicorn serves HTTP only,
+    with WEB_WORKERS sync workers. Since daphne runs each request's Django work in one hop to a
+    thread (gpuplatform.asgi_handler), it costs about what gunicorn does per request, and it
+    serves websockets too; bench/bench_api.py measures both (and gunicorn's gthread workers) in one
     run.
 
     Forwarded headers are believed only from TRUSTED_PROXIES, and Django decides that
@@ -43,7 +44,7 @@ def web_command(python: str, host: str, port: str) -> list[str]:
     has no list of trusted peers) and hides the real peer Django must check. gunicorn applies
     X-Forwarded-Proto itself, so it is told the same proxies (none when TRUSTED_PROXIES is
     empty, instead of its default of trusting loopback)."""
-    workers = os.environ.get("WEB_WORKERS", "2")
+    workers = os.environ.get("WEB_WORKERS", "1")
     if os.environ.get("WEB_SERVER", "daphne") == "gunicorn":
         return [
             python,

@@ -3,18 +3,23 @@ registers 4 simulated GPUs, and daphne serving the admin and the token-authentic
 
 import http.cookiejar
 import json
+import os
 import re
+import signal
+import subprocess
 import urllib.parse
 import urllib.request
 from io import StringIO
 
+import psutil
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django_q.models import Schedule
 
 from tenants.models import ApiToken
-from tests.live import manage, web_server
+from tests.live import PYTHON, ROOT, free_port, manage, process_env, web_server
+from tests.nodeagent.launcher.conftest import wait_for
 
 
 def bootstrap() -> dict[str, str]:
@@ -77,3 +82,63 @@ def test_bootstrap_shows_secrets_once_and_changes_nothing_the_second_time():
     assert User.objects.count() == 2
     assert ApiToken.objects.count() == 1
     assert Schedule.objects.filter(func="scheduling.tasks.mark_silent_nodes").count() == 1
+
+
+# What `make run` starts on one workstation: the runner; one daphne (WEB_WORKERS); the
+# scheduler's django-q2 cluster (main process, sentinel, monitor, pusher, Q_WORKERS 2 workers);
+# the node agent, its spawner and its launch cluster (the same four, LAUNCH_WORKERS 1 worker).
+# Issue 41 found 18, each of them a Python process of tens of MiB.
+MAKE_RUN_PROCESSES = 15
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        top = psutil.Process(pid)
+        return [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_make_run_on_one_workstation_starts_no_more_processes_than_it_needs(tmp_path):
+    environ = process_env(
+        PORT=str(free_port()), Q_SYNC="0", LAUNCH_TASKS="1", Q_LOG_LEVEL="INFO", STOP_GRACE="20",
+        GPUPLATFORM_TASKS_ROOT=str(tmp_path / "tasks"),
+        GPUPLATFORM_TASK_LOG_DIR=str(tmp_path / "logs"),
+    )  # fmt: skip
+    for name in ("WEB_WORKERS", "WEB_SERVER", "Q_WORKERS", "LAUNCH_WORKERS", "Q_CLUSTER_NAME",
+                 "NODE_NAME", "GPU_BACKEND", "GPUPLATFORM_CONFIG"):  # fmt: skip
+        environ.pop(name, None)  # make run's defaults: configs/scheduler.yaml's workstation
+    log = tmp_path / "run.log"
+    with open(log, "wb") as sink:
+        runner = subprocess.Popen(  # noqa: S603 - fixed argv
+            [PYTHON, "scripts/run.py"], cwd=ROOT, env=environ, stdin=subprocess.DEVNULL,
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    started: list[psutil.Process] = []
+    try:
+
+        def everything_started():
+            """both clusters running (each says so once all its processes are), the spawner
+            ready and the web server up"""
+            text = log.read_text(errors="replace")
+            assert runner.poll() is None, text
+            clusters = re.findall(r"Q Cluster .* running\.", text)
+            return len(clusters) == 2 and "spawner ready" in text and "gpuplatform is up" in text
+
+        wait_for(everything_started, timeout=180, every=0.2)
+        started = _tree(runner.pid)
+        roles = [" ".join(proc.cmdline()[:4]) for proc in started]
+        assert len(started) <= MAKE_RUN_PROCESSES, roles
+        assert len(started) >= 10, roles  # every role counted: nothing had died meanwhile
+    finally:
+        started = started or _tree(runner.pid)
+        runner.send_signal(signal.SIGTERM)
+        try:
+            runner.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+        _, alive = psutil.wait_procs(started[1:], timeout=10)
+        for proc in alive:  # psutil checks each is still the process it was
+            proc.kill()

@@ -76,6 +76,18 @@ def test_a_worker_that_dies_stops_the_launcher_with_an_error():
         wait_for(lambda: not second.is_running() or second.status() == "zombie", timeout=10)
 
 
+def test_one_worker_is_daphne_itself_serving_the_socket_it_was_handed():
+    with webserve("-w", "1") as (proc, port):
+        wait_for(lambda: livez(port) == 200, timeout=30)
+        assert "daphne" in " ".join(psutil.Process(proc.pid).cmdline())  # exec'd: no launcher
+        assert daphnes(proc) == []
+        listening = psutil.Process(proc.pid).net_connections("tcp")
+        assert [c.laddr.port for c in listening if c.status == "LISTEN"] == [port]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert livez(port) is None
+
+
 def test_bad_arguments_are_refused_by_name():
     result = subprocess.run(  # noqa: S603 - fixed argv
         [sys.executable, "-m", "gpuplatform.webserve", "-w", "0"],

@@ -74,8 +74,13 @@ class NodeChild:
 
 
 def launch_cluster(node_name: str) -> NodeChild:
+    """The node's django-q2 cluster, with LAUNCH_WORKERS workers (not the scheduler's count)."""
     return NodeChild(
-        node_name, "launcher cluster", ["manage.py", "qcluster"], Q_CLUSTER_NAME=node_name
+        node_name,
+        "launcher cluster",
+        ["manage.py", "qcluster"],
+        Q_CLUSTER_NAME=node_name,
+        Q_WORKERS=str(settings.LAUNCH_WORKERS),
     )
 
 

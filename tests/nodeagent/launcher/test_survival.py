@@ -185,7 +185,8 @@ def test_a_node_holds_no_more_database_connections_than_documented(agents, lab):
     assert set(peak) <= node, peak  # every session of the node's processes says whose it is
     assert {"gpuplatform node_agent", "gpuplatform qcluster node-c"} <= set(peak)
     cap = connections.budget(web_workers=0, db_pool_size=0, nodes=1,
-                             q_workers=settings.Q_CLUSTER["workers"])  # fmt: skip
+                             q_workers=settings.Q_CLUSTER["workers"],
+                             launch_workers=settings.LAUNCH_WORKERS)  # fmt: skip
     assert 0 < sum(peak.values()) <= cap.nodes, peak
 
 
