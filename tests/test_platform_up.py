@@ -119,12 +119,12 @@ def test_make_run_on_one_workstation_starts_no_more_processes_than_it_needs(tmp_
     try:
 
         def everything_started():
-            """both clusters running (each says so once all its processes are), the spawner
-            ready and the web server up"""
+            """both clusters running (each says so once all its processes are) and the spawner
+            ready (the web server's processes start first, at once)"""
             text = log.read_text(errors="replace")
             assert runner.poll() is None, text
             clusters = re.findall(r"Q Cluster .* running\.", text)
-            return len(clusters) == 2 and "spawner ready" in text and "gpuplatform is up" in text
+            return len(clusters) == 2 and "spawner ready" in text
 
         wait_for(everything_started, timeout=180, every=0.2)
         started = _tree(runner.pid)
