@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -97,29 +98,47 @@ def cpu_s(proc: psutil.Process) -> float | None:
     return times.user + times.system
 
 
-def pss(proc: psutil.Process) -> int:
+def memory(proc: psutil.Process) -> tuple[int, int]:
+    """(PSS, USS): its share of every page it maps, and the pages only it maps."""
     try:
-        return proc.memory_full_info().pss
+        info = proc.memory_full_info()
     except psutil.Error:
-        return 0
+        return 0, 0
+    return info.pss, info.uss
 
 
-def measure(runner_pid: int, idle_s: float) -> dict[str, dict[str, float]]:
-    """Per role: processes, PSS (MiB) at the end, CPU (% of one core) over ``idle_s``."""
+def title(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())[:60] or proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def measure(runner_pid: int, idle_s: float) -> list[dict]:
+    """Each process: its role, PSS and USS (MiB) at the end, CPU (% of one core) over
+    ``idle_s``."""
     before = {proc: cpu_s(proc) for proc in platform_processes(runner_pid)}
     began = time.monotonic()
     time.sleep(idle_s)
     after = platform_processes(runner_pid)
     wall = time.monotonic() - began
-    roles: dict[str, dict[str, float]] = defaultdict(lambda: {"n": 0, "pss": 0.0, "cpu": 0.0})
+    found = []
     for proc, role in after.items():
         now = cpu_s(proc)
         start = before.get(proc)  # a process new in the window: all of its CPU time
         used = (now or 0.0) - (start or 0.0) if now is not None else 0.0
-        roles[role]["n"] += 1
-        roles[role]["pss"] += pss(proc) / MIB
-        roles[role]["cpu"] += 100 * max(0.0, used) / wall
-    return dict(roles)
+        pss, uss = memory(proc)
+        found.append({"role": role, "pid": proc.pid, "title": title(proc), "pss": pss / MIB,
+                      "uss": uss / MIB, "cpu": 100 * max(0.0, used) / wall})  # fmt: skip
+    return found
+
+
+def answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):  # noqa: S310
+            return True
+    except OSError:
+        return False
 
 
 def main() -> dict:
@@ -129,18 +148,18 @@ def main() -> dict:
     # As `make run` runs: its channel layer and save limit. Worker counts (WEB_WORKERS,
     # Q_WORKERS, LAUNCH_WORKERS) and GPUPLATFORM_STOCK are the caller's: unset, make run's own.
     environ.pop("Q_SAVE_LIMIT", None)
-    environ.update(PORT=str(free_port()), CHANNEL_LAYER="postgres", STOP_GRACE="20")
+    port = free_port()
+    environ.update(PORT=str(port), CHANNEL_LAYER="postgres", STOP_GRACE="20")
     procs: list[Proc] = []
     try:
         runner = Proc("run", [sys.executable, "scripts/run.py"], environ, tmp)
         procs.append(runner)
-        up = lambda: "gpuplatform is up" in runner.log.read_text(errors="replace")  # noqa: E731
-        wait_for("scripts/run.py: gpuplatform is up", up, 180, procs, poll_s=0.2)
+        wait_for("the web server to answer", lambda: answers(port), 180, procs, poll_s=0.5)
         registered = Node.objects.filter(name="workstation-1", gpus__isnull=False).exists
         wait_for("workstation-1 to register", registered, 120, procs, 0.2)
         time.sleep(SETTLE_S)
         runner.check()
-        roles = measure(runner.proc.pid, IDLE_S)
+        found = measure(runner.proc.pid, IDLE_S)
         runner.check()
     except Exception:
         for p in procs:
@@ -151,31 +170,42 @@ def main() -> dict:
         close_other_sessions()
     shutil.rmtree(tmp, ignore_errors=True)
 
+    found.sort(key=lambda p: (p["role"], p["pid"]))
+    print(table(["role", "pid", "process", "PSS MiB", "USS MiB", "CPU % of a core"],
+                [(p["role"], p["pid"], p["title"], f"{p['pss']:.1f}", f"{p['uss']:.1f}",
+                  f"{p['cpu']:.2f}") for p in found], left=3))  # fmt: skip
+    roles: dict[str, dict[str, float]] = defaultdict(lambda: {"n": 0, "pss": 0.0, "cpu": 0.0})
+    for p in found:
+        roles[p["role"]]["n"] += 1
+        roles[p["role"]]["pss"] += p["pss"]
+        roles[p["role"]]["cpu"] += p["cpu"]
     rows = [
         (role, int(r["n"]), f"{r['pss']:.1f}", f"{r['cpu']:.2f}")
         for role, r in sorted(roles.items(), key=lambda item: -item[1]["pss"])
     ]
-    count = sum(int(r["n"]) for r in roles.values())
-    mib = sum(r["pss"] for r in roles.values())
-    cpu = sum(r["cpu"] for r in roles.values())
+    count = len(found)
+    mib = sum(p["pss"] for p in found)
+    cpu = sum(p["cpu"] for p in found)
     rows.append(("all", count, f"{mib:.1f}", f"{cpu:.2f}"))
+    print()
     print(table(["role", "processes", "PSS MiB", "CPU % of a core"], rows))
-    memory = target(
+    memory_verdict = target(
         "idle make run: PSS of its processes (database excluded)",
         f"{mib:.0f} MiB",
         f"<= {TARGET_PSS_MIB:.0f} MiB",
         mib <= TARGET_PSS_MIB,
     )
-    busy = target(
+    cpu_verdict = target(
         f"idle make run: CPU over {IDLE_S:.0f} s",
         f"{cpu:.2f}% of a core",
         f"<= {TARGET_CPU_PERCENT:g}%",
         cpu <= TARGET_CPU_PERCENT,
     )
     print(
-        f"idle footprint: {count} processes, {mib:.0f} MiB PSS ({memory}: <= "
-        f"{TARGET_PSS_MIB:.0f} MiB), {cpu:.2f}% of a core ({busy}: <= {TARGET_CPU_PERCENT:g}%) "
-        f"over {IDLE_S:.0f} s, {SETTLE_S:.0f} s after start-up; {os.cpu_count()} CPUs"
+        f"idle footprint: {count} processes, {mib:.0f} MiB PSS ({memory_verdict}: <= "
+        f"{TARGET_PSS_MIB:.0f} MiB), {cpu:.2f}% of a core ({cpu_verdict}: <= "
+        f"{TARGET_CPU_PERCENT:g}%) over {IDLE_S:.0f} s, {SETTLE_S:.0f} s after start-up; "
+        f"{os.cpu_count()} CPUs"
     )
     return {"processes": count, "pss_mib": round(mib, 1), "cpu_percent": round(cpu, 3),
             "roles": {role: dict(r) for role, r in roles.items()}}  # fmt: skip
