@@ -33,8 +33,11 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.string_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.string_list("CSRF_TRUSTED_ORIGINS", [])
 
+# daphne serves the platform (`python -m daphne`, gpuplatform.webserve) without being an app
+# here: its app only swaps `runserver` for an ASGI one, and imports Twisted, autobahn and
+# OpenSSL into every process that loads the settings (about 18 MiB each: the scheduler, the
+# node agent, every django-q2 cluster), which never serve HTTP (bench_idle).
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
