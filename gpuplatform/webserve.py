@@ -10,8 +10,8 @@ process through the PostgreSQL channel layer, and each process borrows its datab
 connections from its own pool (``DB_POOL_SIZE`` each).
 
 With one worker it execs daphne on the socket it bound, so one worker is one process. With
-several, it imports nothing of Django (the daphne processes do). On SIGTERM or SIGINT it sends them
-SIGTERM and exits once they have stopped; if one of them exits on its own it stops the others
+several, it imports nothing of Django (the daphne processes do). On SIGTERM or SIGINT it sends
+them SIGTERM and exits once they have stopped; if one of them exits on its own it stops the others
 and exits with that status, so ``make run`` stops and says so rather than serving on fewer.
 """
 
