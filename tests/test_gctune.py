@@ -1,4 +1,5 @@
-"""Web processes settle the garbage collector once started (gpuplatform.gctune)."""
+"""Web processes settle the garbage collector once started, django-q2 clusters before they fork
+(gpuplatform.gctune)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,41 @@ def test_other_processes_keep_pythons_defaults():
     )  # fmt: skip
     threshold, frozen = map(int, found.stdout.split())
     assert (threshold, frozen) == (700, 0)
+
+
+# `manage.py qcluster` in a fresh interpreter, with django-q2's Cluster (what forks the sentinel,
+# which forks the pusher, the monitor and the workers) replaced by one that reports instead.
+QCLUSTER = f"""
+import django
+django.setup()
+from django.core.management import call_command
+from django_q.management.commands import qcluster
+
+class Cluster:
+    def start(self):
+        {REPORT}
+
+qcluster.Cluster = Cluster
+call_command("qcluster")
+"""
+
+
+def test_a_django_q2_cluster_freezes_what_start_up_loaded_before_it_forks():
+    """The scheduler's and each node's cluster: its processes are forks, which keep sharing
+    the frozen pages with each other (scheduling's qcluster command)."""
+    found = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", QCLUSTER],
+        cwd=ROOT, env=process_env(), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    threshold, frozen = map(int, found.stdout.split())
+    assert threshold == gctune.YOUNG_THRESHOLD
+    assert frozen > 50_000
+
+
+def test_with_the_stock_collector_a_cluster_keeps_pythons_defaults():
+    found = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", QCLUSTER],
+        cwd=ROOT, env=process_env(GPUPLATFORM_STOCK="gc"), capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    assert tuple(map(int, found.stdout.split())) == (700, 0)
