@@ -60,7 +60,7 @@ def role_of(proc: psutil.Process, parent_role: str | None) -> str:
         return "web"
     if "node_agent" in cmdline:
         return "node agent"
-    if "nodeagent.launcher.spawner" in cmdline:
+    if "nodeagent.launcher.spawner" in cmdline or "gpup-spawner" in cmdline:
         return "spawner"
     if "qcluster" in cmdline and parent_role in ("runner", "node agent"):
         return "scheduler cluster" if parent_role == "runner" else "launch cluster"
