@@ -516,6 +516,12 @@ class Successor(models.Model):
     fenced = models.BooleanField(
         help_text="Its tenant has a quota: a pass takes the row before it reads anything."
     )
+    swap = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Its tenant has no room in its quota: it takes only GPUs its tenant's ended "
+        "tasks free, one ended task for one started.",
+    )
 
     class Meta:
         constraints = [

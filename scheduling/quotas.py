@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from scheduling import passes
+from scheduling.models import Successor
 from tenants.models import Quota
 
 
@@ -16,9 +17,14 @@ from tenants.models import Quota
 def quota_set(*, quota: Quota) -> Quota:
     """Save a new or changed quota, as the caller filled it in. The model's rules are checked
     here whoever calls (``Quota.validate_constraints``: ValidationError naming the field);
-    waiting tasks are reconsidered, since a raised limit may let them start."""
+    waiting tasks are reconsidered, since a raised limit may let them start.
+
+    The tenant's listed successors go (waiting for a hand-off under way with one of them):
+    they were counted against the quota as it was, and a swap, which keeps the tenant's use as
+    it is, must not keep a use the new quota no longer allows."""
     quota.full_clean()
     quota.save()
+    Successor.objects.filter(task__tenant_id=quota.tenant_id).delete()
     passes.request_pass()
     return quota
 

@@ -175,11 +175,12 @@ def _read_for_pass(
 
 # A pass and the node agents' hand-offs (``launcher.handoff``) are kept apart where it matters.
 # Agents take from the newest list only. A pass, before it reads anything, deletes the older
-# lists and the successors of tenants with a quota (``fenced``): a hand-off holds its rows
+# lists and the successors charged to a tenant's quota (``fenced``): a hand-off holds its rows
 # until it commits, so this waits for every hand-off under way from them, and the snapshot
 # sees its placements; a later one finds them locked or gone. So no pass places a tenant's
-# tasks on a count of its usage that a hand-off changes meanwhile. The other successors of the
-# newest list stay usable while the pass runs (a GPU freed and handed on in one transaction is
+# tasks on a count of its usage that a hand-off changes meanwhile (a swap, ``Successor.swap``,
+# changes none: it takes only GPUs its own tenant's ended tasks free). The other successors of
+# the newest list stay usable while the pass runs (a GPU freed and handed on in one transaction is
 # never free in any snapshot; a task placed by both is placed by the first: each placement
 # needs the task still pending), and the pass's own list, a new generation, takes over when it
 # commits. It only inserts rows: it never waits for an agent while it holds what the agent's
@@ -222,6 +223,7 @@ def list_successors(decision: Decision, placed: Container[int] = frozenset()) ->
                 "set_of": [sets[s.gpu_ids] for s in successors],
                 "sets": ["{" + ",".join(map(str, ids)) + "}" for ids in sets],
                 "fenced": [s.fenced for s in successors],
+                "swap": [s.swap for s in successors],
                 "listed": len(successors),
             },
         )
@@ -233,22 +235,24 @@ def list_successors(decision: Decision, placed: Container[int] = frozenset()) ->
 _LIST_SUCCESSORS = """
     WITH sets AS (SELECT n, ids::integer[] AS ids
                     FROM unnest(%(sets)s::text[]) WITH ORDINALITY AS u(ids, n)),
-    new AS (SELECT s.task_id, s.rank, s.gpus, sets.ids, s.fenced
+    new AS (SELECT s.task_id, s.rank, s.gpus, sets.ids, s.fenced, s.swap
               FROM unnest(%(tasks)s::bigint[], %(gpus)s::integer[], %(set_of)s::integer[],
-                          %(fenced)s::boolean[])
-                   WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, rank)
+                          %(fenced)s::boolean[], %(swap)s::boolean[])
+                   WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, swap, rank)
               JOIN sets ON sets.n = s.set_of),
-    newest AS (SELECT task_id, rank, gpus, gpu_ids, fenced FROM scheduling_successor
+    newest AS (SELECT task_id, rank, gpus, gpu_ids, fenced, swap FROM scheduling_successor
                 WHERE generation = (SELECT max(generation) FROM scheduling_successor)),
     kept AS (SELECT (SELECT count(*) FROM newest) = %(listed)s
                     AND NOT EXISTS (SELECT 1 FROM new FULL JOIN newest o ON o.rank = new.rank
                                      WHERE o.task_id IS DISTINCT FROM new.task_id
                                         OR o.gpus IS DISTINCT FROM new.gpus
                                         OR o.fenced IS DISTINCT FROM new.fenced
+                                        OR o.swap IS DISTINCT FROM new.swap
                                         OR o.gpu_ids IS DISTINCT FROM new.ids) AS same)
-    INSERT INTO scheduling_successor (generation, task_id, rank, listed, gpus, gpu_ids, fenced)
+    INSERT INTO scheduling_successor
+           (generation, task_id, rank, listed, gpus, gpu_ids, fenced, swap)
     SELECT (SELECT COALESCE(max(generation), 0) + 1 FROM scheduling_successor),
-           task_id, rank, %(listed)s, gpus, ids, fenced
+           task_id, rank, %(listed)s, gpus, ids, fenced, swap
       FROM new
      WHERE NOT (SELECT same FROM kept)
 """
@@ -318,7 +322,9 @@ def _stand_ins(decision: Decision, skipped: list[Placement]) -> tuple[list[Place
     ran: the head of the pass's order is the head of the list the agents take from. Asking
     for another pass instead, the next one placed the same head and lost it again, and freed
     GPUs stood idle through a run of such passes. The successors' quotas were counted as if all
-    of them and all the placements started, so any of them may take a placement's GPUs."""
+    of them and all the placements started, so any of them may take a placement's GPUs, but a
+    swap (``Successor.swap``), which was not counted: it may take only GPUs its tenant's ended
+    tasks free."""
     free: dict[str, list[tuple[int, int]]] = defaultdict(list)
     shared = False
     for p in skipped:
@@ -329,11 +335,14 @@ def _stand_ins(decision: Decision, skipped: list[Placement]) -> tuple[list[Place
     count = sum(len(gpus) for gpus in free.values())
     if not (decision.successors and count):
         return [], bool(count) or shared
-    ids = [s.task_id for s in decision.successors]  # the placed ones are no longer pending
+    listed = [s for s in decision.successors if not s.swap]
+    if not listed:
+        return [], True
+    ids = [s.task_id for s in listed]  # the placed ones are no longer pending
     with server_bound_cursor() as cursor:
         cursor.execute(_LOCK_STAND_INS, {"ids": ids, "limit": count})
         locked = {task_id for (task_id,) in cursor.fetchall()}
-    candidates = [s for s in decision.successors if s.task_id in locked]
+    candidates = [s for s in listed if s.task_id in locked]
     stand_ins, left = [], False
     for node, gpus in free.items():
         placed, unused = hand_on(candidates, gpus, node)

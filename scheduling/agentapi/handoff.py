@@ -21,15 +21,19 @@ the same transaction:
    fork and no spawner; any other attempt goes to the node's spawner, as a launch job's would.
 
 Why this keeps the pass's promises: agents take from the newest list only, and a pass, before
-it reads anything, deletes the older lists and the successors of tenants with a quota
+it reads anything, deletes the older lists and the successors charged to a tenant's quota
 (``scheduler._FORGET_SPENT``), waiting for every hand-off that holds one of those rows, so its
 snapshot sees their placements and no later hand-off takes one. The quotas of a list count
 every one of its successors as started, and between two passes only hand-offs place, and only
-listed tasks. A successor without a quota may still start while a pass runs: its GPU was never
-free in the pass's snapshot, and a task that both would place is taken off the list by the
-pass before it places it (``scheduler._place_unlisted``), waiting for a hand-off under way; a
-placement needs the task still pending, so the second one is skipped, and the pass gives its
-GPUs to its next successors that no agent holds (``scheduler._stand_ins``). A listed task
+listed tasks. A tenant with no room left in its quota has its tasks listed as swaps
+(``policy.Successor.swap``): a swap takes only GPUs that its own tenant's tasks ended here
+freed, one ended task for one started, so its tenant holds no more than it did, in any count
+a pass may read, and it needs no fence. A successor without a quota (or a swap) may still
+start while a pass runs: its GPU was never free in the pass's snapshot, and a task that both
+would place is taken off the list by the pass before it places it
+(``scheduler._place_unlisted``), waiting for a hand-off under way; a placement needs the task
+still pending, so the second one is skipped, and the pass gives its GPUs to its next
+successors that no agent holds (``scheduler._stand_ins``; swaps excepted). A listed task
 cancelled meanwhile is skipped by the same condition.
 
 A pass is requested as before when GPUs freed here went to nobody, and when fewer than half of
@@ -38,6 +42,7 @@ the list is left, so the next list is ready before this one runs out.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -98,6 +103,8 @@ class Candidate:
     gpus: int
     gpu_ids: frozenset[int]
     attempt: int  # the task's attempt before it is placed
+    swap: bool = False  # it takes only GPUs its own tenant's ended tasks free (``hand_on``)
+    tenant: int = 0  # its tenant's id
 
 
 def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
@@ -118,24 +125,33 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
             Query(_SUCCEEDED, succeeded_params(plain, now, claim=False)),
             Query(_CANDIDATES, where),
         )
+        # Per tenant, its tasks that ended here and that no swap has replaced yet.
+        ends = Counter(row[2] for row in ended)
         for round_ in range(HAND_OFF_ROUNDS):
             if round_:  # a placement was skipped: its GPUs are free, and read again
                 (locked,) = fetch_together(Query(_CANDIDATES, where))
             # Each row also carries the list's length, what is left of it and the freed GPUs.
-            listed, left, freed = locked[0][5:] if locked else (0, 0, [])
-            candidates = [Candidate(*row[:3], frozenset(row[3]), row[4]) for row in locked]
-            placements, unused = hand_on(candidates, [(gpu, mb) for gpu, mb, _ in freed], node)
+            listed, left, freed = locked[0][5:8] if locked else (0, 0, [])
+            candidates = [
+                Candidate(*row[:3], frozenset(row[3]), row[4], *row[8:10]) for row in locked
+            ]
+            owners = {gpu: tenant for gpu, _, _, tenant in freed}
+            placements, unused = hand_on(
+                candidates, [(gpu, mb) for gpu, mb, *_ in freed], node, owners, ends
+            )
             if not placements:
                 if ended:  # freed GPUs went to nobody
                     passes.request_pass()
                 break
             # A pass too when a freed GPU went to nobody or less than half of the list is left.
             claim = bool(unused) or 2 * (left - len(placements)) < listed
-            held_by = {gpu: task_id for gpu, _, task_id in freed}
+            held_by = {gpu: task_id for gpu, _, task_id, _ in freed}
             donors = {p.task_id: held_by[p.gpus[0][0]] for p in placements}
-            if not _place(
+            placed = _place(
                 placements, candidates, hand, now, claim=claim, donors=donors, ready=ready
-            ):
+            )
+            ends.subtract(c.tenant for c in candidates if c.swap and c.task_id in placed)
+            if len(placed) == len(placements):
                 break
         else:  # GPUs still free after the last round
             passes.request_pass()
@@ -151,9 +167,10 @@ def _place(
     claim: bool,
     donors: dict[int, int],
     ready: set[int],
-) -> int:
+) -> set[int]:
     """Place, record the attempts and drop the rows of the matched successors, claiming the
-    pass flag if ``claim``, in one round trip; returns how many placements were skipped. Once
+    pass flag if ``claim``, in one round trip; returns the tasks placed (a placement is skipped
+    when its task is no longer pending). Once
     the transaction commits, the placements are published, the pass is queued, and each
     attempt goes to the supervisor of the ended task whose GPUs it took (``donors``: placed
     task id -> ended task id) if that one is ``ready`` and has none yet, or else to the
@@ -191,14 +208,15 @@ def _place(
     # the commit.
     if claim and not took:
         passes.request_pass()
-    return len(placements) - len(placed)
+    return {task_id for task_id, *_ in placed}
 
 
 # The GPUs this batch of plain ends released on the agent's node (``released_at`` is the
-# statement's own time) that a task may take whole now, in index order, with their memory and
-# the task that held them.
+# statement's own time) that a task may take whole now, in index order, with their memory, the
+# task that held them and its tenant.
 _FREED = """
-    SELECT a.gpu_id, a.memory_mb, a.task_id, g.index
+    SELECT a.gpu_id, a.memory_mb, a.task_id, g.index,
+           (SELECT k.tenant_id FROM scheduling_task k WHERE k.id = a.task_id) AS tenant_id
       FROM scheduling_allocation a
       JOIN scheduling_gpu g ON g.id = a.gpu_id
       JOIN scheduling_node n ON n.id = g.node_id
@@ -212,7 +230,8 @@ _FREED = """
 
 # The first successors of the newest list, by rank, that may take one of those GPUs and are
 # still pending, locked (those another agent or a pass holds are skipped): at most one per
-# freed GPU. Each with how many the list had and has left, and the freed GPUs (as _FREED).
+# freed GPU; a swap may take only those its own tenant's tasks freed. Each with how many the
+# list had and has left, the freed GPUs (as _FREED), whether it swaps and its tenant.
 # Every row of another table is looked up by its key in a subquery of its own: as joins, with
 # the statistics of tables emptied and filled within a minute, the planner looped over every
 # pending task for each successor. What is left of the list is counted once, not for each row
@@ -224,10 +243,16 @@ _CANDIDATES = f"""
            (SELECT t.attempt FROM scheduling_task t WHERE t.id = s.task_id), s.listed,
            (SELECT count(*) FROM scheduling_successor o
              WHERE o.generation = (SELECT generation FROM newest)),
-           ARRAY(SELECT ARRAY[gpu_id, memory_mb, task_id] FROM freed ORDER BY index)
+           ARRAY(SELECT ARRAY[gpu_id, memory_mb, task_id, tenant_id] FROM freed ORDER BY index),
+           s.swap, (SELECT t.tenant_id FROM scheduling_task t WHERE t.id = s.task_id)
       FROM scheduling_successor s
      WHERE s.generation = (SELECT generation FROM newest)
-       AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed)
+       AND CASE WHEN s.swap
+                THEN s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed
+                                         WHERE tenant_id = (SELECT t.tenant_id
+                                                              FROM scheduling_task t
+                                                             WHERE t.id = s.task_id))
+                ELSE s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed) END
        AND (SELECT t.state = 'pending' AND t.hold_reason = ''
               FROM scheduling_task t WHERE t.id = s.task_id)
      ORDER BY s.rank

@@ -99,6 +99,16 @@ def quota_problem_of(
     return None
 
 
+def within(limits: Limits, used: Usage) -> bool:
+    """Whether ``used`` is within ``limits`` (no more than they allow, which a quota lowered
+    below a tenant's use is not)."""
+    return (
+        (limits.gpus is None or used.gpus <= limits.gpus + 1e-9)
+        and (limits.gpu_memory_mb is None or used.memory_mb <= limits.gpu_memory_mb)
+        and (limits.running_tasks is None or used.tasks <= limits.running_tasks)
+    )
+
+
 # --- The pass ----------------------------------------------------------------------------------
 
 

@@ -41,8 +41,9 @@ the next time-based change is due (``Decision.wake_at``).
 from __future__ import annotations
 
 import heapq
-import itertools
+import math
 from collections import defaultdict
+from collections.abc import Container
 from operator import attrgetter
 
 from scheduling.policy.books import (
@@ -56,6 +57,7 @@ from scheduling.policy.books import (
     format_utc,
     quota_problem_of,
     request_usage,
+    within,
 )
 from scheduling.policy.capacity import Capacity
 from scheduling.policy.model import (
@@ -63,6 +65,7 @@ from scheduling.policy.model import (
     WAIT_BACKOFF,
     WAIT_CAPACITY,
     WAIT_QUEUE,
+    WAIT_QUOTA,
     WAIT_RESERVED,
     Decision,
     PendingView,
@@ -166,10 +169,12 @@ class Pass(Preempting):
         view = self.tenant(name)
         return (view.recent_gpus + self.books.tenant[name].gpus) / max(view.weight, 1e-9)
 
-    def ordered(self, tasks: list[PendingView]):
+    def ordered(self, tasks: list[PendingView], dropped: Container[str] = frozenset()):
         """Yield tasks by priority, then fair share (re-evaluated after each pick), then age.
 
-        Tasks that waited past ``starvation_after_s`` come first of all, oldest first.
+        Tasks that waited past ``starvation_after_s`` come first of all, oldest first. A tenant
+        the caller puts in ``dropped`` meanwhile gets no more turns (its starving tasks still
+        come first).
         """
         cutoff = self.now - self.settings.starvation_after_s
         by_priority: dict[int, dict[str, list[PendingView]]] = defaultdict(
@@ -181,17 +186,20 @@ class Pass(Preempting):
             else:
                 by_priority[task.priority][task.tenant].append(task)
         for priority in sorted(by_priority, reverse=True):
-            yield from self.turns(by_priority[priority])
+            yield from self.turns(by_priority[priority], dropped)
 
-    def turns(self, by_tenant: dict[str, list[PendingView]]):
+    def turns(self, by_tenant: dict[str, list[PendingView]], dropped: Container[str] = frozenset()):
         """One priority's tasks, the tenant furthest below its fair share first (re-evaluated
-        after each pick), each tenant's in submission order."""
+        after each pick), each tenant's in submission order; none more of a tenant once it is
+        in ``dropped``."""
         queues = {name: iter(items) for name, items in by_tenant.items()}
         heads = {name: next(it) for name, it in queues.items()}
         heap = [(self.fair_key(n), h.submitted_at, h.id, n) for n, h in heads.items()]
         heapq.heapify(heap)
         while heap:
             key, _, _, name = heapq.heappop(heap)
+            if name in dropped:
+                continue
             current = self.fair_key(name)
             if current > key + 1e-12:  # its share grew since it was queued: re-queue
                 head = heads[name]
@@ -203,6 +211,8 @@ class Pass(Preempting):
             # task (the pending tasks of a few tenants are long runs of one).
             while True:
                 yield head
+                if name in dropped:
+                    break
                 head = next(queues[name], None)
                 if head is None:
                     break
@@ -412,25 +422,41 @@ class Pass(Preempting):
     # -- successors --
 
     def nominate(self, eligible: list[PendingView]) -> list[Successor]:
-        """The tasks left waiting for GPUs, in the order this policy would start them as GPUs
-        free up, each with the GPUs it may take: at most ``SUCCESSORS_PER_GPU`` per schedulable
-        GPU, and ``SUCCESSORS_MAX`` in all.
+        """The tasks left waiting for GPUs or quota, in the order this policy would start them
+        as GPUs free up, each with the GPUs it may take: at most ``SUCCESSORS_PER_GPU`` per
+        schedulable GPU, and ``SUCCESSORS_MAX`` in all.
 
         The order is the pass's own (``ordered``: starving first, priority, fair share, age),
         with each successor charged to its tenant as if it had started, so quotas hold however
-        many of them start before the next pass and fair share turns as they do. No successor
-        may take a GPU held for a blocked task (a backfill reservation, a preemption's victims)
-        but its own. Called last: it charges the books. Nothing is nominated while a class may
-        take back borrowed GPUs (that order is the lenders' and changes with every placement),
-        and the list ends at the first task only a pass can place (an elastic or a shared one):
-        none behind it may overtake it."""
+        many of them start before the next pass and fair share turns as they do. A task whose
+        tenant has no room left in its quotas (or has quotas per pool, which depend on where a
+        task lands) is listed as a ``swap``: it may take only GPUs its own tenant's ended
+        tasks free, one ended task for one started, which leaves the tenant holding what it
+        held, so it is not charged; at most ``SUCCESSORS_PER_GPU`` per GPU its tenant holds,
+        and none while it holds more than its quotas allow. No successor may take a GPU held
+        for a blocked task (a backfill reservation, a preemption's victims) but its own. Called
+        last: it charges the books. Nothing is nominated while a class may take back borrowed
+        GPUs (that order is the lenders' and changes with every placement), and the list ends
+        at the first task only a pass can place (an elastic or a shared one): none behind it
+        may overtake it (of its own tenant only, when it waits for its quota)."""
         if self.entitled:
             return []
         waits = self.decision.waits
         for_gpus = (WAIT_CAPACITY, WAIT_RESERVED)
-        waiting = [t for t in eligible if t.id in waits and waits[t.id].code in for_gpus]
-        order = self.ordered(waiting)
-        first = next(order, None)
+        waiting: list[PendingView] = []
+        quota_bound: set[int] = set()
+        for task in eligible:
+            why = waits.get(task.id)
+            if why is None:
+                continue
+            if why.code == WAIT_QUOTA:
+                quota_bound.add(task.id)
+            elif why.code not in for_gpus:
+                continue
+            waiting.append(task)
+        # The first task waiting for GPUs alone, in this order, is the one the reservation
+        # exemption below is about.
+        first = next(self.ordered([t for t in waiting if t.id not in quota_bound]), None)
         held: dict[int, int] = {}  # GPU id -> the task it is held for
         for reservation in self.reservations:
             # The first successor takes the first GPU it may take that frees up: held for it
@@ -444,14 +470,30 @@ class Pass(Preempting):
         kinds: dict[tuple, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
         successors: list[Successor] = []
         limit = min(SUCCESSORS_PER_GPU * len(self.capacity.gpus), SUCCESSORS_MAX)
-        for task in itertools.chain([first] if first is not None else [], order):
+        rooms: dict[str, int] = {}  # tenant -> how many swaps it may have
+        swaps: dict[str, int] = defaultdict(int)
+        dropped: set[str] = set()  # tenants none of whose later tasks may be listed
+        for task in self.ordered(waiting, dropped):
             if len(successors) >= limit:
                 break
+            if task.tenant in dropped:
+                continue  # a starving task of such a tenant
+            bound = task.id in quota_bound
             if not task.exclusive or task.gpus_min != task.gpus_max or not task.gpus_min:
-                break
+                if not bound:
+                    break
+                # A pass places it once its tenant's tasks end: none of theirs overtakes it.
+                dropped.add(task.tenant)
+                continue
             view = self.tenant(task.tenant)
-            if view.pool_limits or self.quota_problem(task, None):
-                continue  # pool quotas depend on where it lands: a pass decides
+            swap = bound or bool(view.pool_limits) or self.quota_problem(task, None) is not None
+            if swap:
+                room = rooms.get(task.tenant)
+                if room is None:
+                    room = rooms[task.tenant] = self.swap_room(task.tenant)
+                if swaps[task.tenant] >= room:
+                    dropped.add(task.tenant)
+                    continue
             holder = task.id if task.id in holders else None
             key = (task.node, task.pool, task.gpu_type, task.gpus_min, holder)
             kind = kinds.get(key)
@@ -468,9 +510,29 @@ class Pass(Preempting):
             ids, some = kind
             if not ids:
                 continue
-            successors.append(Successor(task.id, task.gpus_min, ids, view.limits != NO_LIMITS))
-            self.books.charge(task.tenant, task.task_class, some, True)
+            fenced = not swap and view.limits != NO_LIMITS
+            successors.append(
+                Successor(task.id, task.gpus_min, ids, fenced, swap=swap, tenant=task.tenant)
+            )
+            if swap:
+                swaps[task.tenant] += 1
+            else:
+                self.books.charge(task.tenant, task.task_class, some, True)
         return successors
+
+    def swap_room(self, name: str) -> int:
+        """How many of a tenant's tasks may be listed as swaps (``nominate``): enough for the
+        GPUs it holds (the pass's placements and the successors charged so far included) to
+        turn over ``SUCCESSORS_PER_GPU`` times, and none while it holds more than its quotas
+        allow (a quota lowered below its use: only ends bring it back under)."""
+        view = self.tenant(name)
+        used = self.books.tenant[name]
+        if not within(view.limits, used):
+            return 0
+        for pool, limits in view.pool_limits.items():
+            if not within(limits, self.books.tenant_pool[(name, pool)]):
+                return 0
+        return SUCCESSORS_PER_GPU * math.ceil(used.gpus - 1e-9)
 
     # -- backfill reservation --
 

@@ -7,7 +7,7 @@ apply the Decision. Times are seconds (floats) on whatever clock the caller uses
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -176,27 +176,51 @@ class Successor:
     """A waiting task that would start as soon as GPUs it may take free up, before the next
     pass (``Decision.successors``): ``gpus`` whole GPUs on one node, among ``gpu_ids``.
     ``fenced``: its tenant has a quota, which holds only if no pass places the tenant's tasks
-    while it starts (the caller keeps the two apart)."""
+    while it starts (the caller keeps the two apart). ``swap``: its tenant has no room left in
+    its quotas for it, so it takes only GPUs that its own tenant's ended tasks free, one ended
+    task for one started (``hand_on``): its tenant then holds what it held, and no pass can
+    count that wrong, so it needs no fence."""
 
     task_id: int
     gpus: int
     gpu_ids: tuple[int, ...]
     fenced: bool = False
+    swap: bool = False
+    tenant: str = ""
 
 
 def hand_on(
-    successors: Iterable, freed: list[tuple[int, int]], node: str
+    successors: Iterable,
+    freed: list[tuple[int, int]],
+    node: str,
+    owners: Mapping[int, object] | None = None,
+    ends: Mapping[object, int] | None = None,
 ) -> tuple[list[Placement], list[tuple[int, int]]]:
     """Free whole GPUs of ``node`` (``freed``: (GPU id, MiB), in the order to take them) given
-    to ``successors`` (each with ``task_id``, ``gpus`` and ``gpu_ids``, as a ``Successor``
-    has), in their order: each takes the first freed GPUs it may take, if enough are left for
-    it. Returns the placements and the GPUs nobody took."""
+    to ``successors`` (each with ``task_id``, ``gpus``, ``gpu_ids`` and ``swap``, as a
+    ``Successor`` has), in their order: each takes the first freed GPUs it may take, if enough
+    are left for it. Returns the placements and the GPUs nobody took.
+
+    A successor that ``swap``s (its tenant has no room in its quotas) takes only GPUs that
+    ended tasks of its own tenant freed (``owners``: GPU id -> the tenant of the task that
+    held it, as the successor's ``tenant`` names it), and only while ``ends`` (tenant -> how
+    many of its tasks ended and were not yet replaced) has one left for it: its tenant then
+    holds no more GPUs, memory or tasks than it did, whatever its quotas count."""
     left = list(freed)
+    spare = dict(ends or {})
     placements = []
     for successor in successors:
-        fits = [gpu for gpu in left if gpu[0] in successor.gpu_ids][: successor.gpus]
+        takes = left
+        if successor.swap:
+            tenant = successor.tenant
+            if spare.get(tenant, 0) < 1:
+                continue
+            takes = [gpu for gpu in left if (owners or {}).get(gpu[0]) == tenant]
+        fits = [gpu for gpu in takes if gpu[0] in successor.gpu_ids][: successor.gpus]
         if len(fits) < successor.gpus:
             continue
+        if successor.swap:
+            spare[successor.tenant] -= 1
         placements.append(Placement(successor.task_id, node, tuple(fits), exclusive=True))
         left = [gpu for gpu in left if gpu not in fits]
         if not left:

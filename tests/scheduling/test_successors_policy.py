@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from scheduling.policy import ONLINE, Limits, PolicySettings, TenantView, schedule
+from scheduling.policy import (
+    ONLINE,
+    Limits,
+    PolicySettings,
+    Successor,
+    TenantView,
+    hand_on,
+    schedule,
+)
 
 from .test_policy import NOW, gpus, running, snap, task
 
@@ -33,14 +41,85 @@ def test_a_pass_lists_at_most_eight_successors_per_gpu():
     assert len(decision.successors) == 16
 
 
-def test_successors_never_add_up_past_a_quota():
+def test_successors_never_add_up_past_a_quota_and_the_rest_swap():
     cluster = gpus(per_node=4)
     holders = [running("vision", [cluster[0]]), *full(cluster[1:], "nlp")]
     waiting = [task("vision"), task("vision"), task("nlp")]
     tenants = [TenantView("vision", limits=Limits(gpus=2))]
     decision = schedule(snap(cluster, waiting, holders, tenants))
-    # vision holds 1 of 2: one more of its tasks may start, the other waits for a pass.
-    assert [s.task_id for s in decision.successors] == [waiting[0].id, waiting[2].id]
+    # vision holds 1 of 2: one more of its tasks may start on any GPU; the other only on a
+    # GPU that a task of vision's own frees, which keeps vision at 2.
+    listed = [(s.task_id, s.fenced, s.swap) for s in decision.successors]
+    assert listed == [
+        (waiting[0].id, True, False),
+        (waiting[1].id, False, True),
+        (waiting[2].id, False, False),
+    ]
+
+
+def test_a_tenant_at_its_quota_has_its_backlog_listed_as_swaps():
+    cluster = gpus(per_node=4)
+    holders = [*full(cluster[:2], "vision"), *full(cluster[2:], "nlp")]
+    waiting = [task("vision") for _ in range(30)] + [task("nlp") for _ in range(3)]
+    tenants = [TenantView("vision", limits=Limits(gpus=2))]
+    decision = schedule(snap(cluster, waiting, holders, tenants))
+    assert decision.waits[waiting[0].id].code == "quota"
+    swaps = [s for s in decision.successors if s.swap]
+    # Enough for the two GPUs vision holds to turn over eight times, in its order.
+    assert [s.task_id for s in swaps] == [t.id for t in waiting[:16]]
+    assert {s.tenant for s in swaps} == {"vision"}
+    assert not any(s.fenced for s in swaps)
+    others = [s.task_id for s in decision.successors if not s.swap]
+    assert others == [t.id for t in waiting[30:]]
+
+
+def test_a_tenant_over_its_quota_has_no_swaps():
+    cluster = gpus(per_node=4)
+    holders = full(cluster[:3], "vision")  # a quota lowered to 2 below the 3 it holds
+    tenants = [TenantView("vision", limits=Limits(gpus=2))]
+    decision = schedule(snap(cluster, [task("vision"), task("vision")], holders, tenants))
+    assert decision.successors == []
+
+
+def test_a_tenant_with_quotas_per_pool_has_its_tasks_listed_as_swaps():
+    cluster = gpus(per_node=2)
+    tenants = [TenantView("vision", pool_limits={"default": Limits(gpus=8)})]
+    waiting = [task("vision"), task("vision")]
+    decision = schedule(snap(cluster, waiting, full(cluster, "vision"), tenants))
+    assert [(s.task_id, s.swap) for s in decision.successors] == [
+        (waiting[0].id, True),
+        (waiting[1].id, True),
+    ]
+
+
+def test_an_elastic_task_waiting_for_its_quota_stops_only_its_own_tenants_swaps():
+    cluster = gpus(per_node=4)
+    holders = [*full(cluster[:2], "vision"), *full(cluster[2:], "nlp")]
+    waiting = [task("vision"), task("vision", gpus=(1, 2)), task("vision"), task("nlp")]
+    tenants = [TenantView("vision", limits=Limits(gpus=2))]
+    decision = schedule(snap(cluster, waiting, holders, tenants))
+    # Once vision's tasks end, a pass places the elastic one before the one behind it.
+    assert [(s.task_id, s.swap) for s in decision.successors] == [
+        (waiting[0].id, True),
+        (waiting[3].id, False),
+    ]
+
+
+def test_a_swap_takes_only_gpus_its_own_tenants_ended_tasks_freed_one_for_each():
+    mine, again, other = (
+        Successor(1, 1, (10, 11, 12), swap=True, tenant="vision"),
+        Successor(2, 1, (10, 11, 12), swap=True, tenant="vision"),
+        Successor(3, 1, (10, 11, 12), tenant="nlp"),
+    )
+    freed = [(10, 24576), (11, 24576), (12, 24576)]
+    # GPU 10 was nlp's; 11 and 12 were one two-GPU task of vision's: one task ended, one starts.
+    owners = {10: "nlp", 11: "vision", 12: "vision"}
+    placements, left = hand_on([mine, again, other], freed, "node-0", owners, {"vision": 1})
+    assert [(p.task_id, p.gpus) for p in placements] == [(1, ((11, 24576),)), (3, ((10, 24576),))]
+    assert left == [(12, 24576)]
+    # Without an end of its own tenant, a swap takes nothing.
+    placements, _ = hand_on([mine], freed, "node-0", {10: "nlp"}, {"nlp": 1})
+    assert placements == []
 
 
 def test_no_successor_may_take_gpus_held_for_a_blocked_task_but_that_task():

@@ -1,0 +1,160 @@
+"""A backlog under quotas goes the bulk way, as an unlimited tenant's does: a pass lists the
+tasks of a tenant at its quota as swaps, the node agents' hand-offs give them the GPUs their own
+tenant's ended tasks free, and a handful of passes places the whole backlog, no quota ever
+exceeded. Counted, not timed: the passes that placed something, and what each tenant holds
+after every commit."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from django.db.models import Count
+
+from gpuplatform.procid import ProcessId
+from nodeagent.launcher import lifecycle
+from scheduling import controls, passes, quotas, scheduler
+from scheduling.agentapi import handoff, reports
+from scheduling.agentapi.messages import ExitReport, StartReport
+from scheduling.models import Allocation, Successor, Task, TaskAttempt
+from scheduling.spec import TaskSpec
+from scheduling.states import TaskState
+from scheduling.submission import task_submit
+from tenants.models import Quota
+from tests.factories import NodeFactory, TenantFactory, make_gpus
+
+GONE = ProcessId(4_194_303, 0.0)  # no such process: the fixture's clean-up kills nothing
+NODES, PER_NODE = 4, 8
+BACKLOG = 300
+# Placing passes allowed for the whole backlog. The list asks for the next pass once half of
+# it is taken, so a backlog that drains takes about log2(backlog / list) + a few; one pass per
+# hand-off batch, as before swaps, would be BACKLOG / PER_NODE.
+HANDFUL = 12
+
+
+class Estate:
+    """Four nodes of eight simulated GPUs where nothing really starts: the passes' launches
+    are dropped and their attempts recorded by hand; every task ends with 0 as soon as it
+    runs, through its node agent's hand-off (``reports.attempts_finished``), a node at a time."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.nodes = [NodeFactory(name=f"node-{n}") for n in range(NODES)]
+        for node in self.nodes:
+            make_gpus(node, count=PER_NODE)
+        monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
+        self.queued: list = []
+        monkeypatch.setattr(passes, "async_task", lambda *a, **kw: self.queued.append(kw))
+        self.placing_passes = 0
+        self.handed = 0
+        self.limits: dict[int, int] = {}  # tenant id -> its quota of GPUs
+        self.most: Counter = Counter()  # tenant id -> the most GPUs it was seen holding
+
+    def run_pass(self) -> None:
+        self.queued.clear()
+        placed = scheduler.schedule_pass().placed
+        self.check()
+        if not placed:
+            return
+        self.placing_passes += 1
+        attempts = [
+            TaskAttempt.objects.create(
+                task=task, number=task.attempt, node=task.node, gpu_uuids=[], log_path=""
+            )
+            for task in Task.objects.filter(pk__in=placed)
+        ]
+        reports.attempts_started([StartReport(a.pk, GONE, GONE) for a in attempts])
+
+    def end_running(self, node) -> None:
+        ended = list(Task.objects.filter(node=node, state=TaskState.RUNNING))
+        if not ended:
+            return
+        hand = handoff.HandOff(node.name, launcher=lifecycle)
+        reports.attempts_finished([ExitReport(t.pk, t.attempt, 0) for t in ended], hand_off=hand)
+        self.check()
+        self.handed += len(hand.rest)
+        reports.attempts_started([StartReport(a.attempt_id, GONE, GONE) for a in hand.rest])
+
+    def check(self) -> None:
+        """No tenant holds more GPUs than its quota, as committed now."""
+        held = (
+            Allocation.objects.filter(released_at__isnull=True)
+            .values_list("task__tenant_id")
+            .annotate(n=Count("id"))
+        )
+        for tenant_id, count in held:
+            self.most[tenant_id] = max(self.most[tenant_id], count)
+            limit = self.limits.get(tenant_id)
+            assert limit is None or count <= limit, f"tenant {tenant_id} holds {count} > {limit}"
+
+    def drain(self) -> None:
+        """Passes when asked for, ends node by node, until every task succeeded."""
+        self.run_pass()
+        for _ in range(10 * BACKLOG):
+            if not Task.objects.exclude(state=TaskState.SUCCEEDED).exists():
+                return
+            for node in self.nodes:
+                self.end_running(node)
+            if self.queued:
+                self.run_pass()
+            elif not Task.objects.filter(state=TaskState.RUNNING).exists():
+                pytest.fail("tasks wait, none runs, and no pass was asked for")
+        pytest.fail("the backlog did not drain")
+
+
+def backlog(tenant, count: int) -> list[Task]:
+    return [
+        task_submit(tenant=tenant, spec=TaskSpec(name=f"t{i}", command="true"))
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tenants", "quota"),
+    [(1, None), (1, NODES * PER_NODE), (4, NODES * PER_NODE // 4)],
+    ids=["one unlimited tenant", "one tenant under a 32-GPU quota", "four under 8-GPU quotas"],
+)
+def test_a_quota_bound_backlog_is_placed_in_a_handful_of_passes(
+    launcher, monkeypatch, tenants, quota
+):
+    estate = Estate(monkeypatch)
+    labs = [TenantFactory(name=f"lab-{n}") for n in range(tenants)]
+    for lab in labs:
+        if quota is not None:
+            Quota.objects.create(tenant=lab, max_gpus=quota)
+            estate.limits[lab.pk] = quota
+    for lab in labs:
+        backlog(lab, BACKLOG // tenants)
+
+    estate.drain()
+
+    assert Task.objects.filter(state=TaskState.SUCCEEDED).count() == BACKLOG
+    assert estate.placing_passes <= HANDFUL, (
+        f"{estate.placing_passes} placing passes, {estate.handed} tasks handed on"
+    )
+    assert estate.handed > BACKLOG // 2, "most were handed on, not placed by passes"
+    # Every tenant used all it may hold: a swap is not a GPU left idle.
+    assert set(estate.most.values()) == {quota or NODES * PER_NODE}
+
+
+def test_a_tenant_over_a_lowered_quota_starts_nothing_until_it_is_back_under(launcher, monkeypatch):
+    estate = Estate(monkeypatch)
+    lab = TenantFactory(name="lab")
+    quota = Quota.objects.create(tenant=lab, max_gpus=NODES * PER_NODE)
+    backlog(lab, 3 * NODES * PER_NODE)
+    estate.run_pass()
+    assert Successor.objects.filter(swap=True).count() == 2 * NODES * PER_NODE
+    # Lowered below what it holds: its listed swaps go with the change, and passes list none
+    # while it holds more than the new quota allows.
+    quota.max_gpus = PER_NODE
+    quotas.quota_set(quota=quota)
+    assert not Successor.objects.exists()
+    for node in estate.nodes[:2]:
+        estate.end_running(node)
+        estate.run_pass()
+        assert not Successor.objects.exists()
+    assert (estate.handed, estate.placing_passes) == (0, 1), "nothing started while over"
+    estate.end_running(estate.nodes[2])  # eight left running: at its quota, so swaps again
+    estate.run_pass()
+    assert Successor.objects.filter(swap=True).count() == 2 * NODES * PER_NODE
+    estate.end_running(estate.nodes[3])
+    assert estate.handed == PER_NODE
