@@ -161,6 +161,18 @@ def reap(*, keep: int | None = None) -> None:
             pass
 
 
+def has_children() -> bool:
+    """Whether this process has any child, running or exited and not yet collected, asked of
+    the kernel (one ``waitid``) rather than found by reading every process of the host as
+    ``descendants`` does. For a child subreaper, no child means no descendant at all: a
+    descendant whose parent exits becomes its child."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def kill_tree(grace_s: float, *, keep: int | None = None) -> None:
     """SIGTERM every descendant, wait up to ``grace_s``, then SIGKILL whatever is left.
 

@@ -10,7 +10,7 @@ import sys
 import psutil
 
 from gpuplatform import procid
-from nodeagent.launcher import procs
+from nodeagent.launcher import procs, tracking
 from tests.live import ROOT
 from tests.nodeagent.launcher.conftest import wait_for
 
@@ -108,3 +108,42 @@ def test_a_killed_process_counts_as_stopped_before_anyone_reaps_it():
     finally:
         child.kill()
         child.wait()
+
+
+def in_a_fork(body) -> int:
+    """Run ``body()`` in a forked child of this process, which has no child of its own; its
+    exit status: 0 when ``body`` returned True, 1 when False, 2 when it raised."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            code = 0 if body() else 1
+        except BaseException:  # noqa: BLE001 - any failure is the answer
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_tree_tracker_whose_command_left_nothing_stops_without_scanning_the_host():
+    """Without cgroups (USE_CGROUPS=0), every attempt's end asked psutil for the supervisor's
+    descendants two or three times, each a read of every process of the host: a node without
+    cgroups ran slower than one with them. No child left means nothing to look for."""
+
+    def stop() -> bool:
+        def scan(*args, **kwargs):
+            raise AssertionError("read every process of the host")
+
+        procs.descendants = scan
+        return tracking.TreeTracker().stop(5.0, keep=None)
+
+    assert in_a_fork(stop) == 0
+
+
+def test_a_tree_tracker_still_kills_what_the_command_left_behind():
+    def stop() -> bool:
+        procs.become_subreaper()
+        subprocess.run(["/bin/sh", "-c", "sleep 600 & exit 0"], check=True)  # noqa: S603
+        assert len(procs.descendants()) == 1, "the orphan is ours: we are its subreaper"
+        return tracking.TreeTracker().stop(5.0, keep=None)  # True: nothing of it runs
+
+    assert in_a_fork(stop) == 0
