@@ -507,7 +507,7 @@ class Successor(models.Model):
     task = models.ForeignKey("Task", on_delete=models.CASCADE, related_name="+")
     rank = models.PositiveIntegerField(help_text="Its place in the list, from 1.")
     listed = models.PositiveIntegerField(help_text="How many the pass listed.")
-    gpus = models.PositiveSmallIntegerField(help_text="Whole GPUs it takes, on one node.")
+    gpus = models.PositiveSmallIntegerField(help_text="GPUs it takes, on one node.")
     # 4-byte ids, so that a list on 256 GPUs stays under PostgreSQL's 2 kB threshold for moving
     # a value out of the row: as 8-byte ids each row's array was compressed with pglz, most of a
     # pass's time. Bigger estates' arrays are compressed with lz4 where the server has it
@@ -521,6 +521,11 @@ class Successor(models.Model):
         db_default=False,
         help_text="Its tenant has no room in its quota: it takes only GPUs its tenant's ended "
         "tasks free, one ended task for one started.",
+    )
+    memory_mb = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="What it reserves on each GPU it takes, sharing the card; 0: held whole.",
     )
 
     class Meta:

@@ -224,6 +224,7 @@ def list_successors(decision: Decision, placed: Container[int] = frozenset()) ->
                 "sets": ["{" + ",".join(map(str, ids)) + "}" for ids in sets],
                 "fenced": [s.fenced for s in successors],
                 "swap": [s.swap for s in successors],
+                "memory": [s.memory_mb for s in successors],
                 "listed": len(successors),
             },
         )
@@ -235,12 +236,13 @@ def list_successors(decision: Decision, placed: Container[int] = frozenset()) ->
 _LIST_SUCCESSORS = """
     WITH sets AS (SELECT n, ids::integer[] AS ids
                     FROM unnest(%(sets)s::text[]) WITH ORDINALITY AS u(ids, n)),
-    new AS (SELECT s.task_id, s.rank, s.gpus, sets.ids, s.fenced, s.swap
+    new AS (SELECT s.task_id, s.rank, s.gpus, sets.ids, s.fenced, s.swap, s.memory_mb
               FROM unnest(%(tasks)s::bigint[], %(gpus)s::integer[], %(set_of)s::integer[],
-                          %(fenced)s::boolean[], %(swap)s::boolean[])
-                   WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, swap, rank)
+                          %(fenced)s::boolean[], %(swap)s::boolean[], %(memory)s::integer[])
+                   WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, swap, memory_mb, rank)
               JOIN sets ON sets.n = s.set_of),
-    newest AS (SELECT task_id, rank, gpus, gpu_ids, fenced, swap FROM scheduling_successor
+    newest AS (SELECT task_id, rank, gpus, gpu_ids, fenced, swap, memory_mb
+                 FROM scheduling_successor
                 WHERE generation = (SELECT max(generation) FROM scheduling_successor)),
     kept AS (SELECT (SELECT count(*) FROM newest) = %(listed)s
                     AND NOT EXISTS (SELECT 1 FROM new FULL JOIN newest o ON o.rank = new.rank
@@ -248,11 +250,12 @@ _LIST_SUCCESSORS = """
                                         OR o.gpus IS DISTINCT FROM new.gpus
                                         OR o.fenced IS DISTINCT FROM new.fenced
                                         OR o.swap IS DISTINCT FROM new.swap
+                                        OR o.memory_mb IS DISTINCT FROM new.memory_mb
                                         OR o.gpu_ids IS DISTINCT FROM new.ids) AS same)
     INSERT INTO scheduling_successor
-           (generation, task_id, rank, listed, gpus, gpu_ids, fenced, swap)
+           (generation, task_id, rank, listed, gpus, gpu_ids, fenced, swap, memory_mb)
     SELECT (SELECT COALESCE(max(generation), 0) + 1 FROM scheduling_successor),
-           task_id, rank, %(listed)s, gpus, ids, fenced, swap
+           task_id, rank, %(listed)s, gpus, ids, fenced, swap, memory_mb
       FROM new
      WHERE NOT (SELECT same FROM kept)
 """

@@ -105,6 +105,7 @@ class Candidate:
     attempt: int  # the task's attempt before it is placed
     swap: bool = False  # it takes only GPUs its own tenant's ended tasks free (``hand_on``)
     tenant: int = 0  # its tenant's id
+    memory_mb: int = 0  # what it reserves on each GPU it takes, sharing it; 0: held whole
 
 
 def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
@@ -133,7 +134,7 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
             # Each row also carries the list's length, what is left of it and the freed GPUs.
             listed, left, freed = locked[0][5:8] if locked else (0, 0, [])
             candidates = [
-                Candidate(*row[:3], frozenset(row[3]), row[4], *row[8:10]) for row in locked
+                Candidate(*row[:3], frozenset(row[3]), row[4], *row[8:11]) for row in locked
             ]
             owners = {gpu: tenant for gpu, _, _, tenant in freed}
             placements, unused = hand_on(
@@ -231,7 +232,8 @@ _FREED = """
 # The first successors of the newest list, by rank, that may take one of those GPUs and are
 # still pending, locked (those another agent or a pass holds are skipped): at most one per
 # freed GPU; a swap may take only those its own tenant's tasks freed. Each with how many the
-# list had and has left, the freed GPUs (as _FREED), whether it swaps and its tenant.
+# list had and has left, the freed GPUs (as _FREED), whether it swaps, its tenant and the memory
+# it reserves on each GPU (0: it holds them whole).
 # Every row of another table is looked up by its key in a subquery of its own: as joins, with
 # the statistics of tables emptied and filled within a minute, the planner looped over every
 # pending task for each successor. What is left of the list is counted once, not for each row
@@ -244,7 +246,8 @@ _CANDIDATES = f"""
            (SELECT count(*) FROM scheduling_successor o
              WHERE o.generation = (SELECT generation FROM newest)),
            ARRAY(SELECT ARRAY[gpu_id, memory_mb, task_id, tenant_id] FROM freed ORDER BY index),
-           s.swap, (SELECT t.tenant_id FROM scheduling_task t WHERE t.id = s.task_id)
+           s.swap, (SELECT t.tenant_id FROM scheduling_task t WHERE t.id = s.task_id),
+           s.memory_mb
       FROM scheduling_successor s
      WHERE s.generation = (SELECT generation FROM newest)
        AND CASE WHEN s.swap

@@ -17,4 +17,18 @@ class Migration(migrations.Migration):
                 "ended tasks free, one ended task for one started.",
             ),
         ),
+        migrations.AddField(
+            model_name="successor",
+            name="memory_mb",
+            field=models.PositiveIntegerField(
+                db_default=0,
+                default=0,
+                help_text="What it reserves on each GPU it takes, sharing the card; 0: held whole.",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="successor",
+            name="gpus",
+            field=models.PositiveSmallIntegerField(help_text="GPUs it takes, on one node."),
+        ),
     ]

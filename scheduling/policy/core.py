@@ -437,8 +437,10 @@ class Pass(Preempting):
         for a blocked task (a backfill reservation, a preemption's victims) but its own. Called
         last: it charges the books. Nothing is nominated while a class may take back borrowed
         GPUs (that order is the lenders' and changes with every placement), and the list ends
-        at the first task only a pass can place (an elastic or a shared one): none behind it
-        may overtake it (of its own tenant only, when it waits for its quota)."""
+        at the first task only a pass can place (an elastic one): none behind it may overtake
+        it (of its own tenant only, when it waits for its quota). A task that shares GPUs by
+        memory is listed to take GPUs freed whole: a pass would have placed it already on a
+        card with that much memory to spare, had there been one."""
         if self.entitled:
             return []
         waits = self.decision.waits
@@ -479,12 +481,13 @@ class Pass(Preempting):
             if task.tenant in dropped:
                 continue  # a starving task of such a tenant
             bound = task.id in quota_bound
-            if not task.exclusive or task.gpus_min != task.gpus_max or not task.gpus_min:
+            if task.gpus_min != task.gpus_max or not task.gpus_min:
                 if not bound:
                     break
                 # A pass places it once its tenant's tasks end: none of theirs overtakes it.
                 dropped.add(task.tenant)
                 continue
+            shared = task.gpu_memory_mb or 0  # it shares a freed GPU from then on
             view = self.tenant(task.tenant)
             swap = bound or bool(view.pool_limits) or self.quota_problem(task, None) is not None
             if swap:
@@ -495,16 +498,19 @@ class Pass(Preempting):
                     dropped.add(task.tenant)
                     continue
             holder = task.id if task.id in holders else None
-            key = (task.node, task.pool, task.gpu_type, task.gpus_min, holder)
+            key = (task.node, task.pool, task.gpu_type, task.gpus_min, shared, holder)
             kind = kinds.get(key)
             if kind is None:
                 by_node = [[g for g in matching
-                            if not g.foreign_mb and held.get(g.id, task.id) == task.id]
+                            if not g.foreign_mb and held.get(g.id, task.id) == task.id
+                            and g.memory_mb >= shared]
                            for _, matching in self.capacity.candidates(task)]  # fmt: skip
                 usable = [gpus for gpus in by_node if len(gpus) >= task.gpus_min]
                 ids = tuple(g.id for gpus in usable for g in gpus)
                 some = (
-                    tuple((g.id, g.memory_mb) for g in usable[0][: task.gpus_min]) if usable else ()
+                    tuple((g.id, shared or g.memory_mb) for g in usable[0][: task.gpus_min])
+                    if usable
+                    else ()
                 )
                 kind = kinds[key] = (ids, some)
             ids, some = kind
@@ -512,12 +518,12 @@ class Pass(Preempting):
                 continue
             fenced = not swap and view.limits != NO_LIMITS
             successors.append(
-                Successor(task.id, task.gpus_min, ids, fenced, swap=swap, tenant=task.tenant)
+                Successor(task.id, task.gpus_min, ids, fenced, swap, task.tenant, shared)
             )
             if swap:
                 swaps[task.tenant] += 1
             else:
-                self.books.charge(task.tenant, task.task_class, some, True)
+                self.books.charge(task.tenant, task.task_class, some, not shared)
         return successors
 
     def swap_room(self, name: str) -> int:

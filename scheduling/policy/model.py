@@ -174,7 +174,8 @@ class Preemption:
 @dataclass(frozen=True, slots=True)
 class Successor:
     """A waiting task that would start as soon as GPUs it may take free up, before the next
-    pass (``Decision.successors``): ``gpus`` whole GPUs on one node, among ``gpu_ids``.
+    pass (``Decision.successors``): ``gpus`` GPUs on one node, among ``gpu_ids``, freed whole
+    (``memory_mb``: what it reserves on each, sharing the card from then on; 0: held whole).
     ``fenced``: its tenant has a quota, which holds only if no pass places the tenant's tasks
     while it starts (the caller keeps the two apart). ``swap``: its tenant has no room left in
     its quotas for it, so it takes only GPUs that its own tenant's ended tasks free, one ended
@@ -187,6 +188,7 @@ class Successor:
     fenced: bool = False
     swap: bool = False
     tenant: str = ""
+    memory_mb: int = 0
 
 
 def hand_on(
@@ -197,9 +199,10 @@ def hand_on(
     ends: Mapping[object, int] | None = None,
 ) -> tuple[list[Placement], list[tuple[int, int]]]:
     """Free whole GPUs of ``node`` (``freed``: (GPU id, MiB), in the order to take them) given
-    to ``successors`` (each with ``task_id``, ``gpus``, ``gpu_ids`` and ``swap``, as a
-    ``Successor`` has), in their order: each takes the first freed GPUs it may take, if enough
-    are left for it. Returns the placements and the GPUs nobody took.
+    to ``successors`` (each with ``task_id``, ``gpus``, ``gpu_ids``, ``memory_mb`` and
+    ``swap``, as a ``Successor`` has), in their order: each takes the first freed GPUs it may
+    take, if enough are left for it, whole or (``memory_mb``) shared. Returns the placements
+    and the GPUs nobody took.
 
     A successor that ``swap``s (its tenant has no room in its quotas) takes only GPUs that
     ended tasks of its own tenant freed (``owners``: GPU id -> the tenant of the task that
@@ -216,12 +219,15 @@ def hand_on(
             if spare.get(tenant, 0) < 1:
                 continue
             takes = [gpu for gpu in left if (owners or {}).get(gpu[0]) == tenant]
-        fits = [gpu for gpu in takes if gpu[0] in successor.gpu_ids][: successor.gpus]
+        shared = successor.memory_mb
+        fits = [gpu for gpu in takes if gpu[0] in successor.gpu_ids and gpu[1] >= shared]
+        fits = fits[: successor.gpus]
         if len(fits) < successor.gpus:
             continue
         if successor.swap:
             spare[successor.tenant] -= 1
-        placements.append(Placement(successor.task_id, node, tuple(fits), exclusive=True))
+        gpus = tuple((gpu, shared) for gpu, _ in fits) if shared else tuple(fits)
+        placements.append(Placement(successor.task_id, node, gpus, exclusive=not shared))
         left = [gpu for gpu in left if gpu not in fits]
         if not left:
             break

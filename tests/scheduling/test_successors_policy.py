@@ -160,3 +160,30 @@ def test_nothing_is_nominated_while_a_class_may_take_back_borrowed_gpus():
     decision = schedule(snap(cluster, [online], holders), PolicySettings(reclaim_after_s=60))
     assert decision.preemptions  # it takes back what batch borrowed
     assert decision.successors == []
+
+
+def test_a_task_sharing_gpus_by_memory_is_listed_to_take_a_gpu_freed_whole():
+    cluster = gpus(per_node=2)
+    shared, whole = task("vision", gpu_memory_mb=4 * 1024), task("vision")
+    decision = schedule(snap(cluster, [shared, whole], full(cluster)))
+    assert [(s.task_id, s.memory_mb) for s in decision.successors] == [
+        (shared.id, 4096),
+        (whole.id, 0),
+    ]
+    placements, left = hand_on(decision.successors, [(100, 24576), (101, 24576)], "node-0")
+    assert [(p.task_id, p.gpus, p.exclusive) for p in placements] == [
+        (shared.id, ((100, 4096),), False),
+        (whole.id, ((101, 24576),), True),
+    ]
+    assert left == []
+
+
+def test_a_task_sharing_gpus_waiting_for_its_quota_is_a_swap():
+    cluster = gpus(per_node=2)
+    waiting = [task("vision", gpu_memory_mb=4 * 1024), task("vision")]
+    tenants = [TenantView("vision", limits=Limits(gpus=2))]
+    decision = schedule(snap(cluster, waiting, full(cluster, "vision"), tenants))
+    assert [(s.task_id, s.swap, s.memory_mb) for s in decision.successors] == [
+        (waiting[0].id, True, 4096),
+        (waiting[1].id, True, 0),
+    ]

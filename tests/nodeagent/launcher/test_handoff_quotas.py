@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from django.db.models import Count
+from django.db.models import Sum
 
 from gpuplatform.procid import ProcessId
 from nodeagent.launcher import lifecycle
@@ -17,6 +17,7 @@ from scheduling import controls, passes, quotas, scheduler
 from scheduling.agentapi import handoff, reports
 from scheduling.agentapi.messages import ExitReport, StartReport
 from scheduling.models import Allocation, Successor, Task, TaskAttempt
+from scheduling.shares import CardShare
 from scheduling.spec import TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
@@ -48,6 +49,7 @@ class Estate:
         self.handed = 0
         self.limits: dict[int, int] = {}  # tenant id -> its quota of GPUs
         self.most: Counter = Counter()  # tenant id -> the most GPUs it was seen holding
+        self.shared = 0  # tasks handed on to share a GPU
 
     def run_pass(self) -> None:
         self.queued.clear()
@@ -72,19 +74,23 @@ class Estate:
         reports.attempts_finished([ExitReport(t.pk, t.attempt, 0) for t in ended], hand_off=hand)
         self.check()
         self.handed += len(hand.rest)
+        self.shared += Allocation.objects.filter(
+            task__in=[a.task_id for a in hand.rest], exclusive=False
+        ).count()
         reports.attempts_started([StartReport(a.attempt_id, GONE, GONE) for a in hand.rest])
 
     def check(self) -> None:
-        """No tenant holds more GPUs than its quota, as committed now."""
+        """No tenant holds more GPUs than its quota (a shared GPU counts its share), as
+        committed now."""
         held = (
             Allocation.objects.filter(released_at__isnull=True)
             .values_list("task__tenant_id")
-            .annotate(n=Count("id"))
+            .annotate(gpus=Sum(CardShare()))
         )
-        for tenant_id, count in held:
-            self.most[tenant_id] = max(self.most[tenant_id], count)
+        for tenant_id, gpus in held:
+            self.most[tenant_id] = max(self.most[tenant_id], round(gpus, 3))
             limit = self.limits.get(tenant_id)
-            assert limit is None or count <= limit, f"tenant {tenant_id} holds {count} > {limit}"
+            assert limit is None or gpus <= limit + 1e-9, f"tenant {tenant_id}: {gpus} > {limit}"
 
     def drain(self) -> None:
         """Passes when asked for, ends node by node, until every task succeeded."""
@@ -101,20 +107,37 @@ class Estate:
         pytest.fail("the backlog did not drain")
 
 
-def backlog(tenant, count: int) -> list[Task]:
-    return [
-        task_submit(tenant=tenant, spec=TaskSpec(name=f"t{i}", command="true"))
-        for i in range(count)
-    ]
+def backlog(tenant, count: int, mixed: bool = False) -> list[Task]:
+    """``count`` tasks of one GPU; ``mixed``: every tenth of two GPUs and every tenth sharing
+    a GPU by memory, as the throughput bench's tenants submit them."""
+
+    def spec(i: int) -> TaskSpec:
+        if mixed and i % 10 == 4:
+            return TaskSpec(name=f"t{i}", command="true", gpus_min=2, gpus_max=2)
+        if mixed and i % 10 == 9:
+            return TaskSpec(name=f"t{i}", command="true", gpu_memory_mb=4096)
+        return TaskSpec(name=f"t{i}", command="true")
+
+    return [task_submit(tenant=tenant, spec=spec(i)) for i in range(count)]
 
 
 @pytest.mark.parametrize(
-    ("tenants", "quota"),
-    [(1, None), (1, NODES * PER_NODE), (4, NODES * PER_NODE // 4)],
-    ids=["one unlimited tenant", "one tenant under a 32-GPU quota", "four under 8-GPU quotas"],
+    ("tenants", "quota", "mixed"),
+    [
+        (1, None, False),
+        (1, NODES * PER_NODE, False),
+        (4, NODES * PER_NODE // 4, False),
+        (4, NODES * PER_NODE // 4, True),
+    ],
+    ids=[
+        "one unlimited tenant",
+        "one tenant under a 32-GPU quota",
+        "four under 8-GPU quotas",
+        "four under 8-GPU quotas, mixed sizes",
+    ],
 )
 def test_a_quota_bound_backlog_is_placed_in_a_handful_of_passes(
-    launcher, monkeypatch, tenants, quota
+    launcher, monkeypatch, tenants, quota, mixed
 ):
     estate = Estate(monkeypatch)
     labs = [TenantFactory(name=f"lab-{n}") for n in range(tenants)]
@@ -123,7 +146,7 @@ def test_a_quota_bound_backlog_is_placed_in_a_handful_of_passes(
             Quota.objects.create(tenant=lab, max_gpus=quota)
             estate.limits[lab.pk] = quota
     for lab in labs:
-        backlog(lab, BACKLOG // tenants)
+        backlog(lab, BACKLOG // tenants, mixed)
 
     estate.drain()
 
@@ -132,6 +155,7 @@ def test_a_quota_bound_backlog_is_placed_in_a_handful_of_passes(
         f"{estate.placing_passes} placing passes, {estate.handed} tasks handed on"
     )
     assert estate.handed > BACKLOG // 2, "most were handed on, not placed by passes"
+    assert estate.shared or not mixed, "tasks sharing a GPU were handed on too"
     # Every tenant used all it may hold: a swap is not a GPU left idle.
     assert set(estate.most.values()) == {quota or NODES * PER_NODE}
 
