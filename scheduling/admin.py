@@ -444,10 +444,19 @@ class SuccessorAdmin(ReadOnlyAdmin):
     """The passes' lists of successors (``launcher.handoff``): who takes the next GPUs that
     free up, newest list first. Read-only: each pass writes its own."""
 
-    list_display = ["rank", "task", "gpus", "may_take", "fenced", "swap", "generation", "listed"]
+    list_display = [
+        "rank",
+        "task",
+        "gpus",
+        "may_take",
+        "fenced",
+        "swap_tenant",
+        "generation",
+        "listed",
+    ]
     list_select_related = ["task"]
     ordering = ["-generation", "rank"]
-    fields = ["generation", "rank", "listed", "task", "gpus", "may_take", "fenced", "swap"]
+    fields = ["generation", "rank", "listed", "task", "gpus", "may_take", "fenced", "swap_tenant"]
     readonly_fields = fields
 
     @admin.display(description="may take")

@@ -516,11 +516,12 @@ class Successor(models.Model):
     fenced = models.BooleanField(
         help_text="Its tenant has a quota: a pass takes the row before it reads anything."
     )
-    swap = models.BooleanField(
-        default=False,
-        db_default=False,
-        help_text="Its tenant has no room in its quota: it takes only GPUs its tenant's ended "
-        "tasks free, one ended task for one started.",
+    # A plain id, not a key: written by passes from the task's row, read by hand-offs only.
+    swap_tenant = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Set (its tenant's id) when its tenant has no room in its quota: it takes "
+        "only GPUs its tenant's ended tasks free, one ended task for one started.",
     )
     memory_mb = models.PositiveIntegerField(
         default=0,

@@ -241,7 +241,8 @@ _LIST_SUCCESSORS = """
                           %(fenced)s::boolean[], %(swap)s::boolean[], %(memory)s::integer[])
                    WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, swap, memory_mb, rank)
               JOIN sets ON sets.n = s.set_of),
-    newest AS (SELECT task_id, rank, gpus, gpu_ids, fenced, swap, memory_mb
+    newest AS (SELECT task_id, rank, gpus, gpu_ids, fenced, swap_tenant IS NOT NULL AS swap,
+                      memory_mb
                  FROM scheduling_successor
                 WHERE generation = (SELECT max(generation) FROM scheduling_successor)),
     kept AS (SELECT (SELECT count(*) FROM newest) = %(listed)s
@@ -253,9 +254,12 @@ _LIST_SUCCESSORS = """
                                         OR o.memory_mb IS DISTINCT FROM new.memory_mb
                                         OR o.gpu_ids IS DISTINCT FROM new.ids) AS same)
     INSERT INTO scheduling_successor
-           (generation, task_id, rank, listed, gpus, gpu_ids, fenced, swap, memory_mb)
+           (generation, task_id, rank, listed, gpus, gpu_ids, fenced, swap_tenant, memory_mb)
     SELECT (SELECT COALESCE(max(generation), 0) + 1 FROM scheduling_successor),
-           task_id, rank, %(listed)s, gpus, ids, fenced, swap, memory_mb
+           task_id, rank, %(listed)s, gpus, ids, fenced,
+           CASE WHEN swap THEN (SELECT t.tenant_id FROM scheduling_task t WHERE t.id = new.task_id)
+           END,
+           memory_mb
       FROM new
      WHERE NOT (SELECT same FROM kept)
 """

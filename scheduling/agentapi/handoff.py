@@ -104,7 +104,7 @@ class Candidate:
     gpu_ids: frozenset[int]
     attempt: int  # the task's attempt before it is placed
     swap: bool = False  # it takes only GPUs its own tenant's ended tasks free (``hand_on``)
-    tenant: int = 0  # its tenant's id
+    tenant: int | None = None  # a swap's tenant's id
     memory_mb: int = 0  # what it reserves on each GPU it takes, sharing it; 0: held whole
 
 
@@ -246,16 +246,13 @@ _CANDIDATES = f"""
            (SELECT count(*) FROM scheduling_successor o
              WHERE o.generation = (SELECT generation FROM newest)),
            ARRAY(SELECT ARRAY[gpu_id, memory_mb, task_id, tenant_id] FROM freed ORDER BY index),
-           s.swap, (SELECT t.tenant_id FROM scheduling_task t WHERE t.id = s.task_id),
-           s.memory_mb
+           s.swap_tenant IS NOT NULL, s.swap_tenant, s.memory_mb
       FROM scheduling_successor s
      WHERE s.generation = (SELECT generation FROM newest)
-       AND CASE WHEN s.swap
-                THEN s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed
-                                         WHERE tenant_id = (SELECT t.tenant_id
-                                                              FROM scheduling_task t
-                                                             WHERE t.id = s.task_id))
-                ELSE s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed) END
+       AND CASE WHEN s.swap_tenant IS NULL
+                THEN s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed)
+                ELSE s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed
+                                         WHERE tenant_id = s.swap_tenant) END
        AND (SELECT t.state = 'pending' AND t.hold_reason = ''
               FROM scheduling_task t WHERE t.id = s.task_id)
      ORDER BY s.rank

@@ -9,12 +9,12 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name="successor",
-            name="swap",
-            field=models.BooleanField(
-                db_default=False,
-                default=False,
-                help_text="Its tenant has no room in its quota: it takes only GPUs its tenant's "
-                "ended tasks free, one ended task for one started.",
+            name="swap_tenant",
+            field=models.BigIntegerField(
+                blank=True,
+                null=True,
+                help_text="Set (its tenant's id) when its tenant has no room in its quota: it "
+                "takes only GPUs its tenant's ended tasks free, one ended task for one started.",
             ),
         ),
         migrations.AddField(

@@ -45,6 +45,7 @@ class Estate:
         monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
         self.queued: list = []
         monkeypatch.setattr(passes, "async_task", lambda *a, **kw: self.queued.append(kw))
+        self.passes = 0
         self.placing_passes = 0
         self.handed = 0
         self.limits: dict[int, int] = {}  # tenant id -> its quota of GPUs
@@ -54,6 +55,7 @@ class Estate:
     def run_pass(self) -> None:
         self.queued.clear()
         placed = scheduler.schedule_pass().placed
+        self.passes += 1
         self.check()
         if not placed:
             return
@@ -93,17 +95,18 @@ class Estate:
             assert limit is None or gpus <= limit + 1e-9, f"tenant {tenant_id}: {gpus} > {limit}"
 
     def drain(self) -> None:
-        """Passes when asked for, ends node by node, until every task succeeded."""
+        """Ends node by node, each followed by a pass if one was asked for, until every task
+        succeeded."""
         self.run_pass()
         for _ in range(10 * BACKLOG):
             if not Task.objects.exclude(state=TaskState.SUCCEEDED).exists():
                 return
+            if not Task.objects.filter(state=TaskState.RUNNING).exists():
+                pytest.fail("tasks wait, none runs, and no pass was asked for")
             for node in self.nodes:
                 self.end_running(node)
-            if self.queued:
-                self.run_pass()
-            elif not Task.objects.filter(state=TaskState.RUNNING).exists():
-                pytest.fail("tasks wait, none runs, and no pass was asked for")
+                if self.queued:
+                    self.run_pass()
         pytest.fail("the backlog did not drain")
 
 
@@ -166,7 +169,7 @@ def test_a_tenant_over_a_lowered_quota_starts_nothing_until_it_is_back_under(lau
     quota = Quota.objects.create(tenant=lab, max_gpus=NODES * PER_NODE)
     backlog(lab, 3 * NODES * PER_NODE)
     estate.run_pass()
-    assert Successor.objects.filter(swap=True).count() == 2 * NODES * PER_NODE
+    assert Successor.objects.filter(swap_tenant=lab.pk).count() == 2 * NODES * PER_NODE
     # Lowered below what it holds: its listed swaps go with the change, and passes list none
     # while it holds more than the new quota allows.
     quota.max_gpus = PER_NODE
@@ -179,6 +182,6 @@ def test_a_tenant_over_a_lowered_quota_starts_nothing_until_it_is_back_under(lau
     assert (estate.handed, estate.placing_passes) == (0, 1), "nothing started while over"
     estate.end_running(estate.nodes[2])  # eight left running: at its quota, so swaps again
     estate.run_pass()
-    assert Successor.objects.filter(swap=True).count() == 2 * NODES * PER_NODE
+    assert Successor.objects.filter(swap_tenant=lab.pk).count() == 2 * NODES * PER_NODE
     estate.end_running(estate.nodes[3])
     assert estate.handed == PER_NODE
