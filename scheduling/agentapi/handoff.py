@@ -171,11 +171,10 @@ def _place(
 ) -> set[int]:
     """Place, record the attempts and drop the rows of the matched successors, claiming the
     pass flag if ``claim``, in one round trip; returns the tasks placed (a placement is skipped
-    when its task is no longer pending). Once
-    the transaction commits, the placements are published, the pass is queued, and each
-    attempt goes to the supervisor of the ended task whose GPUs it took (``donors``: placed
-    task id -> ended task id) if that one is ``ready`` and has none yet, or else to the
-    spawner (``HandOff``)."""
+    when its task is no longer pending). Once the transaction commits, the placements are
+    published, the pass is queued, and each attempt goes to the supervisor of the ended task
+    whose GPUs it took (``donors``: placed task id -> ended task id) if that one is ``ready``
+    and has none yet, or else to the spawner (``HandOff``)."""
     node = hand.node
     placed_ids = {p.task_id for p in placements}
     attempts = {c.task_id: c.attempt + 1 for c in candidates if c.task_id in placed_ids}
