@@ -533,6 +533,10 @@ class Successor(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["generation", "task"], name="successor_once_per_list")
         ]
+        # A hand-off reads a tenant's swaps in rank order, the first few (``handoff``).
+        indexes = [
+            models.Index(fields=["generation", "swap_tenant", "rank"], name="successor_swaps")
+        ]
 
     def __str__(self) -> str:
         return f"#{self.rank} of {self.listed} in list {self.generation}: task {self.task_id}"

@@ -212,15 +212,19 @@ def _place(
 
 
 # The GPUs this batch of plain ends released on the agent's node (``released_at`` is the
-# statement's own time) that a task may take whole now, in index order, with their memory, the
-# task that held them and its tenant.
+# statement's own time) that a task may take whole now, in index order, each once, with their
+# memory, a task that held them and, when that task held it whole, its tenant (a swap may take
+# only such a GPU: a card freed by a task that shared it is more than that task held). A card
+# freed by tasks that shared it is handed on too: left out, it waited for a pass.
 _FREED = """
-    SELECT a.gpu_id, a.memory_mb, a.task_id, g.index,
-           (SELECT k.tenant_id FROM scheduling_task k WHERE k.id = a.task_id) AS tenant_id
+    SELECT DISTINCT ON (g.index) a.gpu_id, g.memory_mb, a.task_id, g.index,
+           CASE WHEN a.exclusive
+                THEN (SELECT k.tenant_id FROM scheduling_task k WHERE k.id = a.task_id)
+           END AS tenant_id
       FROM scheduling_allocation a
       JOIN scheduling_gpu g ON g.id = a.gpu_id
       JOIN scheduling_node n ON n.id = g.node_id
-     WHERE a.task_id = ANY(%(tasks)s::bigint[]) AND a.released_at = %(now)s AND a.exclusive
+     WHERE a.task_id = ANY(%(tasks)s::bigint[]) AND a.released_at = %(now)s
        AND n.name = %(node)s AND n.state = 'available' AND g.state = 'available'
        AND g.foreign_memory_mb = 0
        AND (SELECT count(*) FROM scheduling_allocation o
@@ -228,18 +232,41 @@ _FREED = """
      ORDER BY g.index
 """
 
-# The first successors of the newest list, by rank, that may take one of those GPUs and are
-# still pending, locked (those another agent or a pass holds are skipped): at most one per
-# freed GPU; a swap may take only those its own tenant's tasks freed. Each with how many the
-# list had and has left, the freed GPUs (as _FREED), whether it swaps, its tenant and the memory
-# it reserves on each GPU (0: it holds them whole).
-# Every row of another table is looked up by its key in a subquery of its own: as joins, with
-# the statistics of tables emptied and filled within a minute, the planner looped over every
-# pending task for each successor. What is left of the list is counted once, not for each row
-# gone through (those skipped as locked too).
+# The first successors of the newest list, by rank, that may take one of those GPUs and are still
+# pending, locked (those another agent or a pass holds are skipped): at most one per freed GPU
+# (``plain``), and a swap only for a GPU its own tenant's tasks freed, at most one per such GPU
+# (``swaps``, tenant by tenant: taken in rank order with the others, a tenant's swaps ranked first
+# used up the limit while the GPUs of the others went to nobody); none that needs more GPUs than
+# were freed (for it), which would take the place of one that fits. Each with how many the list had
+# and has left, the freed GPUs (as _FREED), whether it swaps, its tenant and the memory it reserves
+# on each GPU (0: it holds them whole). Every row of another table is looked up by its key in a
+# subquery of its own: as joins, with the statistics of tables emptied and filled within a minute,
+# the planner looped over every pending task for each successor. What is left of the list is counted
+# once, not for each row gone through (those skipped as locked too).
 _CANDIDATES = f"""
     WITH freed AS ({_FREED}),
-    newest AS (SELECT max(generation) AS generation FROM scheduling_successor)
+    newest AS (SELECT max(generation) AS generation FROM scheduling_successor),
+    mine AS (SELECT tenant_id, count(*) AS n, array_agg(gpu_id::integer) AS gpus
+               FROM freed WHERE tenant_id IS NOT NULL GROUP BY tenant_id),
+    plain AS (SELECT s.id FROM scheduling_successor s
+               WHERE s.generation = (SELECT generation FROM newest) AND s.swap_tenant IS NULL
+                 AND s.gpus <= (SELECT count(*) FROM freed)
+                 AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed)
+                 AND (SELECT t.state = 'pending' AND t.hold_reason = ''
+                        FROM scheduling_task t WHERE t.id = s.task_id)
+               ORDER BY s.rank
+               LIMIT (SELECT count(*) FROM freed)
+                 FOR UPDATE SKIP LOCKED),
+    swaps AS (SELECT c.id FROM mine CROSS JOIN LATERAL (
+                SELECT s.id FROM scheduling_successor s
+                 WHERE s.generation = (SELECT generation FROM newest)
+                   AND s.swap_tenant = mine.tenant_id AND s.gpus <= mine.n
+                   AND s.gpu_ids && mine.gpus
+                   AND (SELECT t.state = 'pending' AND t.hold_reason = ''
+                          FROM scheduling_task t WHERE t.id = s.task_id)
+                 ORDER BY s.rank
+                 LIMIT mine.n
+                   FOR UPDATE SKIP LOCKED) c)
     SELECT s.id, s.task_id, s.gpus, s.gpu_ids,
            (SELECT t.attempt FROM scheduling_task t WHERE t.id = s.task_id), s.listed,
            (SELECT count(*) FROM scheduling_successor o
@@ -247,16 +274,8 @@ _CANDIDATES = f"""
            ARRAY(SELECT ARRAY[gpu_id, memory_mb, task_id, tenant_id] FROM freed ORDER BY index),
            s.swap_tenant IS NOT NULL, s.swap_tenant, s.memory_mb
       FROM scheduling_successor s
-     WHERE s.generation = (SELECT generation FROM newest)
-       AND CASE WHEN s.swap_tenant IS NULL
-                THEN s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed)
-                ELSE s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed
-                                         WHERE tenant_id = s.swap_tenant) END
-       AND (SELECT t.state = 'pending' AND t.hold_reason = ''
-              FROM scheduling_task t WHERE t.id = s.task_id)
+     WHERE s.id IN (SELECT id FROM plain UNION ALL SELECT id FROM swaps)
      ORDER BY s.rank
-     LIMIT (SELECT count(*) FROM freed)
-       FOR UPDATE SKIP LOCKED
 """  # noqa: S608 - constant text
 
 # The placed successors leave the list; the pass flag is claimed when ``claim`` says so.

@@ -31,4 +31,10 @@ class Migration(migrations.Migration):
             name="gpus",
             field=models.PositiveSmallIntegerField(help_text="GPUs it takes, on one node."),
         ),
+        migrations.AddIndex(
+            model_name="successor",
+            index=models.Index(
+                fields=["generation", "swap_tenant", "rank"], name="successor_swaps"
+            ),
+        ),
     ]

@@ -170,10 +170,11 @@ def test_a_task_sharing_gpus_by_memory_is_listed_to_take_a_gpu_freed_whole():
         (shared.id, 4096),
         (whole.id, 0),
     ]
-    placements, left = hand_on(decision.successors, [(100, 24576), (101, 24576)], "node-0")
+    first, second = (g.id for g in cluster)
+    placements, left = hand_on(decision.successors, [(first, 24576), (second, 24576)], "node-0")
     assert [(p.task_id, p.gpus, p.exclusive) for p in placements] == [
-        (shared.id, ((100, 4096),), False),
-        (whole.id, ((101, 24576),), True),
+        (shared.id, ((first, 4096),), False),
+        (whole.id, ((second, 24576),), True),
     ]
     assert left == []
 
