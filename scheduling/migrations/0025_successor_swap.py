@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0023_scheduler_forecast"),
+        ("scheduling", "0024_reason_codes"),
     ]
 
     operations = [
