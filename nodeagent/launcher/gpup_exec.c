@@ -99,6 +99,17 @@ static void become(const char *uid_text, const char *gid_text)
 }
 
 /* Every signal but those a fault raises in this very process (and SIGKILL, SIGSTOP). */
+/* The last step, as the task's user: umask 077, make WORKDIR and enter it, exec PROGRAM. */
+static void run(char *workdir, char **program)
+{
+    umask(077);
+    make_dirs(workdir, 0777, "cannot make the work directory");
+    if (chdir(workdir) != 0)
+        fail("cannot enter the work directory", workdir);
+    execv(program[0], program);
+    fail("cannot run", program[0]);
+}
+
 static void catchable(sigset_t *set)
 {
     sigfillset(set);
@@ -149,12 +160,7 @@ static void ns_init(int report, char **program, char *workdir, const char *uid_t
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         setsid();
-        umask(077);
-        make_dirs(workdir, 0777, "cannot make the work directory");
-        if (chdir(workdir) != 0)
-            fail("cannot enter the work directory", workdir);
-        execv(program[0], program);
-        fail("cannot run", program[0]);
+        run(workdir, program);
     }
     sigset_t all;
     catchable(&all);
@@ -317,11 +323,5 @@ int main(int argc, char **argv)
         ns_init(pipe_fds[1], program, workdir, uid_text, gid_text);
     }
     become(uid_text, gid_text);
-    umask(077);
-    make_dirs(workdir, 0777, "cannot make the work directory");
-    if (chdir(workdir) != 0)
-        fail("cannot enter the work directory", workdir);
-    execv(program[0], program);
-    fail("cannot run", program[0]);
-    return 126;
+    run(workdir, program);
 }

@@ -258,9 +258,8 @@ template:
     listed = json.loads(gpuctl.ok("get", "tasks", "-o", "json"))
     assert [t["id"] for t in listed] == sorted((t["id"] for t in listed), reverse=True)
     assert made.pop("warnings") == []  # only the submission's answer has them
-    assert listed[0] == {**made, "state": listed[0]["state"], "node": listed[0]["node"],
-                         "reason": listed[0]["reason"], "attempt": listed[0]["attempt"],
-                         "started_at": listed[0]["started_at"]}  # fmt: skip
+    moved_on = ("state", "node", "reason", "reason_code", "reason_params", "attempt", "started_at")
+    assert listed[0] == {**made, **{key: listed[0][key] for key in moved_on}}
     limited = gpuctl("get", "tasks", "-l", "2")
     assert len(limited.stdout.splitlines()) == 3
     assert "showing 2 of 5 tasks" in limited.stderr

@@ -50,13 +50,15 @@ class PlainPass(Pass):
     def consider(self, task) -> None:
         self.decide(task)
 
-    def turns(self, by_tenant):
+    def turns(self, by_tenant, dropped=frozenset()):
         queues = {name: iter(items) for name, items in by_tenant.items()}
         heads = {name: next(it) for name, it in queues.items()}
         heap = [(self.fair_key(n), h.submitted_at, h.id, n) for n, h in heads.items()]
         heapq.heapify(heap)
         while heap:
             key, _, _, name = heapq.heappop(heap)
+            if name in dropped:
+                continue
             current = self.fair_key(name)
             if current > key + 1e-12:
                 head = heads[name]

@@ -29,9 +29,7 @@ FORM_KEYS = {
     "command": "command",
     "queue": "queue",
     "workdir": "workdir",
-    "gpu_type": "resources.gpu_type",
-    "pool": "resources.pool",
-}
+}  # GPU type and pool are choices from the inventory (the spec still refuses a long one)
 
 
 def schema_property(path: str) -> dict:
