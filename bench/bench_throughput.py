@@ -236,6 +236,23 @@ def unfinished(tenant: Tenant) -> int:
     return Task.objects.filter(tenant=tenant).exclude(state__in=TERMINAL).count()
 
 
+def settle() -> int:
+    """Cancel every task still waiting and give the running ones a minute to end, so that the
+    next phase starts on an idle estate; how many were cancelled."""
+    cancelled = 0
+    with through_the_broker():
+        for task in Task.objects.filter(state=TaskState.PENDING):
+            try:
+                task_cancel(task=task)
+            except IllegalTransition:
+                continue  # it ended meanwhile
+            cancelled += 1
+    until = time.monotonic() + 60
+    while Task.objects.exclude(state__in=TERMINAL).exists() and time.monotonic() < until:
+        time.sleep(POLL_S)
+    return cancelled
+
+
 def stamp_of(task_id: int) -> float | None:
     path = TaskAttempt.objects.filter(task_id=task_id).values_list("log_path", flat=True).first()
     try:
@@ -535,6 +552,8 @@ def measure_platform(pool, tmp: Path) -> dict:
                 stack.callback(each.close)
             figures["throughput"][scenario.key] = measure_throughput(scenario, apis, procs,
                                                                      web.pid)  # fmt: skip
+            # A line stopped at its time limit leaves tasks: the next must start idle.
+            figures["throughput"][scenario.key]["cancelled_after"] = settle()
         sampler.phase = "stopping"
     figures["connections"] = sampler.peaks()
     figures["connection_roles"] = sampler.role_peaks()
