@@ -236,21 +236,22 @@ def unfinished(tenant: Tenant) -> int:
     return Task.objects.filter(tenant=tenant).exclude(state__in=TERMINAL).count()
 
 
-def settle() -> int:
-    """Cancel every task still waiting and give the running ones a minute to end, so that the
-    next phase starts on an idle estate; how many were cancelled."""
+def settle(tasks) -> tuple[int, int]:
+    """Cancel those of ``tasks`` still waiting and give the running ones a minute to end, so
+    that the next phase starts on an idle estate; how many were cancelled, and left unfinished."""
     cancelled = 0
     with through_the_broker():
-        for task in Task.objects.filter(state=TaskState.PENDING):
+        for task in tasks.filter(state=TaskState.PENDING):
             try:
                 task_cancel(task=task)
             except IllegalTransition:
                 continue  # it ended meanwhile
             cancelled += 1
+    unfinished = tasks.exclude(state__in=TERMINAL)
     until = time.monotonic() + 60
-    while Task.objects.exclude(state__in=TERMINAL).exists() and time.monotonic() < until:
+    while (left := unfinished.count()) and time.monotonic() < until:
         time.sleep(POLL_S)
-    return cancelled
+    return cancelled, left
 
 
 def stamp_of(task_id: int) -> float | None:
@@ -344,17 +345,7 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
     until = time.monotonic() + DRAIN_LIMIT_S
     while unfinished(tenant) and time.monotonic() < until:
         time.sleep(POLL_S)
-    cancelled = 0
-    with through_the_broker():
-        for task in Task.objects.filter(tenant=tenant, state=TaskState.PENDING):
-            try:
-                task_cancel(task=task)
-            except IllegalTransition:
-                continue  # it ended meanwhile
-            cancelled += 1
-    until = time.monotonic() + 60
-    while (left := unfinished(tenant)) and time.monotonic() < until:
-        time.sleep(POLL_S)
+    cancelled, left = settle(Task.objects.filter(tenant=tenant))
     accepted = len(latencies) - errors
     return {
         "requests": len(latencies),
@@ -553,7 +544,7 @@ def measure_platform(pool, tmp: Path) -> dict:
             figures["throughput"][scenario.key] = measure_throughput(scenario, apis, procs,
                                                                      web.pid)  # fmt: skip
             # A line stopped at its time limit leaves tasks: the next must start idle.
-            figures["throughput"][scenario.key]["cancelled_after"] = settle()
+            figures["throughput"][scenario.key]["cancelled_after"], _ = settle(Task.objects.all())
         sampler.phase = "stopping"
     figures["connections"] = sampler.peaks()
     figures["connection_roles"] = sampler.role_peaks()
