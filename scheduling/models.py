@@ -67,6 +67,13 @@ class Node(models.Model):
     resume_state = models.CharField(
         max_length=16, blank=True, help_text="State to return to when an automatic offline ends."
     )
+    advertise_address = models.CharField(
+        max_length=255,
+        blank=True,
+        db_default="",
+        help_text="host[:port] where the control plane reaches this node's agent "
+        "(NODE_ADVERTISE_ADDRESS); blank: on the control plane's own host.",
+    )
     registered_at = models.DateTimeField(default=timezone.now, editable=False)
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
 
@@ -359,6 +366,13 @@ class StopRequest(models.TextChoices):
     VIOLATION = "violation", "violation"  # broke a limit (GPU memory): fails with the reason
 
 
+class Health(models.TextChoices):
+    NONE = "", "no health check"
+    STARTING = "starting", "starting"  # within the start-up time, not yet answered
+    HEALTHY = "healthy", "healthy"
+    UNHEALTHY = "unhealthy", "unhealthy"
+
+
 class TaskAttempt(models.Model):
     """One run of a task on its node: the supervisor, the process, and how it ended."""
 
@@ -384,6 +398,13 @@ class TaskAttempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     outcome = models.CharField(max_length=16, blank=True)
+    # A service's attempt (the spec's service block): the port it was given on its node, and
+    # what its health check last said.
+    service_port = models.PositiveIntegerField(null=True, blank=True)
+    # Database defaults: the agents insert attempts with SQL of their own.
+    health = models.CharField(max_length=16, choices=Health.choices, blank=True, db_default="")
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+    health_detail = models.CharField(max_length=500, blank=True, db_default="")
 
     class Meta:
         ordering = ["task", "number"]

@@ -688,13 +688,14 @@ def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
 
 
 def _idle(node_name: str) -> tuple[Assignment, str] | None:
-    """Between attempts: signals that meant the last attempt are ignored, SIGTERM ends us."""
-    procs.set_title(f"{procs.SUPERVISOR_NAME} idle node={node_name}")
+    """Between attempts: signals that meant the last attempt are ignored, SIGTERM ends us.
+    The title says idle once the spawner has the offer (tests wait for it)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_IGN)
-    return wire.wait_for_work(node_name)
+    title = f"{procs.SUPERVISOR_NAME} idle node={node_name}"
+    return wire.wait_for_work(node_name, offered=lambda: procs.set_title(title))
 
 
 def main(argv: list[str]) -> int:

@@ -153,9 +153,11 @@ def request(assignment, sink: str, timeout: float = SPAWNER_TIMEOUT_S) -> int | 
     return reply.get("pid") if reply.get("ok") else None
 
 
-def wait_for_work(node_name: str) -> tuple[Assignment, str] | None:
+def wait_for_work(node_name: str, offered=lambda: None) -> tuple[Assignment, str] | None:
     """Offer this supervisor, whose attempt is over, to the node's spawner and wait for the
-    next assignment and its sink; None when the spawner lets us go (or is not ours)."""
+    next assignment and its sink; None when the spawner lets us go (or is not ours).
+    ``offered`` is called once the offer is queued at the spawner, which answers its
+    connections in order: from then on the next assignment finds us."""
     message = signed({"idle": os.getpid()})
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
@@ -166,6 +168,7 @@ def wait_for_work(node_name: str) -> tuple[Assignment, str] | None:
                 logger.warning("node %s: the spawner's address is held by uid %s", node_name, uid)
                 return None
             send_frame(sock, message)
+            offered()
             sock.settimeout(None)  # the spawner decides how long we wait (IDLE_S)
             work = receive_frame(sock)
             if not genuine(work):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
 from django.db import connection
 
-from nodeagent.launcher import cgroups, procs, relay
+from nodeagent.launcher import cgroups, gpufence, procs, relay
 from scheduling.models import Task, TaskAttempt
 from tests.factories import NodeFactory, TenantFactory, make_gpus
 
@@ -101,8 +102,11 @@ def _kill_supervisors() -> int:
 
 @pytest.fixture
 def node(transactional_db):
+    """A node with 4 GPUs whose device minors are published, as its agent does at start-up
+    (without the map, supervisors fence the GPUs off and log it)."""
     node = NodeFactory(name="workstation-1")
-    make_gpus(node, count=4)
+    gpus = make_gpus(node, count=4)
+    gpufence.publish(node.name, [SimpleNamespace(uuid=gpu.uuid, minor=gpu.index) for gpu in gpus])
     return node
 
 

@@ -287,12 +287,10 @@ def test_idle_supervisors_leave_with_the_spawner(spawning, listening, lab):
 
 
 def test_a_start_up_sweep_leaves_a_reused_supervisor_alone(spawning, listening, lab, node):
-    first = submit(lab, "true")
-    wait_for(state_of(first, "succeeded"))
+    _, idle = idle_supervisor(lab)  # a task's end is recorded before its supervisor is idle
     second = submit(lab, "sleep 2")
     wait_for(state_of(second, "running"))
-    supervisor = supervisor_of(second)
-    assert supervisor.pid == supervisor_of(first).pid
+    assert supervisor_of(second).pid == idle.pid
     assert lifecycle._stop_stale_supervisors(node.name) == 0  # first's ended: not stale here
     wait_for(state_of(second, "succeeded"))
 
