@@ -202,6 +202,11 @@ class Task(models.Model):
     depends_on = models.ManyToManyField(
         "self", symmetrical=False, blank=True, related_name="dependents"
     )
+    # A service's replicas (the spec's service.replicas): each a task of its own, placed like
+    # any other; the first is the service (its URL) and the others point to it.
+    replica_of = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="replicas"
+    )
 
     state = models.CharField(
         max_length=16,
