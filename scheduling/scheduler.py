@@ -457,6 +457,24 @@ def apply_preemptions(decision: Decision) -> list[int]:
     return done
 
 
+# The waiting tasks whose reason changed, less those a node agent is placing now (locked: its
+# hand-off commits them as placed, or the next pass writes their reason). Waiting for such a
+# lock held the pass for the agent's whole transaction, and with the agent then waiting for a
+# task the pass had already written, the two deadlocked (PostgreSQL broke it after a second).
+_REASONS = """
+    WITH v AS (SELECT * FROM unnest(%s::bigint[], %s::int[]) AS v(id, n)),
+    free AS (SELECT t.id, v.n FROM scheduling_task t JOIN v ON v.id = t.id
+              WHERE t.state = %s
+                FOR NO KEY UPDATE OF t SKIP LOCKED)
+    UPDATE scheduling_task AS t
+       SET reason = (%s::text[])[free.n], wait = (%s::jsonb[])[free.n],
+           wait_digest = (%s::bigint[])[free.n], reason_code = '', reason_params = '{}'
+      FROM free
+     WHERE t.id = free.id
+ RETURNING t.id, t.tenant_id, t.reason
+"""
+
+
 def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
     """Store why each task waits, as text and as data (``Task.wait``), without its place in
     line (``record_pass``): both stay the same from pass to pass until something about the
@@ -493,15 +511,7 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
     if ids:
         with server_bound_cursor() as cursor:
             cursor.execute(
-                """
-                UPDATE scheduling_task AS t
-                   SET reason = (%s::text[])[v.n], wait = (%s::jsonb[])[v.n],
-                       wait_digest = (%s::bigint[])[v.n], reason_code = '', reason_params = '{}'
-                  FROM unnest(%s::bigint[], %s::int[]) AS v(id, n)
-                 WHERE t.id = v.id AND t.state = %s
-             RETURNING t.id, t.tenant_id, t.reason
-                """,
-                [reasons, records, digest_of, ids, which, TaskState.PENDING.value],
+                _REASONS, [ids, which, TaskState.PENDING.value, reasons, records, digest_of]
             )
             # Only the reasons that changed: an unchanged queue costs the pages nothing.
             events.publish(events.REASONS, cursor.fetchall())

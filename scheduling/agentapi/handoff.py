@@ -337,7 +337,9 @@ _SUCCEEDED = f"""
                           AS r(task_id, number, note)),
     locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
                 WHERE k.attempt = r.number AND k.state = 'running'
-                ORDER BY k.id FOR UPDATE OF k),
+                -- NO KEY: other transactions' foreign keys to these tasks (a pass's commit)
+                -- pass; FOR UPDATE held them until our commit, and deadlocked with them.
+                ORDER BY k.id FOR NO KEY UPDATE OF k),
     a AS (UPDATE scheduling_taskattempt a
              SET exit_code = 0, outcome = 'succeeded', ended_at = %(now)s
             FROM locked, r

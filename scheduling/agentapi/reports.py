@@ -84,7 +84,9 @@ _STARTED = f"""
                           AS r(id, spid, sst, pid, pst)),
     locked AS (SELECT k.id FROM scheduling_task k
                  JOIN scheduling_taskattempt a ON a.task_id = k.id JOIN r ON r.id = a.id
-                ORDER BY k.id FOR UPDATE OF k),
+                -- NO KEY: other transactions' foreign keys to these tasks (a pass's commit)
+                -- pass; FOR UPDATE held them until our commit, and deadlocked with them.
+                ORDER BY k.id FOR NO KEY UPDATE OF k),
     a AS (UPDATE scheduling_taskattempt a
              SET supervisor_pid = r.spid, supervisor_started = r.sst, pid = r.pid,
                  pid_started = r.pst, started_at = %(now)s
