@@ -1,8 +1,8 @@
 """An idle platform's weight: what `make run` costs while nobody uses it.
 
 ``scripts/run.py`` starts as `make run` starts it (web, scheduler, the node agent of
-``configs/scheduler.yaml``'s one workstation with 4 simulated GPUs, its launch cluster and its
-spawner) on a free port against the bench database, with the settings' own worker counts. Once
+``configs/scheduler.yaml``'s one workstation with 4 simulated GPUs and its spawner) on a free
+port against the bench database, with the settings' own worker counts. Once
 it is up, its node registered and SETTLE_S more seconds have passed, every process in its tree
 (the runner itself included) and every live supervisor (none when idle: they live outside the
 tree) is counted; their CPU time is summed over IDLE_S seconds of idleness and their
@@ -62,8 +62,8 @@ def role_of(proc: psutil.Process, parent_role: str | None) -> str:
         return "node agent"
     if "nodeagent.launcher.spawner" in cmdline or "gpup-spawner" in cmdline:
         return "spawner"
-    if "qcluster" in cmdline and parent_role in ("runner", "node agent"):
-        return "scheduler cluster" if parent_role == "runner" else "launch cluster"
+    if "qcluster" in cmdline and parent_role == "runner":
+        return "scheduler cluster"
     return parent_role or "other"
 
 
@@ -146,7 +146,7 @@ def main() -> dict:
     tmp.chmod(0o711)
     environ = child_env(tmp, CONFIG)
     # As `make run` runs: its channel layer and save limit. Worker counts (WEB_WORKERS,
-    # Q_WORKERS, LAUNCH_WORKERS) and GPUPLATFORM_STOCK are the caller's: unset, make run's own.
+    # Q_WORKERS) and GPUPLATFORM_STOCK are the caller's: unset, make run's own.
     environ.pop("Q_SAVE_LIMIT", None)
     port = free_port()
     environ.update(PORT=str(port), CHANNEL_LAYER="postgres", STOP_GRACE="20")

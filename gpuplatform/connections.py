@@ -3,19 +3,19 @@
 Every connection a platform process opens names the process in ``application_name``, so
 ``SELECT application_name, count(*) FROM pg_stat_activity GROUP BY 1`` tells an operator who
 holds what: ``gpuplatform web`` (a web process's own pool), ``gpuplatform web channels`` (its
-channel layer), ``gpuplatform qcluster`` (the scheduler's cluster), ``gpuplatform qcluster
-<node>`` (a node's launch cluster), ``gpuplatform node_agent``, and other commands by name.
+channel layer), ``gpuplatform qcluster`` (the scheduler's cluster), ``gpuplatform
+node_agent``, and other commands by name.
 
 The most each role holds at once (``Budget``), measured with the throughput benchmark's
 processes and read from their code:
 
 - a web process: ``DB_POOL_SIZE`` for requests (its pool), and for websockets the channel
   layer's ``CHANNEL_POOL_SIZE`` plus the one connection that LISTENs;
-- a django-q2 cluster (the scheduler's, and each node's own): one per worker (``Q_WORKERS``),
-  one for the sentinel (schedules), two for the pusher (the broker's queries, and the LISTEN
-  that wakes it: ``gpuplatform.broker``), one for the monitor (results);
-- a node agent besides its cluster: its main loop, its GPU sampler's thread and its report
-  relay's thread, one each;
+- the scheduler's django-q2 cluster: one per worker (``Q_WORKERS``), one for the sentinel
+  (schedules), two for the pusher (the broker's queries, and the LISTEN that wakes it:
+  ``gpuplatform.broker``), one for the monitor (results);
+- a node agent: its main loop, its GPU sampler's thread and its report relay's thread, one
+  each, and two for its job thread (the queue's queries and the LISTEN that wakes it);
 - the spawner holds none; a task's supervisor holds none while its agent relays its reports,
   and opens one only to write a report itself when the agent cannot be reached.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 CHANNEL_POOL_SIZE = 4
 CHANNEL_LISTENERS = 1  # the connection each web process LISTENs on for channel messages
 CLUSTER_OWN = 4  # sentinel 1, pusher 2 (queries and LISTEN), monitor 1, besides its workers
-AGENT_OWN = 3  # main loop, GPU sampler thread, report relay thread
+AGENT_OWN = 5  # main loop, GPU sampler, report relay, job thread (queries and LISTEN)
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,13 @@ class Budget:
         return self.web + self.scheduler + self.nodes
 
 
-def budget(
-    *, web_workers: int, db_pool_size: int, q_workers: int, nodes: int,
-    launch_workers: int | None = None,
-) -> Budget:  # fmt: skip
+def budget(*, web_workers: int, db_pool_size: int, q_workers: int, nodes: int) -> Budget:
     """``web_workers`` web processes, one scheduler whose django-q2 cluster has ``q_workers``
-    workers, ``nodes`` node agents whose launch clusters have ``launch_workers`` (default: as
-    many as the scheduler's)."""
-    launch = q_workers if launch_workers is None else launch_workers
+    workers, and ``nodes`` node agents."""
     return Budget(
         web=web_workers * (db_pool_size + CHANNEL_POOL_SIZE + CHANNEL_LISTENERS),
         scheduler=q_workers + CLUSTER_OWN,
-        nodes=nodes * (AGENT_OWN + launch + CLUSTER_OWN),
+        nodes=nodes * AGENT_OWN,
         node_count=nodes,
     )
 

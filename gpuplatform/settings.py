@@ -327,10 +327,6 @@ SPECTACULAR_SETTINGS = {
 
 # --- Background work (django-q2, ORM broker in PostgreSQL) ----------------------------------
 Q_TIMEOUT = env.integer("Q_TIMEOUT", 60, minimum=1)
-# Workers of each node's launch cluster (the node agent starts it with Q_WORKERS set to this).
-# A launch job only hands its tasks to the node's spawner, so one worker keeps up, and each
-# worker is a whole Django process that an idle workstation pays for (bench_idle).
-LAUNCH_WORKERS = env.integer("LAUNCH_WORKERS", 1, minimum=1)
 Q_CLUSTER = {
     "name": "gpuplatform",
     "orm": "default",

@@ -30,7 +30,8 @@ from nodeagent.launcher import (
     namespaces,
     tracking,
 )
-from nodeagent.launcher.cluster import launch_cluster, spawner
+from nodeagent.launcher.cluster import spawner
+from nodeagent.launcher.jobs import NodeJobs
 from nodeagent.launcher.relay import Relay
 from scheduling import services
 from scheduling.config import EstateConfig, NodeConfig
@@ -46,6 +47,7 @@ _CONNECTIONS_AND_NODES = (
 
 RECONCILE_EVERY = 6  # heartbeats
 WATCH_EVERY_S = 1.0  # how soon a dead supervisor is noticed
+JOBS_STOP_S = 5.0  # a job under way is let finish (a launch takes milliseconds)
 
 
 class AgentError(Exception):
@@ -147,7 +149,6 @@ class NodeAgent:
             web_workers=web_workers,
             db_pool_size=settings.DB_POOL_SIZE,
             q_workers=settings.Q_CLUSTER["workers"],
-            launch_workers=settings.LAUNCH_WORKERS,
             nodes=others + 1,
         )
         problem = db_connections.shortfall(cap, allows)
@@ -164,8 +165,8 @@ class NodeAgent:
         return counts
 
     def run(self, *, launcher: bool = True) -> None:
-        """Heartbeat until stopped; with ``launcher``, also run this node's django-q2 cluster,
-        which launches and controls the tasks placed here."""
+        """Heartbeat until stopped; with ``launcher``, also launch and control the tasks placed
+        here (the spawner, the queue's jobs, the supervisors' reports)."""
         self._install_signal_handlers()
         identity.secure_platform_dirs()
         environ.forget_secret_files_of_dead_processes()
@@ -181,10 +182,11 @@ class NodeAgent:
         # the GPUs' device nodes before the first heartbeat registers them.
         gpufence.publish(self.name, self.backend.discover())
         relay = self._relay() if launcher else None
-        # The spawner first: launches find it from the cluster's first job on.
-        children = [spawner(self.name), launch_cluster(self.name)] if launcher else []
+        # The spawner first: launches find it from the first job on.
+        children = [spawner(self.name)] if launcher else []
         for child in children:
             child.start()
+        jobs = self._jobs() if launcher else None
         sampler = self._sampler()
         interval = self.config.heartbeat.interval_s
         logger.info(
@@ -207,6 +209,9 @@ class NodeAgent:
                 lifecycle.watch_supervisors(self.name)
                 for child in children:
                     child.keep_alive()
+                if jobs is not None and not jobs.is_alive():
+                    logger.error("node %s: its job thread ended; starting another", self.name)
+                    jobs = self._jobs()
             except DatabaseError as exc:
                 # The database may be restarting: keep the agent alive and try again next tick.
                 logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
@@ -214,12 +219,21 @@ class NodeAgent:
             self.stopping.wait(min(WATCH_EVERY_S, interval))
         if sampler is not None:
             sampler.stop()
+        if jobs is not None:
+            jobs.stop()
+            jobs.join(timeout=JOBS_STOP_S)
         for child in reversed(children):
             child.stop()
         if relay is not None:
             relay.stop()
         self.backend.close()
         logger.info("node agent %s stopped", self.name)
+
+    def _jobs(self) -> NodeJobs:
+        """Run the launches and controls queued for this node on a thread (launcher.jobs)."""
+        jobs = NodeJobs(self.name)
+        jobs.start()
+        return jobs
 
     def _relay(self) -> Relay | None:
         """Take the supervisors' reports on a thread of its own (launcher.relay)."""

@@ -40,7 +40,7 @@ NODE_TASKS = "nodeagent.launcher.tasks"
 
 
 def dispatch(func: str, task: Task, *args: object) -> None:
-    """Hand work to the django-q2 cluster of the task's node (``Q_CLUSTER_NAME=<node>``)."""
+    """Hand work to the task's node: its queue, which its agent takes (``launcher.jobs``)."""
     if not settings.LAUNCH_TASKS or task.node is None:
         return
     async_task(f"{NODE_TASKS}.{func}", task.pk, *args, cluster=task.node.name)

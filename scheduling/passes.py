@@ -110,8 +110,8 @@ def _queue_if_claimed(claimed: int, exists: bool) -> None:
         claimed = PassRequest.objects.filter(pk=1, queued=False).update(queued=True)
     if not claimed:
         return  # queued already, or another process claimed it between our read and update
-    # Named, never implied: a supervisor forked from a node's launch worker inherits
-    # Q_CLUSTER_NAME=<node>, and a pass queued there would block that node's launches.
+    # Named, never implied: a process started with Q_CLUSTER_NAME=<node> in its environment
+    # would queue it where the node's agent takes jobs, which never runs a pass.
     async_task(
         "scheduling.tasks.run_pass", task_name="scheduling-pass", cluster=scheduler_cluster()
     )
@@ -237,7 +237,7 @@ def schedules_ensure(
             "schedule_type": Schedule.MINUTES,
             "minutes": minutes,
             "repeats": -1,
-            # Pinned: a node's launch cluster must never run a pass or a sweep of the estate.
+            # Pinned: a node's queue must never carry a pass or a sweep of the estate.
             "cluster": scheduler_cluster(),
         }
         existing = list(rows.filter(name=name).order_by("pk"))

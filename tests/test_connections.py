@@ -44,16 +44,10 @@ def test_this_process_connects_under_its_name(db):
 
 def test_the_cap_for_two_web_processes_with_four_nodes():
     cap = connections.budget(web_workers=2, db_pool_size=8, q_workers=2, nodes=4)
-    # web: 2 x (8 pooled + 4 channel layer + 1 listening); each cluster 2 workers + 4; each
-    # node its agent's 3 and its cluster.
-    assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (26, 6, 36, 68)
+    # web: 2 x (8 pooled + 4 channel layer + 1 listening); the scheduler's cluster 2 workers
+    # + 4; each node its agent's 5 (main loop, sampler, relay, job thread and its LISTEN).
+    assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (26, 6, 20, 52)
     assert cap.node_count == 4
-
-
-def test_the_cap_for_make_run_with_four_nodes_counts_the_launch_clusters_own_workers():
-    cap = connections.budget(web_workers=1, db_pool_size=8, q_workers=2, launch_workers=1, nodes=4)
-    # web: 8 + 4 + 1; the scheduler 2 workers + 4; each node 3 + its cluster's 1 worker + 4.
-    assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (13, 6, 32, 51)
 
 
 def test_the_channel_layer_names_itself_and_keeps_what_database_url_says():

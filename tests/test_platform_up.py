@@ -86,9 +86,9 @@ def test_bootstrap_shows_secrets_once_and_changes_nothing_the_second_time():
 
 # What `make run` starts on one workstation: the runner; one daphne (WEB_WORKERS); the
 # scheduler's django-q2 cluster (main process, sentinel, monitor, pusher, Q_WORKERS 2 workers);
-# the node agent, its spawner and its launch cluster (the same four, LAUNCH_WORKERS 1 worker).
+# the node agent (which runs its node's launch jobs on a thread) and its spawner.
 # Issue 41 found 18, each of them a Python process of tens of MiB.
-MAKE_RUN_PROCESSES = 15
+MAKE_RUN_PROCESSES = 10
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -106,7 +106,7 @@ def test_make_run_on_one_workstation_starts_no_more_processes_than_it_needs(tmp_
         GPUPLATFORM_TASKS_ROOT=str(tmp_path / "tasks"),
         GPUPLATFORM_TASK_LOG_DIR=str(tmp_path / "logs"),
     )  # fmt: skip
-    for name in ("WEB_WORKERS", "WEB_SERVER", "Q_WORKERS", "LAUNCH_WORKERS", "Q_CLUSTER_NAME",
+    for name in ("WEB_WORKERS", "WEB_SERVER", "Q_WORKERS", "Q_CLUSTER_NAME",
                  "NODE_NAME", "GPU_BACKEND", "GPUPLATFORM_CONFIG"):  # fmt: skip
         environ.pop(name, None)  # make run's defaults: configs/scheduler.yaml's workstation
     log = tmp_path / "run.log"
@@ -119,18 +119,17 @@ def test_make_run_on_one_workstation_starts_no_more_processes_than_it_needs(tmp_
     try:
 
         def everything_started():
-            """both clusters running (each says so once all its processes are) and the spawner
-            ready (the web server's processes start first, at once)"""
+            """the scheduler's cluster running (it says so once all its processes are) and the
+            spawner ready (the web server's processes start first, at once)"""
             text = log.read_text(errors="replace")
             assert runner.poll() is None, text
-            clusters = re.findall(r"Q Cluster .* running\.", text)
-            return len(clusters) == 2 and "spawner ready" in text
+            return re.search(r"Q Cluster .* running\.", text) and "spawner ready" in text
 
         wait_for(everything_started, timeout=180, every=0.2)
         started = _tree(runner.pid)
         roles = [" ".join(proc.cmdline()[:4]) for proc in started]
         assert len(started) <= MAKE_RUN_PROCESSES, roles
-        assert len(started) >= 10, roles  # every role counted: nothing had died meanwhile
+        assert len(started) >= MAKE_RUN_PROCESSES, roles  # every role: nothing had died meanwhile
     finally:
         started = started or _tree(runner.pid)
         runner.send_signal(signal.SIGTERM)

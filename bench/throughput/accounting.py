@@ -137,8 +137,7 @@ def connection_budget() -> db_connections.Budget:
 # benchmark and the kernel's own threads are what the machine spent beyond the roles.
 SPAWNERS = "spawners, supervisors and tasks"
 SUPERVISORS = "supervisors"  # cpu_by_role's own key: by process, not a sum
-CPU_ROLES = ("web (daphne)", "scheduler (qcluster)", "node agents", "node launch clusters",
-             SPAWNERS, "PostgreSQL")  # fmt: skip
+CPU_ROLES = ("web (daphne)", "scheduler (qcluster)", "node agents", SPAWNERS, "PostgreSQL")
 CPU_REST = "the rest"
 
 
@@ -198,10 +197,10 @@ def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | No
             if role != "node agents":
                 spent[role] += _tree_cpu(root)
                 continue
-            spent[role] += _own_cpu(root)  # its threads: relay, sampler, heartbeat
+            spent[role] += _own_cpu(root)  # its threads: relay, jobs, sampler, heartbeat
             for child in root.children():
                 if "spawner" not in " ".join(child.cmdline()):
-                    spent["node launch clusters"] += _tree_cpu(child)
+                    spent[role] += _tree_cpu(child)
                     continue
                 spent[SPAWNERS] += _own_cpu(child)
         except psutil.Error:

@@ -1,9 +1,6 @@
-"""The node agent's own child processes: its django-q2 launch cluster and its spawner.
-
-Launches and controls are routed to the cluster with ``async_task(..., cluster=<node>)``; the
-spawner forks the supervisors those launches ask for (``spawner``). Both die with the agent
-(PR_SET_PDEATHSIG), so a restarted agent never finds a second one of its node; the supervisors
-are detached and live on regardless.
+"""The node agent's own child process: its spawner, which forks the supervisors its launches
+ask for (``spawner``). It dies with the agent (PR_SET_PDEATHSIG), so a restarted agent never
+finds a second one of its node; the supervisors are detached and live on regardless.
 """
 
 from __future__ import annotations
@@ -71,17 +68,6 @@ class NodeChild:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def launch_cluster(node_name: str) -> NodeChild:
-    """The node's django-q2 cluster, with LAUNCH_WORKERS workers (not the scheduler's count)."""
-    return NodeChild(
-        node_name,
-        "launcher cluster",
-        ["manage.py", "qcluster"],
-        Q_CLUSTER_NAME=node_name,
-        Q_WORKERS=str(settings.LAUNCH_WORKERS),
-    )
 
 
 def spawner(node_name: str) -> NodeChild:

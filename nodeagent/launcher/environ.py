@@ -2,8 +2,8 @@
 (the platform's, with every secret replaced by a file that tasks cannot read).
 
 A task could once read ``DATABASE_URL`` from ``/proc/$PPID/environ``: its supervisor had been
-forked with the platform's whole environment. Now the node agent starts its launch cluster, and
-so every supervisor, with ``DATABASE_URL_FILE`` and ``SECRET_KEY_FILE`` pointing into the
+forked with the platform's whole environment. Now the node agent starts its spawner, and so every
+supervisor, with ``DATABASE_URL_FILE`` and ``SECRET_KEY_FILE`` pointing into the
 node's runtime directory (0700, files 0600), and supervisors drop even those names from their
 own copy of the environment before a task starts.
 """

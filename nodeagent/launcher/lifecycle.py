@@ -1,8 +1,8 @@
 """A task's life on its node: launch, start, stop, finish, retry, and recovery after crashes.
 
-What runs on the node: the launch jobs the control plane queues to the node's cluster
-(``scheduling.controls``), the signals it sends, and reconciliation; what a supervisor reports
-goes through ``scheduling.agentapi.reports``.
+What runs on the node: the launch jobs the control plane queues for the node (its agent runs
+them: ``jobs``), the signals it sends, and reconciliation; what a supervisor reports goes
+through ``scheduling.agentapi.reports``.
 Each is idempotent: a duplicate delivery, a retried report or a reconciliation racing the
 supervisor changes nothing the second time.
 """
@@ -49,28 +49,30 @@ def launch(task_id: int, attempt_no: int) -> str:
     return launch_many([(task_id, attempt_no)])[0]
 
 
-def launch_many(pairs: list[tuple[int, int]]) -> list[str]:
-    """``launch`` for each (task id, attempt number): one statement reads them all and records
-    the attempts that may start (``_LAUNCH``), then a supervisor is started for each attempt
-    it recorded."""
-    cluster = os.environ.get("Q_CLUSTER_NAME", "")
-    query = launch_query(pairs, cluster)
+def launch_many(
+    pairs: list[tuple[int, int]], *, node: str = "", may_fork: bool = True
+) -> list[str]:
+    """``launch`` for each (task id, attempt number) placed on ``node`` ('': any node): one
+    statement reads them all and records the attempts that may start (``_LAUNCH``), then a
+    supervisor is started for each attempt it recorded (``may_fork``: see
+    ``spawn_supervisor``)."""
+    query = launch_query(pairs, node)
     with server_bound_cursor() as cursor:
         cursor.execute(query.sql, query.params)
         rows = cursor.fetchall()
-    results, recorded = launch_assignments(pairs, rows, cluster)
-    start_supervisors(recorded)
+    results, recorded = launch_assignments(pairs, rows, node)
+    start_supervisors(recorded, may_fork=may_fork)
     return results
 
 
-def launch_query(pairs: list[tuple[int, int]], cluster: str) -> Query:
-    """``_LAUNCH`` for these (task id, attempt number) on ``cluster`` ('': any node)."""
+def launch_query(pairs: list[tuple[int, int]], node: str) -> Query:
+    """``_LAUNCH`` for these (task id, attempt number) on ``node`` ('': any node)."""
     return Query(
         _LAUNCH,
         {
             "tasks": [task_id for task_id, _ in pairs],
             "numbers": [attempt_no for _, attempt_no in pairs],
-            "cluster": cluster,
+            "node": node,
             "logs": str(Path(settings.TASK_LOG_DIR)),  # as paths.log_path writes it
             "now": timezone.now(),
         },
@@ -78,7 +80,7 @@ def launch_query(pairs: list[tuple[int, int]], cluster: str) -> Query:
 
 
 def launch_assignments(
-    pairs: list[tuple[int, int]], rows: list[tuple], cluster: str
+    pairs: list[tuple[int, int]], rows: list[tuple], here: str
 ) -> tuple[list[str], list[Assignment]]:
     """What ``launch_query`` read: what became of each pair, in order, and the assignments of
     the attempts it recorded (to ``start_supervisors``)."""
@@ -93,8 +95,8 @@ def launch_assignments(
             continue
         (_, _, _, _, node, tenant, unix_user, name, command, workdir, timeout_s, env, resources,
          gpu_uuids, _, attempt_id, log) = row  # fmt: skip
-        if cluster and cluster != node:
-            results.append(f"refused: this is {cluster}, the task was placed on {node}")
+        if here and here != node:
+            results.append(f"refused: this is {here}, the task was placed on {node}")
             continue
         if attempt_id is None or (task_id, attempt_no) in seen:
             results.append("duplicate: already launched")  # a repeated delivery, or pair
@@ -166,7 +168,7 @@ def supervisor_sink(assignment: Assignment) -> Path:
 # Each task asked for with what its supervisor needs (``messages.Assignment``): its node, its
 # tenant's name and Unix user, and the UUIDs of the GPUs its current attempt holds, in index
 # order; and the attempt, recorded in the same statement where the task is still placed for
-# that attempt (on this cluster's node) and no launch recorded it before, with its id and log
+# that attempt (on this node) and no launch recorded it before, with its id and log
 # path (``paths.log_path``, written here). Plain SQL: Django compiling the read (joins, an
 # aggregate with a filter and an order) was most of a launch job's own CPU. One statement, not a
 # read and then an insert: those were two of a launch job's four (with the broker's claim and
@@ -197,10 +199,10 @@ _LAUNCH = """
                      started_at, ended_at, exit_code, outcome)
              SELECT id, attempt, node_id, to_jsonb(gpu_uuids),
                     concat_ws('/', %(logs)s::text, tenant, id, 'attempt-' || attempt || '.log'),
-                    %(cluster)s::text, NULL, NULL, NULL, NULL, '', %(now)s, NULL, NULL, NULL, ''
+                    %(node)s::text, NULL, NULL, NULL, NULL, '', %(now)s, NULL, NULL, NULL, ''
                FROM t
               WHERE state = 'scheduled' AND attempt = wanted
-                AND (%(cluster)s::text = '' OR node = %(cluster)s::text)
+                AND (%(node)s::text = '' OR node = %(node)s::text)
              ON CONFLICT (task_id, number) DO NOTHING
              RETURNING id, task_id, number, log_path)
     SELECT t.*, made.id, made.log_path

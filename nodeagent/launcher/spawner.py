@@ -3,7 +3,7 @@
 A supervisor forked from a launch worker is a copy of a process that has loaded all of Django:
 a fork, a ``Popen`` from the child and the exits cost more CPU from such a process than from one
 that has only read the settings, and the launch worker's double fork delayed every task between
-submit and a running process. So the node agent runs this process beside its launch cluster
+submit and a running process. So the node agent runs this process beside it
 (``python -m nodeagent.launcher.spawner NODE``). It reads the settings and imports the
 supervisor's modules, never Django's apps or models, and forks one supervisor per request. A
 supervisor forked here gets all it needs in its ``messages.Assignment``, reports and asks

@@ -22,7 +22,7 @@ def queued(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_pass_is_queued_for_the_scheduler_even_from_a_nodes_process(queued, monkeypatch):
-    # What a supervisor forked from a node's launch worker carries in its environment.
+    # A process of a node's with the name of the node's queue in its environment.
     monkeypatch.setenv("Q_CLUSTER_NAME", "workstation-1")
     passes.request_pass()
     assert [call["cluster"] for call in queued] == ["gpuplatform"]

@@ -28,7 +28,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-launcher",
             action="store_true",
-            help="do not run this node's task-launching django-q2 cluster (Q_CLUSTER_NAME=node)",
+            help="launch nothing here (no spawner, no job thread, no report relay)",
         )
 
     def handle(self, *args, node, backend, config, once, no_launcher, **options):

@@ -483,13 +483,11 @@ def test_a_launch_on_another_node_s_cluster_records_nothing(launcher, node, lab,
     task = task_submit(tenant=lab, spec=TaskSpec(name="here", command="true", gpus_min=1))
     scheduler.schedule_pass()
 
-    monkeypatch.setenv("Q_CLUSTER_NAME", "workstation-9")
-    assert lifecycle.launch_many([(task.pk, 1)]) == [
+    assert lifecycle.launch_many([(task.pk, 1)], node="workstation-9") == [
         f"refused: this is workstation-9, the task was placed on {node.name}"
     ]
     assert not spawned and not TaskAttempt.objects.filter(task=task).exists()
-    monkeypatch.setenv("Q_CLUSTER_NAME", node.name)
-    assert lifecycle.launch_many([(task.pk, 1)]) == ["launched"]
+    assert lifecycle.launch_many([(task.pk, 1)], node=node.name) == ["launched"]
     assert len(spawned) == 1 and attempt_of(task).launched_by == node.name
 
 

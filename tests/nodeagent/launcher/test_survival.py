@@ -157,7 +157,7 @@ def test_two_agents_on_one_machine_behave_as_two_hosts(agents, lab):
     for task in tasks:
         attempt = TaskAttempt.objects.get(task=task)
         assert attempt.node.name == task.required_node
-        assert attempt.launched_by == task.required_node  # launched by that node's cluster
+        assert attempt.launched_by == task.required_node  # launched by that node's agent
 
 
 def test_a_node_holds_no_more_database_connections_than_documented(agents, lab):
@@ -181,13 +181,15 @@ def test_a_node_holds_no_more_database_connections_than_documented(agents, lab):
         time.sleep(0.05)
     for task in tasks:
         wait_for(state_of(task, "succeeded"))
-    node = {"gpuplatform node_agent", "gpuplatform qcluster node-c", "gpuplatform supervisor"}
+    node = {"gpuplatform node_agent", "gpuplatform supervisor"}
     assert set(peak) <= node, peak  # every session of the node's processes says whose it is
-    assert {"gpuplatform node_agent", "gpuplatform qcluster node-c"} <= set(peak)
+    assert "gpuplatform node_agent" in peak
     cap = connections.budget(web_workers=0, db_pool_size=0, nodes=1,
-                             q_workers=settings.Q_CLUSTER["workers"],
-                             launch_workers=settings.LAUNCH_WORKERS)  # fmt: skip
-    assert 0 < sum(peak.values()) <= cap.nodes, peak
+                             q_workers=settings.Q_CLUSTER["workers"])  # fmt: skip
+    assert 0 < peak["gpuplatform node_agent"] <= cap.nodes, peak
+    # A supervisor writes its own report only when the agent did not answer in time (a busy
+    # machine): one connection each, for the two that run at once at most.
+    assert peak["gpuplatform supervisor"] <= 2, peak
 
 
 COUNT_TO_80 = (
