@@ -395,6 +395,10 @@ GPUPLATFORM_CONFIG = Path(
 # auto: NVML when an NVIDIA driver answers, else the configuration's simulated GPUs.
 GPU_BACKEND = env.choice("GPU_BACKEND", "auto", ("auto", "nvml", "simulated"))
 NODE_NAME = env.string("NODE_NAME")
+# Where the control plane reaches this node's agent for its tasks' logs (host[:port], default
+# port 8470; port 0: a free one). Unset: loopback on a free port, enough when the web runs on
+# this host; set it on every GPU host the web does not run on (docs/deployment.md).
+NODE_ADVERTISE_ADDRESS = env.string("NODE_ADVERTISE_ADDRESS", "")
 
 # --- Prometheus /metrics -------------------------------------------------------------------------
 # A scraper presenting "Authorization: Bearer <METRICS_TOKEN>" is served from any address;

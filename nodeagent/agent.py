@@ -91,6 +91,8 @@ class NodeAgent:
         self.stopping = threading.Event()
         self._last_seen: tuple[GpuInfo, ...] | None = None
         self.ticks = 0
+        # Where the control plane reaches this agent (nodeagent.peer); blank until it serves.
+        self.advertise_address = ""
 
     @property
     def name(self) -> str:
@@ -109,6 +111,7 @@ class NodeAgent:
             gpus=gpus,
             isolation=tracking.isolation(),
             process_tracking=tracking.describe(),
+            advertise_address=self.advertise_address,
         )
         self._last_seen = tuple(gpus)
         return gpus
@@ -182,6 +185,7 @@ class NodeAgent:
         # the GPUs' device nodes before the first heartbeat registers them.
         gpufence.publish(self.name, self.backend.discover())
         relay = self._relay() if launcher else None
+        peer = self._peer()
         # The spawner first: launches find it from the first job on.
         children = [spawner(self.name)] if launcher else []
         for child in children:
@@ -226,6 +230,8 @@ class NodeAgent:
             child.stop()
         if relay is not None:
             relay.stop()
+        if peer is not None:
+            peer.stop()
         self.backend.close()
         logger.info("node agent %s stopped", self.name)
 
@@ -244,6 +250,27 @@ class NodeAgent:
             return None
         relay.start()
         return relay
+
+    def _peer(self):
+        """Serve this node's logs to the control plane (nodeagent.peer) before the first
+        registration records where."""
+        from nodeagent import peer
+
+        try:
+            server = peer.serve(self.name, settings.NODE_ADVERTISE_ADDRESS)
+        except OSError as exc:  # the port is taken: tasks still run, their logs stay here
+            logger.error(
+                "node %s: cannot serve logs on %s: %s",
+                self.name,
+                settings.NODE_ADVERTISE_ADDRESS or peer.LOOPBACK,
+                exc,
+            )
+            return None
+        self.advertise_address = server.address
+        logger.info(
+            "node %s: serving its logs to the control plane on %s", self.name, server.address
+        )
+        return server
 
     def _sampler(self):
         """Start GPU sampling on its own thread (nodeagent.sampler): the heartbeat loop above

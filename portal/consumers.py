@@ -1,6 +1,8 @@
 """The task page's live log: a websocket that tails the log file the launcher writes
 (``scheduling.paths.log_path``) and pushes new bytes as they appear, with the task's
-state when it changes.
+state when it changes. The file is read here when this host sees it, else from the agent of
+the node that ran the attempt (``scheduling.logs.fetch``); while that node cannot be reached
+the page is told so, with the reason.
 
 Authenticated by the browser's session (or an API token), scoped to the tenant it acts for
 (tenants.access.caller_for): a task of another tenant closes with 4404, like a 404; an
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
@@ -28,7 +29,7 @@ from gpuplatform import query
 from gpuplatform.language import scope_language
 from portal.controls import controls_for
 from portal.views import AttemptQuery
-from scheduling import selectors
+from scheduling import logs, selectors
 from scheduling.states import TERMINAL
 from tenants import access
 
@@ -42,6 +43,7 @@ POLL_S = 0.1
 STATE_EVERY = 5  # polls: the task's state is read twice a second
 FIRST_CHUNK = 256 * 1024  # at most this much of an existing log on connect (its tail)
 MAX_CHUNK = 256 * 1024  # at most this much per message
+UNAVAILABLE_POLL_S = 1.0  # how often a node that cannot be reached is asked again
 
 
 class TaskLogConsumer(AsyncWebsocketConsumer):
@@ -93,7 +95,7 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
             "state": task.state,
             "reason": reason,
             "number": number,
-            "path": attempt.log_path if attempt else "",
+            "where": logs.Where.of(attempt) if attempt and attempt.log_path else None,
             "attempt_ended": bool(attempt and attempt.outcome),
             "task_ended": task.state in TERMINAL,
             "controls": controls_for(task),
@@ -102,7 +104,8 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
     async def _pump(self) -> None:
         look = sync_to_async(self._look)
         shown_state = None
-        number, path, offset, ended_sent = None, "", 0, False
+        number, where, offset, ended_sent = None, None, 0, False
+        unavailable = ""  # the reason last said, while the log's node cannot be reached
         polls = 0
         try:
             while True:
@@ -119,15 +122,25 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
                             state=seen["state"],
                             controls=seen["controls"],
                         )
-                    if seen["number"] != number or seen["path"] != path:
-                        number, path, ended_sent = seen["number"], seen["path"], False
-                        offset = _start_offset(path)
+                    if seen["number"] != number or seen["where"] != where:
+                        number, where, ended_sent = seen["number"], seen["where"], False
+                        offset = None  # the tail's start, once the log can be read
                         if number:
                             await self._send("attempt", attempt=number)
                     attempt_ended = seen["attempt_ended"]
                 polls += 1
-                if path:
-                    data = await asyncio.to_thread(_read_from, path, offset)
+                if where:
+                    try:
+                        if offset is None:
+                            offset = await asyncio.to_thread(_start_offset, where)
+                        data = await asyncio.to_thread(_read_from, where, offset)
+                    except logs.LogUnavailable as exc:
+                        if str(exc) != unavailable:
+                            unavailable = str(exc)
+                            await self._send("unavailable", attempt=number, reason=unavailable)
+                        await asyncio.sleep(UNAVAILABLE_POLL_S)
+                        continue
+                    unavailable = ""
                     if data:
                         offset += len(data)
                         await self._send("chunk", attempt=number, offset=offset,
@@ -136,7 +149,7 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
                     if attempt_ended and not ended_sent:
                         ended_sent = True
                         await self._send("ended", attempt=number)
-                if seen["task_ended"] and (ended_sent or not path):
+                if seen["task_ended"] and (ended_sent or not where):
                     return  # all said: nothing more will come (a retry reloads the page)
                 await asyncio.sleep(POLL_S)
         except asyncio.CancelledError:
@@ -150,19 +163,13 @@ class TaskLogConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": kind, **fields}))
 
 
-def _start_offset(path: str) -> int:
+def _start_offset(where: logs.Where) -> int:
     """Where a newly opened page starts reading: the log's tail, not a huge whole."""
-    try:
-        size = os.path.getsize(path) if path else 0
-    except OSError:
-        return 0
-    return max(0, size - FIRST_CHUNK)
+    return max(0, logs.size_of(where) - FIRST_CHUNK)
 
 
-def _read_from(path: str, offset: int) -> bytes:
+def _read_from(where: logs.Where, offset: int) -> bytes:
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            return handle.read(MAX_CHUNK)
+        return logs.fetch(where, offset=offset, limit=MAX_CHUNK)[1]
     except OSError:
         return b""

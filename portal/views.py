@@ -14,7 +14,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -34,7 +41,7 @@ from portal.forms import (
     offer_choices,
     yaml_example,
 )
-from scheduling import controls, selectors
+from scheduling import controls, logs, selectors
 from scheduling import usage as tenant_usage
 from scheduling.spec import SpecError, parse_yaml
 from scheduling.states import TaskState
@@ -387,12 +394,39 @@ def task_log(request: HttpRequest, pk: int) -> HttpResponse:
     attempt = selectors.task_attempt(tenant=who.tenant, task_id=task.pk, number=number)
     if attempt is None or not attempt.log_path:
         raise Http404
+    name = f"task-{task.pk}-attempt-{number}.log"
+    where = logs.Where.of(attempt)
+    if not where.local:
+        return _remote_log(where, name)
     try:
         handle = open(attempt.log_path, "rb")  # FileResponse closes it
     except OSError:
         raise Http404 from None
-    name = f"task-{task.pk}-attempt-{number}.log"
     return FileResponse(handle, as_attachment=True, filename=name, content_type="text/plain")
+
+
+def _remote_log(where: logs.Where, name: str) -> HttpResponse:
+    """The log from the agent of the node that holds it, streamed a chunk at a time; a 503
+    saying why when that node cannot be reached."""
+    try:
+        start, first, size = logs.fetch(where, offset=0)
+    except logs.LogUnavailable as exc:
+        message = _("The log cannot be read now: %(reason)s") % {"reason": exc}
+        return HttpResponse(message, status=503, content_type="text/plain; charset=utf-8")
+
+    def chunks():
+        offset = start + len(first)
+        yield first
+        while offset < size:
+            data = logs.fetch(where, offset=offset)[1]
+            if not data:
+                return
+            offset += len(data)
+            yield data
+
+    answer = StreamingHttpResponse(chunks(), content_type="text/plain")
+    answer["Content-Disposition"] = f'attachment; filename="{name}"'
+    return answer
 
 
 # --- Submitting -----------------------------------------------------------------------------------

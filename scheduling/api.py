@@ -534,11 +534,13 @@ class LogQuery(serializers.Serializer):
 
 
 class TaskLog(TaskInPath, APIView):
-    """Read an attempt's output: from a byte offset (follow with `next_offset`), or its tail."""
+    """Read an attempt's output: from a byte offset (follow with `next_offset`), or its tail.
+    503 with `unavailable: true` and the reason when the node holding the log cannot be
+    reached."""
 
     permission_classes = [IsTenantMember]
 
-    @extend_schema(parameters=[LogQuery], responses=LogOut)
+    @extend_schema(parameters=[LogQuery], responses={200: LogOut, 503: OpenApiTypes.OBJECT})
     def get(self, request: Request, pk: int) -> Response:
         task = get_task_for(request, pk)
         params = query.parse(LogQuery, request.query_params)
@@ -546,6 +548,12 @@ class TaskLog(TaskInPath, APIView):
             chunk = logs.read(task, **params)
         except logs.NoLog as exc:
             return errors_response({"attempt": [str(exc)]}, code=404)
+        except logs.LogUnavailable as exc:
+            # Said as it is: a log that cannot be read now is not an empty one.
+            answer = errors_response({"attempt": [f"log unavailable: {exc}"]}, code=503)
+            answer.data["unavailable"] = True
+            answer["Retry-After"] = "1"
+            return answer
         return Response(LogOut(chunk).data)
 
 

@@ -1,22 +1,98 @@
 """Reading a task's log through the API: by byte offset (to follow it) or its last lines.
 
-Logs are files on the node that ran the attempt; the web process reads them where it can see
-them (one host, or a shared filesystem for TASK_LOG_DIR).
+Logs are files on the node that ran the attempt. Where the file is on this host (one host, or a
+shared filesystem) it is read here; otherwise the byte range is asked of the node's agent at
+the address it advertises (``scheduling.nodelink``). A node that cannot be reached makes the
+read fail with ``LogUnavailable`` and its reason: never an empty log passed off as the whole.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from scheduling import nodelink
 from scheduling.models import Task, TaskAttempt
 
 MAX_READ = 1024 * 1024
 TAIL_WINDOW = 256 * 1024
+OFFSET_HEADER = "X-Log-Offset"
+SIZE_HEADER = "X-Log-Size"
 
 
 class NoLog(Exception):
     pass
+
+
+class LogUnavailable(Exception):
+    """The log is on a node that cannot be reached now; the message says why."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where an attempt's log lives: its path on the node that ran it, and that node's agent
+    (blank address: the control plane's own host)."""
+
+    path: str
+    node: str = ""
+    address: str = ""
+
+    @classmethod
+    def of(cls, attempt: TaskAttempt) -> Where:
+        node = attempt.node if attempt.node_id else None
+        return cls(
+            attempt.log_path, node.name if node else "", node.advertise_address if node else ""
+        )
+
+    @property
+    def local(self) -> bool:
+        """Read here: the node is this host, or its file is visible here."""
+        return not self.address or os.path.exists(self.path)
+
+
+def read_range(
+    path: Path, *, offset: int | None = None, tail: int | None = None, limit: int | None = None
+) -> tuple[int, bytes, int]:
+    """(start, bytes, size of the file) of a local log: from ``offset`` at most ``limit``
+    bytes, or, with ``tail`` and no offset, its last ``tail`` lines."""
+    size = path.stat().st_size if path.exists() else 0
+    limit = min(limit or MAX_READ, MAX_READ)
+    if tail is not None and offset is None:
+        start = max(0, size - TAIL_WINDOW)
+        lines = _read(path, start, size - start).splitlines(keepends=True)
+        kept = b"".join(lines[-tail:]) if tail else b""
+        return size - len(kept), kept, size
+    start = min(offset or 0, size)
+    return start, _read(path, start, limit), size
+
+
+def fetch(
+    where: Where, *, offset: int | None = None, tail: int | None = None, limit: int | None = None
+) -> tuple[int, bytes, int]:
+    """``read_range`` of the log wherever it is: here, or from its node's agent."""
+    if where.local:
+        return read_range(Path(where.path), offset=offset, tail=tail, limit=limit)
+    params = {"path": where.path, "offset": offset, "tail": tail, "limit": limit}
+    try:
+        answer = nodelink.get(where.node, where.address, "/logs/", params)
+    except nodelink.NodeUnreachable as exc:
+        raise LogUnavailable(str(exc)) from None
+    if answer.status == 404:  # not written yet: as a missing local file reads
+        return 0, b"", 0
+    if answer.status != 200:
+        raise LogUnavailable(f"node {where.node} answered {answer.status} for the log")
+    return int(answer.headers[OFFSET_HEADER]), answer.body, int(answer.headers[SIZE_HEADER])
+
+
+def size_of(where: Where) -> int:
+    """The log's size in bytes, wherever it is."""
+    if where.local:
+        try:
+            return os.path.getsize(where.path)
+        except OSError:
+            return 0
+    return fetch(where, offset=0, limit=1)[2]
 
 
 def read(
@@ -28,22 +104,15 @@ def read(
     limit: int | None = None,
 ) -> dict:
     number = attempt or task.attempt
-    row = TaskAttempt.objects.filter(task=task, number=number).first()
+    row = (
+        TaskAttempt.objects.filter(task=task, number=number)
+        .select_related("node")
+        .only("number", "log_path", "outcome", "node__name", "node__advertise_address")
+        .first()
+    )
     if row is None or not row.log_path:
         raise NoLog(f"no log for attempt {number}" if number else "the task has not started yet")
-    path = Path(row.log_path)
-    size = path.stat().st_size if path.exists() else 0
-    limit = min(limit or MAX_READ, MAX_READ)
-    if tail is not None and offset is None:
-        start = max(0, size - TAIL_WINDOW)
-        data = _read(path, start, size - start)
-        lines = data.splitlines(keepends=True)
-        kept = b"".join(lines[-tail:]) if tail else b""
-        start = size - len(kept)
-        data = kept
-    else:
-        start = min(offset or 0, size)
-        data = _read(path, start, limit)
+    start, data, size = fetch(Where.of(row), offset=offset, tail=tail, limit=limit)
     return {
         "attempt": number,
         "offset": start,

@@ -153,9 +153,11 @@ def task_get(*, tenant: Tenant, pk: int) -> Task:
 
 
 def task_attempt(*, tenant: Tenant, task_id: int, number: int) -> TaskAttempt | None:
-    """Attempt ``number`` of the tenant's task (its log file and outcome), or None."""
+    """Attempt ``number`` of the tenant's task (its log file, the node holding it, and its
+    outcome), or None."""
     attempts = TaskAttempt.objects.filter(task__tenant=tenant, task_id=task_id, number=number)
-    return attempts.only("task_id", "number", "log_path", "outcome").first()
+    fields = ("task_id", "number", "log_path", "outcome", "node__name", "node__advertise_address")
+    return attempts.select_related("node").only(*fields).first()
 
 
 def task_detail(*, tenant: Tenant, pk: int) -> Task:

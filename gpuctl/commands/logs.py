@@ -15,14 +15,24 @@ LOG_POLL_S = 1.0
 WAIT_POLL_S = 2.0
 
 
-def read_log(client: Client, number: int, params: dict[str, Any]) -> dict | None:
-    """One chunk of the log, or None when the attempt has no log (yet)."""
-    try:
-        return client.get(f"tasks/{number}/log/", params, what=f"task {number}")
-    except ApiError as exc:
-        if exc.status == 404 and "attempt" in exc.errors:
-            return None
-        raise
+def read_log(
+    client: Client, number: int, params: dict[str, Any], *, follow: bool = False
+) -> dict | None:
+    """One chunk of the log, or None when the attempt has no log (yet). While the node holding
+    the log cannot be reached (503), -f says so once and asks again; without -f it fails."""
+    said = ""
+    while True:
+        try:
+            return client.get(f"tasks/{number}/log/", params, what=f"task {number}")
+        except ApiError as exc:
+            if exc.status == 404 and "attempt" in exc.errors:
+                return None
+            if not (exc.status == 503 and follow):
+                raise
+            if exc.detail != said:
+                said = exc.detail
+                out.note(f"task {number}: {exc.detail} (still trying)")
+            time.sleep(LOG_POLL_S)
 
 
 def cmd_logs(ctx: Context) -> int:
@@ -55,11 +65,12 @@ def cmd_logs(ctx: Context) -> int:
                 if task["state"] in TERMINAL and task["attempt"] <= done_attempt:
                     return EXIT_OK
                 if task["attempt"] > done_attempt:
-                    chunk = read_log(client, number, {"attempt": task["attempt"], "offset": 0})
+                    params = {"attempt": task["attempt"], "offset": 0}
+                    chunk = read_log(client, number, params, follow=True)
             else:
                 params = {"attempt": pinned}
                 params.update({"tail": args.tail} if args.tail is not None else {"offset": 0})
-                chunk = read_log(client, number, params)
+                chunk = read_log(client, number, params, follow=args.follow)
                 if chunk is None:
                     task = client.get(f"tasks/{number}/", what=f"task {number}")
                     if not args.follow or task["state"] in TERMINAL:
@@ -74,7 +85,8 @@ def cmd_logs(ctx: Context) -> int:
                 out.note(f"--- task {number}, attempt {chunk['attempt']} ---")
             streaming = chunk["attempt"]
         else:
-            chunk = read_log(client, number, {"attempt": streaming, "offset": offset})
+            params = {"attempt": streaming, "offset": offset}
+            chunk = read_log(client, number, params, follow=args.follow)
             if chunk is None:  # the log went away (cleaned up): nothing more to read
                 return EXIT_OK
         sys.stdout.write(chunk["text"])

@@ -107,6 +107,8 @@
         }
       } else if (message.type === "ended") {
         say("ended");
+      } else if (message.type === "unavailable") {
+        status.textContent = (status.dataset.unavailable || "") + " " + message.reason;
       } else if (message.type === "state") {
         document.getElementById("task-state").innerHTML = message.html;
         document.getElementById("task-reason").textContent = message.reason;

@@ -1,10 +1,12 @@
 """Run the node agent for this host: ``python manage.py node_agent [--node NAME]``."""
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from nodeagent.agent import AgentError, NodeAgent, resolve_node_name
 from nodeagent.inventory import BackendUnavailable
+from scheduling import nodelink
 from scheduling.config import ConfigError, load_config
 
 
@@ -33,11 +35,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, node, backend, config, once, no_launcher, **options):
         try:
+            if settings.NODE_ADVERTISE_ADDRESS:
+                nodelink.parse_address(settings.NODE_ADVERTISE_ADDRESS)
             estate = load_config(config)
             agent = NodeAgent(
                 config=estate, node_name=resolve_node_name(estate, node), backend_kind=backend
             )
-        except (ConfigError, AgentError, BackendUnavailable) as exc:
+        except (ConfigError, AgentError, BackendUnavailable, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from exc
         if once:
             gpus = agent.register()

@@ -1,0 +1,127 @@
+"""A small threaded HTTP server in the node agent process, serving signed requests only.
+
+The standard library's ThreadingHTTPServer is enough here: a handful of requests a second per
+open log tail, answered from local files. (Twisted, which daphne brings, would add its weight to
+every node agent for this.) Each request is checked against this node's key before its route
+runs; a request without a valid signature answers 401 and reaches no route.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from scheduling import nodelink
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # without the query
+    params: dict[str, str]  # the last value of each query parameter
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def error(cls, status: int, message: str) -> Reply:
+        body = json.dumps({"error": message}).encode()
+        return cls(status, body, {"Content-Type": "application/json"})
+
+
+Route = Callable[[Request], Reply]
+
+
+class Router:
+    """Routes by the first segment of the path: ``/logs/...`` goes to the ``logs`` route."""
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], Route] = {}
+
+    def add(self, method: str, name: str, route: Route) -> None:
+        self.routes[(method, name)] = route
+
+    def dispatch(self, request: Request) -> Reply:
+        name = request.path.strip("/").split("/", 1)[0]
+        route = self.routes.get((request.method, name))
+        if route is None:
+            return Reply.error(404, f"no route {request.method} /{name}/")
+        return route(request)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a tail's polls reuse one connection
+    server: _Server
+
+    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        self._answer("GET")
+
+    def _answer(self, method: str) -> None:
+        node = self.server.node_name
+        why = nodelink.check(node, method, self.path, self.headers.get("Authorization"))
+        if why is not None:
+            reply = Reply.error(401, why)
+        else:
+            parts = urlsplit(self.path)
+            params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+            try:
+                reply = self.server.router.dispatch(Request(method, parts.path, params))
+            except Exception:
+                logger.exception("node %s: %s %s failed", node, method, parts.path)
+                reply = Reply.error(500, "the node agent failed to answer: see its log")
+        self.send_response(reply.status)
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(reply.body)))
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        logger.debug("node %s peer: %s", self.server.node_name, format % args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    node_name: str
+    router: Router
+
+
+class PeerServer:
+    """Serve ``router`` for node ``node_name`` on ``host:port`` (port 0: a free one) on a
+    thread of its own. ``address`` is what to advertise once started."""
+
+    def __init__(self, *, node_name: str, host: str, port: int, router: Router) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_class = type("_PeerServer", (_Server,), {"address_family": family})
+        self.httpd = server_class((host, port), _Handler)
+        self.httpd.node_name = node_name
+        self.httpd.router = router
+        self.advertised_host = host
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, name="node-peer", daemon=True
+        )
+
+    @property
+    def address(self) -> str:
+        return nodelink.format_address(self.advertised_host, self.httpd.server_address[1])
+
+    def start(self) -> PeerServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)

@@ -1,0 +1,132 @@
+"""How the control plane reaches a node agent over HTTP, as the API server reaches a kubelet.
+
+A node agent serves what only its host holds (its tasks' logs) on ``NODE_ADVERTISE_ADDRESS``
+(``nodeagent.peer``) and records that address on its Node row. Each request carries a signature
+made with that node's own key: an HMAC over the method, the node's name, the request target
+(path and query) and an expiry. A node checks it against its own name, so a request meant for
+one node is refused by any other, and nobody without the platform's secret (a tenant, or a
+task running on the node) can make one. Both sides import this module: it holds the request's
+form, the signing and the client.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from dataclasses import dataclass
+from urllib.parse import urlencode, urlsplit
+
+import urllib3
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.crypto import salted_hmac
+
+SCHEME = "GpupNode"
+DEFAULT_PORT = 8470
+SIGNATURE_TTL_S = 60  # the clocks of the control plane and the nodes may differ by less
+CONNECT_TIMEOUT_S = 1.0
+READ_TIMEOUT_S = 5.0
+
+
+class NodeUnreachable(Exception):
+    """The node did not answer, or answered with an error: the reason says which."""
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``host[:port]`` (an IPv6 host in brackets) as (host, port); port 0 asks for a free one."""
+    try:
+        parts = urlsplit(f"//{value.strip()}")
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"NODE_ADVERTISE_ADDRESS: {value!r}: {exc}") from None
+    if not host or parts.path or parts.query or parts.username:
+        raise ImproperlyConfigured(
+            f"NODE_ADVERTISE_ADDRESS: {value!r} is not host[:port] (e.g. 10.0.0.7:{DEFAULT_PORT})"
+        )
+    return host, DEFAULT_PORT if port is None else port
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _key(node: str) -> bytes:
+    return salted_hmac("gpuplatform.nodelink", node, secret=settings.SECRET_KEY).digest()
+
+
+def _signature(node: str, method: str, target: str, expires: int) -> str:
+    message = f"{method}\n{node}\n{target}\n{expires}".encode()
+    return hmac.new(_key(node), message, "sha256").hexdigest()
+
+
+def authorization(node: str, method: str, target: str, *, now: float | None = None) -> str:
+    """The Authorization header for ``method target`` sent to ``node``, valid for a minute."""
+    expires = int((time.time() if now is None else now) + SIGNATURE_TTL_S)
+    return f"{SCHEME} {expires}:{_signature(node, method, target, expires)}"
+
+
+def check(node: str, method: str, target: str, header: str | None) -> str | None:
+    """None when ``header`` authorizes ``method target`` on ``node``, else why not."""
+    scheme, _, credential = (header or "").partition(" ")
+    expires_text, _, signature = credential.partition(":")
+    if scheme != SCHEME or not expires_text.isdigit() or not signature:
+        return f"an Authorization header '{SCHEME} <expiry>:<signature>' is required"
+    expires = int(expires_text)
+    if expires < time.time():
+        return "the signature has expired"
+    if expires > time.time() + 5 * SIGNATURE_TTL_S:
+        return "the signature's expiry is too far ahead"
+    if not hmac.compare_digest(signature, _signature(node, method, target, expires)):
+        return f"the signature is not valid for node {node}"
+    return None
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+# One pool for the process: connections to each node are kept open between a tail's polls.
+_pool = urllib3.PoolManager(
+    num_pools=64,
+    maxsize=8,
+    retries=False,
+    timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+)
+
+
+def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer:
+    """``GET path?params`` from ``node`` at ``address``, signed; NodeUnreachable when the
+    node does not answer or refuses (a 4xx a route gives for its own reasons is returned)."""
+    query = urlencode(sorted((k, str(v)) for k, v in params.items() if v is not None))
+    target = f"{path}?{query}" if query else path
+    try:
+        host, port = parse_address(address)
+    except ImproperlyConfigured as exc:
+        raise NodeUnreachable(f"node {node} advertises a bad address {address!r}") from exc
+    url = f"http://{format_address(host, port)}{target}"
+    try:
+        reply = _pool.request(
+            "GET",
+            url,
+            headers={"Authorization": authorization(node, "GET", target)},
+            redirect=False,
+        )
+    except urllib3.exceptions.HTTPError as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise NodeUnreachable(f"node {node} at {address} is unreachable: {reason}") from None
+    if reply.status in (401, 403) or reply.status >= 500:
+        raise NodeUnreachable(
+            f"node {node} at {address} refused: {reply.status} {_error_of(reply.data)}"
+        )
+    return Answer(reply.status, dict(reply.headers), reply.data)
+
+
+def _error_of(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("error", ""))[:200]
+    except (ValueError, AttributeError):
+        return body[:200].decode("utf-8", errors="replace")
