@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
+
 from scheduling import nodelink
 from scheduling.models import Task, TaskAttempt
 
@@ -47,8 +49,12 @@ class Where:
 
     @property
     def local(self) -> bool:
-        """Read here: the node is this host, or its file is visible here."""
-        return not self.address or os.path.exists(self.path)
+        """Read here: the node is this host, or the file is here, in this host's TASK_LOG_DIR
+        (a shared filesystem). Another agent's directory on this host is asked of that agent,
+        as another host's would be."""
+        if not self.address:
+            return True
+        return Path(self.path).is_relative_to(settings.TASK_LOG_DIR) and os.path.exists(self.path)
 
 
 def read_range(

@@ -100,7 +100,8 @@ _pool = urllib3.PoolManager(
 
 def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer:
     """``GET path?params`` from ``node`` at ``address``, signed; NodeUnreachable when the
-    node does not answer or refuses (a 4xx a route gives for its own reasons is returned)."""
+    node does not answer, refuses the signature (401) or fails (5xx); a route's own 4xx is
+    returned."""
     query = urlencode(sorted((k, str(v)) for k, v in params.items() if v is not None))
     target = f"{path}?{query}" if query else path
     try:
@@ -118,7 +119,7 @@ def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer
     except urllib3.exceptions.HTTPError as exc:
         reason = getattr(exc, "reason", None) or exc
         raise NodeUnreachable(f"node {node} at {address} is unreachable: {reason}") from None
-    if reply.status in (401, 403) or reply.status >= 500:
+    if reply.status == 401 or reply.status >= 500:
         raise NodeUnreachable(
             f"node {node} at {address} refused: {reply.status} {_error_of(reply.data)}"
         )

@@ -63,6 +63,8 @@ class Router:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a tail's polls reuse one connection
+    server_version = "gpuplatform-node"
+    sys_version = ""
     server: _Server
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name

@@ -1,0 +1,109 @@
+"""The node agent's server for the control plane: only signed requests reach a route, and the
+logs route serves only this node's logs."""
+
+from __future__ import annotations
+
+import http.client
+import time
+from urllib.parse import quote
+
+import pytest
+
+from nodeagent import peer
+from scheduling import logs, nodelink
+
+
+@pytest.fixture
+def node_logs(tmp_path, settings):
+    settings.TASK_LOG_DIR = tmp_path / "node-logs"
+    log = settings.TASK_LOG_DIR / "vision-lab" / "7" / "attempt-1.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"one\ntwo\nthree\n")
+    server = peer.serve("node-b", "127.0.0.1:0")
+    yield server, log
+    server.stop()
+
+
+def ask(server, target: str, header: str | None) -> tuple[int, dict, bytes]:
+    host, port = nodelink.parse_address(server.address)
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request("GET", target, headers={"Authorization": header} if header else {})
+        answer = conn.getresponse()
+        return answer.status, dict(answer.headers), answer.read()
+    finally:
+        conn.close()
+
+
+def target_for(path, **params) -> str:
+    query = "&".join(f"{k}={v}" for k, v in sorted({"path": quote(str(path)), **params}.items()))
+    return f"/logs/?{query}"
+
+
+def test_a_signed_request_reads_a_byte_range_of_a_log(node_logs):
+    server, log = node_logs
+    answer = nodelink.get("node-b", server.address, "/logs/", {"path": log, "offset": 4})
+    assert answer.status == 200 and answer.body == b"two\nthree\n"
+    assert answer.headers[logs.OFFSET_HEADER] == "4" and answer.headers[logs.SIZE_HEADER] == "14"
+
+
+def test_a_signed_request_reads_the_last_lines(node_logs):
+    server, log = node_logs
+    answer = nodelink.get("node-b", server.address, "/logs/", {"path": log, "tail": 1})
+    assert answer.body == b"three\n" and answer.headers[logs.OFFSET_HEADER] == "8"
+
+
+def test_an_unsigned_request_is_refused(node_logs):
+    server, log = node_logs
+    status, _, body = ask(server, target_for(log), None)
+    assert status == 401 and b"Authorization" in body
+
+
+def test_a_forged_signature_is_refused(node_logs):
+    server, log = node_logs
+    target = target_for(log)
+    expires = int(time.time()) + 30
+    status, _, body = ask(server, target, f"{nodelink.SCHEME} {expires}:{'0' * 64}")
+    assert status == 401 and b"not valid" in body
+
+
+def test_an_expired_signature_is_refused(node_logs):
+    server, log = node_logs
+    target = target_for(log)
+    header = nodelink.authorization("node-b", "GET", target, now=time.time() - 600)
+    status, _, body = ask(server, target, header)
+    assert status == 401 and b"expired" in body
+
+
+def test_a_request_signed_for_another_node_is_refused(node_logs):
+    server, log = node_logs
+    target = target_for(log)
+    status, _, _ = ask(server, target, nodelink.authorization("node-a", "GET", target))
+    assert status == 401
+    with pytest.raises(nodelink.NodeUnreachable, match="refused: 401"):
+        nodelink.get("node-a", server.address, "/logs/", {"path": log})
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "{root}/../secret", "{root}"])
+def test_a_signed_request_for_a_file_outside_the_logs_is_refused(node_logs, settings, path):
+    server, _ = node_logs
+    secret = settings.TASK_LOG_DIR.parent / "secret"
+    secret.write_text("the platform's secret")
+    path = path.format(root=settings.TASK_LOG_DIR)
+    answer = nodelink.get("node-b", server.address, "/logs/", {"path": path})
+    assert answer.status == 403 and b"secret" not in answer.body
+
+
+def test_a_log_not_written_yet_is_a_404_and_an_unknown_route_too(node_logs, settings):
+    server, _ = node_logs
+    missing = settings.TASK_LOG_DIR / "vision-lab" / "8" / "attempt-1.log"
+    assert nodelink.get("node-b", server.address, "/logs/", {"path": missing}).status == 404
+    assert nodelink.get("node-b", server.address, "/nothing/", {}).status == 404
+
+
+def test_a_node_nobody_listens_on_is_unreachable(node_logs):
+    server, log = node_logs
+    address = server.address
+    server.stop()
+    with pytest.raises(nodelink.NodeUnreachable, match=f"node node-b at {address} is unreachable"):
+        nodelink.get("node-b", address, "/logs/", {"path": log})
