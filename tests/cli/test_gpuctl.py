@@ -482,3 +482,41 @@ def test_reasons_come_in_the_users_language(server, gpuctl, owner):
     assert "已退出，退出码 2" in gpuctl.ok("get", "tasks", LC_ALL="zh_CN.UTF-8")
     english = fields_of(gpuctl.ok("describe", "task", str(task.pk)))
     assert english["Reason"] == "exited with 2"
+
+
+@live_db
+def test_logs_of_a_node_out_of_reach_say_so_and_follow_once_it_answers(
+    server, gpuctl, owner, workstation, tmp_path, settings
+):
+    """The log lies on the node's disk only (this test process plays the node, with a log
+    directory daphne does not share) and is read through the node's agent."""
+    from nodeagent import peer
+
+    address = f"127.0.0.1:{free_port()}"
+    type(workstation).objects.filter(pk=workstation.pk).update(advertise_address=address)
+    settings.TASK_LOG_DIR = tmp_path / "node-logs"
+    log = settings.TASK_LOG_DIR / owner.tenant.name / "1" / "attempt-1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("line 1\n")
+    task = TaskFactory(tenant=owner.tenant, owner=owner.user, name="far", state="running",
+                       node=workstation, attempt=1)  # fmt: skip
+    TaskAttempt.objects.create(task=task, number=1, node=workstation, log_path=str(log))
+    gpuctl.ok("login", "--url", server, "--token", owner.token)
+
+    refused = gpuctl("logs", str(task.pk))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert f"log unavailable: node workstation-1 at {address} is unreachable" in refused.stderr
+
+    follower = gpuctl.popen("logs", "-f", str(task.pk))
+    assert "(still trying)" in follower.stderr.readline()
+    agent = peer.serve("workstation-1", address)
+    try:
+        assert follower.stdout.readline() == "line 1\n"
+        TaskAttempt.objects.filter(task=task).update(outcome="succeeded", exit_code=0)
+        Task.objects.filter(pk=task.pk).update(state="succeeded", exit_code=0)
+        rest, stderr = follower.communicate(timeout=15)
+        assert follower.returncode == 0, stderr
+        assert rest == ""
+        assert gpuctl.ok("logs", str(task.pk), "--tail", "1") == "line 1\n"
+    finally:
+        agent.stop()
