@@ -63,6 +63,9 @@ class Router:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a tail's polls reuse one connection
+    # Headers and body go out as two writes: with Nagle's algorithm the body would wait for the
+    # client's delayed ACK of the headers, a stall on every poll of a live tail.
+    disable_nagle_algorithm = True
     server_version = "gpuplatform-node"
     sys_version = ""
     server: _Server
