@@ -111,7 +111,7 @@ class NodeAgent:
             gpus=gpus,
             isolation=tracking.isolation(),
             process_tracking=tracking.describe(),
-            advertise_address=self.advertise_address,
+            advertise_address=self.advertise_address or None,
         )
         self._last_seen = tuple(gpus)
         return gpus
@@ -171,6 +171,7 @@ class NodeAgent:
         """Heartbeat until stopped; with ``launcher``, also launch and control the tasks placed
         here (the spawner, the queue's jobs, the supervisors' reports)."""
         self._install_signal_handlers()
+        peer = self._peer()  # first: an agent that cannot serve its logs stops here
         identity.secure_platform_dirs()
         environ.forget_secret_files_of_dead_processes()
         if settings.CGROUP_FAVOR_DYNMODS and tracking.hierarchy() is not None:
@@ -185,7 +186,6 @@ class NodeAgent:
         # the GPUs' device nodes before the first heartbeat registers them.
         gpufence.publish(self.name, self.backend.discover())
         relay = self._relay() if launcher else None
-        peer = self._peer()
         # The spawner first: launches find it from the first job on.
         children = [spawner(self.name)] if launcher else []
         for child in children:
@@ -253,19 +253,17 @@ class NodeAgent:
 
     def _peer(self):
         """Serve this node's logs to the control plane (nodeagent.peer) before the first
-        registration records where."""
+        registration records where. AgentError when it cannot listen there."""
         from nodeagent import peer
 
         try:
             server = peer.serve(self.name, settings.NODE_ADVERTISE_ADDRESS)
-        except OSError as exc:  # the port is taken: tasks still run, their logs stay here
-            logger.error(
-                "node %s: cannot serve logs on %s: %s",
-                self.name,
-                settings.NODE_ADVERTISE_ADDRESS or peer.LOOPBACK,
-                exc,
-            )
-            return None
+        except OSError as exc:
+            # Refused, not skipped: without the server the web would find no log of this node.
+            where = settings.NODE_ADVERTISE_ADDRESS or peer.LOOPBACK
+            raise AgentError(
+                f"NODE_ADVERTISE_ADDRESS: cannot serve logs on {where}: {exc}"
+            ) from exc
         self.advertise_address = server.address
         logger.info(
             "node %s: serving its logs to the control plane on %s", self.name, server.address

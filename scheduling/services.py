@@ -104,7 +104,7 @@ def node_register(
     pool_description: str = "",
     isolation: str = "",
     process_tracking: str = "",
-    advertise_address: str = "",
+    advertise_address: str | None = None,
 ) -> Node:
     """Record a node and the GPUs its agent discovered. Idempotent: safe on every restart.
 
@@ -122,13 +122,14 @@ def node_register(
             "last_heartbeat": now,
             "isolation": isolation,
             "process_tracking": process_tracking,
-            "advertise_address": advertise_address,
+            "advertise_address": advertise_address or "",
         },
     )
     if not created:
         node.pool, node.hostname, node.backend, node.last_heartbeat = pool, hostname, backend, now
         node.isolation, node.process_tracking = isolation, process_tracking
-        node.advertise_address = advertise_address
+        if advertise_address is not None:  # None: not serving now (``node_agent --once``)
+            node.advertise_address = advertise_address
         if node.state == NodeState.OFFLINE and node.state_reason == NODE_SILENT:
             _resume(node, NodeState.AVAILABLE)
         node.save()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -203,6 +204,37 @@ def test_a_bad_configuration_stops_the_command_naming_the_file_and_key(db, tmp_p
 
     assert f"{bad}: nodes[0].simulate.count: must be at least 1" in str(raised.value)
     assert not Node.objects.exists()
+
+
+# --- Where the control plane reaches it ---------------------------------------------------------
+
+
+def test_it_records_where_it_serves_its_logs_and_registering_once_keeps_it(db, agent, config_file):
+    server = agent._peer()
+    try:
+        assert agent.advertise_address == server.address
+        assert server.address.startswith("127.0.0.1:")
+        agent.register()
+        assert Node.objects.get(name=NODE).advertise_address == server.address
+        run_once(config_file)  # an agent that serves nothing says nothing of where
+        assert Node.objects.get(name=NODE).advertise_address == server.address
+    finally:
+        server.stop()
+
+
+def test_an_agent_that_cannot_listen_where_told_refuses_to_run(db, agent, settings):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings.NODE_ADVERTISE_ADDRESS = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(AgentError, match="NODE_ADVERTISE_ADDRESS: cannot serve logs on"):
+            agent._peer()
+
+
+def test_a_bad_advertised_address_stops_the_command_naming_it(db, config_file, settings):
+    settings.NODE_ADVERTISE_ADDRESS = "http://gpu-b/"
+    with pytest.raises(CommandError, match="NODE_ADVERTISE_ADDRESS: 'http://gpu-b/'"):
+        run_once(config_file)
 
 
 # --- The real loop -----------------------------------------------------------------------------

@@ -55,4 +55,7 @@ class Command(BaseCommand):
                 )
             agent.backend.close()
             return
-        agent.run(launcher=not no_launcher)
+        try:
+            agent.run(launcher=not no_launcher)
+        except AgentError as exc:
+            raise CommandError(str(exc)) from exc
