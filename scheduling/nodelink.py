@@ -11,6 +11,7 @@ form, the signing and the client.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import time
@@ -23,10 +24,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
 SCHEME = "GpupNode"
+PROOF_HEADER = "X-Gpup-Proof"
 DEFAULT_PORT = 8470
 SIGNATURE_TTL_S = 60  # the clocks of the control plane and the nodes may differ by less
 CONNECT_TIMEOUT_S = 1.0
-READ_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 3.0
 
 
 class NodeUnreachable(Exception):
@@ -82,6 +84,15 @@ def check(node: str, method: str, target: str, header: str | None) -> str | None
     return None
 
 
+def proof(node: str, authorization: str, status: int, body: bytes) -> str:
+    """What the node signs its answer with (PROOF_HEADER): the request's own Authorization,
+    the status and the body, under the node's key. The control plane believes only answers
+    that carry it: whatever else listens at a node's address (another node, a proxy that
+    answers every address) is not taken for the node, nor its 404 for a log not written yet."""
+    message = f"{authorization}\n{status}\n".encode() + hashlib.sha256(body).digest()
+    return hmac.new(_key(node), message, "sha256").hexdigest()
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -90,10 +101,12 @@ class Answer:
 
 
 # One pool for the process: connections to each node are kept open between a tail's polls.
+# A kept connection the node has since closed is tried again once, on a new one; a node that
+# refuses or does not answer the connection is not.
 _pool = urllib3.PoolManager(
     num_pools=64,
     maxsize=8,
-    retries=False,
+    retries=urllib3.Retry(total=1, connect=0, read=1, status=0, other=0, redirect=0),
     timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
 )
 
@@ -109,16 +122,20 @@ def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer
     except ImproperlyConfigured as exc:
         raise NodeUnreachable(f"node {node} advertises a bad address {address!r}") from exc
     url = f"http://{format_address(host, port)}{target}"
+    signed = authorization(node, "GET", target)
     try:
-        reply = _pool.request(
-            "GET",
-            url,
-            headers={"Authorization": authorization(node, "GET", target)},
-            redirect=False,
-        )
+        reply = _pool.request("GET", url, headers={"Authorization": signed}, redirect=False)
     except urllib3.exceptions.HTTPError as exc:
-        reason = getattr(exc, "reason", None) or exc
+        reason = str(getattr(exc, "reason", None) or exc)
+        if reason.startswith("HTTPConnection("):  # the pool's name for the connection
+            reason = reason.partition("): ")[2] or reason
         raise NodeUnreachable(f"node {node} at {address} is unreachable: {reason}") from None
+    expected = proof(node, signed, reply.status, reply.data)
+    if not hmac.compare_digest(reply.headers.get(PROOF_HEADER, ""), expected):
+        raise NodeUnreachable(
+            f"node {node} at {address} is unreachable: what answers there ({reply.status}) "
+            f"is not node {node}'s agent"
+        )
     if reply.status == 401 or reply.status >= 500:
         raise NodeUnreachable(
             f"node {node} at {address} refused: {reply.status} {_error_of(reply.data)}"

@@ -66,6 +66,7 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out as two writes: with Nagle's algorithm the body would wait for the
     # client's delayed ACK of the headers, a stall on every poll of a live tail.
     disable_nagle_algorithm = True
+    timeout = 60  # an idle or stalled connection lets its thread go
     server_version = "gpuplatform-node"
     sys_version = ""
     server: _Server
@@ -75,7 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, method: str) -> None:
         node = self.server.node_name
-        why = nodelink.check(node, method, self.path, self.headers.get("Authorization"))
+        signed = self.headers.get("Authorization") or ""
+        why = nodelink.check(node, method, self.path, signed)
         if why is not None:
             reply = Reply.error(401, why)
         else:
@@ -89,6 +91,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(reply.status)
         for name, value in reply.headers.items():
             self.send_header(name, value)
+        self.send_header(
+            nodelink.PROOF_HEADER, nodelink.proof(node, signed, reply.status, reply.body)
+        )
         self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
         self.wfile.write(reply.body)

@@ -4,7 +4,9 @@ logs route serves only this node's logs."""
 from __future__ import annotations
 
 import http.client
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote
 
 import pytest
@@ -80,8 +82,37 @@ def test_a_request_signed_for_another_node_is_refused(node_logs):
     target = target_for(log)
     status, _, _ = ask(server, target, nodelink.authorization("node-a", "GET", target))
     assert status == 401
-    with pytest.raises(nodelink.NodeUnreachable, match="refused: 401"):
+
+
+def test_a_node_answering_at_another_nodes_address_is_not_believed(node_logs):
+    """node-b answers a request meant for node-a, but cannot sign as node-a."""
+    server, log = node_logs
+    with pytest.raises(nodelink.NodeUnreachable, match="is not node node-a's agent"):
         nodelink.get("node-a", server.address, "/logs/", {"path": log})
+
+
+def test_whatever_else_answers_at_a_nodes_address_is_not_believed():
+    """A 404 from something that is not the node's agent is not 'no log yet'."""
+
+    class Stranger(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    stranger = ThreadingHTTPServer(("127.0.0.1", 0), Stranger)
+    thread = threading.Thread(target=stranger.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"127.0.0.1:{stranger.server_address[1]}"
+        with pytest.raises(nodelink.NodeUnreachable, match=r"\(404\) is not node node-b's agent"):
+            nodelink.get("node-b", address, "/logs/", {"path": "/x"})
+    finally:
+        stranger.shutdown()
+        stranger.server_close()
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", "{root}/../secret", "{root}"])
