@@ -11,6 +11,8 @@ import errno
 import logging
 import socket
 
+from nodeagent.peer.logs import serve_log
+from nodeagent.peer.server import PeerServer, Router
 from scheduling import nodelink
 
 logger = logging.getLogger(__name__)
@@ -18,31 +20,25 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1:0"
 
 
-def router():
+def router() -> Router:
     """Every route the node serves."""
-    from nodeagent.peer.logs import serve_log
-    from nodeagent.peer.server import Router
-
     routes = Router()
     routes.add("GET", "logs", serve_log)
     return routes
 
 
-def serve(node_name: str, advertise: str):
+def serve(node_name: str, advertise: str) -> PeerServer:
     """Start the server for ``node_name`` on ``advertise`` (host[:port]; blank: loopback, a
     free port). A host that is not this machine's own address (behind NAT, a name for a
     load balancer) is served on every interface. Returns the started PeerServer."""
-    from nodeagent.peer.server import PeerServer
-
     host, port = nodelink.parse_address(advertise or LOOPBACK)
     try:
         server = PeerServer(node_name=node_name, host=host, port=port, router=router())
-    except (socket.gaierror, OSError) as exc:
-        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
-            anywhere = "::" if ":" in host else "0.0.0.0"  # noqa: S104 - the operator's address
-            logger.info("node %s: %s is not local, serving on %s", node_name, host, anywhere)
-            server = PeerServer(node_name=node_name, host=anywhere, port=port, router=router())
-            server.advertised_host = host
-        else:
-            raise
+    except OSError as exc:
+        if not (isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL):
+            raise  # the port is taken, or not ours to take
+        anywhere = "::" if ":" in host else "0.0.0.0"  # noqa: S104 - the operator's address
+        logger.info("node %s: %s is not local, serving on %s", node_name, host, anywhere)
+        server = PeerServer(node_name=node_name, host=anywhere, port=port, router=router())
+        server.advertised_host = host
     return server.start()
