@@ -138,3 +138,16 @@ def test_a_node_nobody_listens_on_is_unreachable(node_logs):
     server.stop()
     with pytest.raises(nodelink.NodeUnreachable, match=f"node node-b at {address} is unreachable"):
         nodelink.get("node-b", address, "/logs/", {"path": log})
+
+
+def test_an_address_that_is_not_this_hosts_is_advertised_and_served_on_every_interface():
+    """Behind NAT the advertised address is not one of this machine's."""
+    server = peer.serve("node-b", "203.0.113.7:0")
+    try:
+        port = server.httpd.server_address[1]
+        assert server.address == f"203.0.113.7:{port}"
+        assert server.httpd.server_address[0] == "0.0.0.0"  # noqa: S104
+        answer = nodelink.get("node-b", f"127.0.0.1:{port}", "/nothing/", {})
+        assert answer.status == 404  # reached, and signed by node-b
+    finally:
+        server.stop()
