@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from gpuplatform.db import Query, server_bound_cursor
 from gpuplatform.procid import ProcessId
-from nodeagent.launcher import cgroups, procs, supervisor, tracking, wire
+from nodeagent.launcher import cgroups, procs, supervisor, tracking, unitcgroup, wire
 from nodeagent.launcher.environ import platform_environment
 from scheduling import paths
 from scheduling.agentapi.messages import Assignment
@@ -259,7 +259,7 @@ def _fork_supervisor(assignment: Assignment, sink) -> None:
     """Double fork: the first child starts a new session and exits at once (we reap it), so
     the supervisor, its child, is nobody's zombie, in nobody's process group, and in no
     platform process's tree (as the spawner's, ``spawner.Spawner.fork``)."""
-    _warm_before_fork()
+    _warm_before_fork(assignment.node)
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
@@ -279,14 +279,16 @@ def _fork_supervisor(assignment: Assignment, sink) -> None:
         os._exit(code)
 
 
-def _warm_before_fork() -> None:
+def _warm_before_fork(node_name: str) -> None:
     """Load once, in the long-lived parent, what each supervisor would otherwise load for
     itself: libc for prctl, and the channel layer it reports live events through (importing
-    channels_postgres would otherwise cost CPU in every supervisor)."""
+    channels_postgres would otherwise cost CPU in every supervisor), and where a supervisor
+    goes to leave the agent's systemd unit (``unitcgroup``)."""
     from channels.layers import get_channel_layer
 
     procs.warm()
     get_channel_layer()
+    unitcgroup.prepared(settings.CGROUP_NAME, node_name)
 
 
 # The parent's database sessions, as the forked child inherited them. The child opens its own;

@@ -46,7 +46,7 @@ import socket
 import sys
 import time
 
-from nodeagent.launcher import procs, wire
+from nodeagent.launcher import procs, unitcgroup, wire
 from scheduling.agentapi.messages import Assignment
 
 logger = logging.getLogger("scheduling.spawner")
@@ -221,6 +221,10 @@ def main(argv: list[str]) -> int:
 
     supervisor.log_to_stderr()  # the spawner's own (a supervisor logs to its file: become)
     warm()
+    # Where supervisors go to leave the agent's systemd unit, if it runs in one; said once.
+    from django.conf import settings
+
+    logger.info("node %s: %s", node_name, unitcgroup.prepared(settings.CGROUP_NAME, node_name)[1])
     procs.hide_from_same_user()
     procs.set_title(f"gpup-spawner node={node_name}")
     try:
