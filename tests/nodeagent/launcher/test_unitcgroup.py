@@ -181,3 +181,65 @@ def test_a_supervisor_outlives_the_kill_of_its_units_cgroup():
                         if time.monotonic() > deadline:
                             raise
                         time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(unit_cgroups_usable() is not None, reason=str(unit_cgroups_usable()))
+def test_a_spawner_in_a_systemd_unit_forks_supervisors_outside_it(launcher, listening, lab, node):
+    """The node's spawner started in a stand-in ``gpuplatform-agent.service`` (its cgroup in
+    v2 and name=systemd, INVOCATION_ID set): its supervisor is outside the unit, and killing
+    every process of the unit, as ``systemctl stop`` does, leaves the task to succeed."""
+    from tests.live import PYTHON, ROOT, process_env
+    from tests.nodeagent.launcher.conftest import TEST_CGROUP, state_of, wait_for
+    from tests.nodeagent.launcher.test_spawner import listens, submit, supervisor_of
+
+    tag = f"gpup-unittest-{uuid.uuid4().hex[:8]}"
+    mounts = real_mounts()
+    units = [base / tag / "gpuplatform-agent.service" for base in mounts.values()]
+    for directory in units:
+        directory.mkdir(parents=True)
+
+    def join_unit() -> None:
+        for directory in units:
+            (directory / "cgroup.procs").write_text("0")
+
+    spawner = subprocess.Popen(  # noqa: S603 - fixed argv
+        [PYTHON, "-m", "nodeagent.launcher.spawner", node.name],
+        cwd=ROOT,
+        env=process_env(INVOCATION_ID="0123abcd"),
+        preexec_fn=join_unit,  # noqa: PLW1509 - only writes, before exec
+    )
+    # The launcher fixture removes the test's v2 cgroups, supervisors' leaf included, but not
+    # what name=systemd holds.
+    named = (
+        [mounts["systemd"] / TEST_CGROUP / node.name / "supervisors"] if "systemd" in mounts else []
+    )
+    try:
+        wait_for(lambda: listens(node.name))
+        task = submit(lab, "sleep 2; echo done")
+        wait_for(state_of(task, "running"))
+        supervisor = supervisor_of(task)
+        own = cgroups.parse_proc_cgroup(Path(f"/proc/{supervisor.pid}/cgroup").read_text())
+        assert own[""] == f"/{TEST_CGROUP}/{node.name}/supervisors"
+        if "systemd" in mounts:
+            assert own["name=systemd"] == f"/{TEST_CGROUP}/{node.name}/supervisors"
+        for directory in units:  # systemctl stop, KillMode=control-group
+            for pid in (directory / "cgroup.procs").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+        spawner.wait(timeout=10)
+        wait_for(state_of(task, "succeeded"))
+    finally:
+        if spawner.poll() is None:
+            spawner.kill()
+            spawner.wait()
+        # The idle supervisor leaves once its spawner is gone; then the leaves can go.
+        doomed = [*named, *(leaf.parent for leaf in named), *(leaf.parent.parent for leaf in named)]
+        for directory in [*doomed, *units, *(unit.parent for unit in units)]:
+            deadline = time.monotonic() + 10
+            while directory.exists():
+                try:
+                    directory.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
