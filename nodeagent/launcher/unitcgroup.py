@@ -4,12 +4,12 @@ systemd stops a service by killing every process of the unit's cgroup (the defau
 ``KillMode=control-group``); a double fork re-parents a supervisor to init, but a cgroup is kept
 across forks, so every supervisor, and with it its task, would die with ``systemctl restart
 gpuplatform-agent``. ``KillMode=process`` would spare them, at the price of leaving the
-agent's launch cluster and spawner behind after a stop (systemd advises against it). Instead
+agent's spawner behind after a stop (systemd advises against it). Instead
 the unit keeps the default, and each supervisor, once forked, moves itself into
 ``<CGROUP_NAME>/<node>/supervisors``, a leaf beside its node's attempt cgroups (``tracking``),
 which already live outside the unit: in the cgroup v2 hierarchy and, on a hybrid or v1 host,
-in systemd's own ``name=systemd`` hierarchy, the two that systemd's kill walks. The agent, its
-launch cluster and its spawner stay in the unit and stop with it; supervisors and tasks are
+in systemd's own ``name=systemd`` hierarchy, the two that systemd's kill walks. The agent and its
+spawner stay in the unit and stop with it; supervisors and tasks are
 adopted by the next agent.
 
 Only under systemd (``INVOCATION_ID`` set and the process in a ``*.service`` cgroup), only as
