@@ -93,7 +93,19 @@ def current_attempt(task: Task) -> TaskAttempt | None:
 
 
 def task_cancel(*, task: Task, by: AbstractBaseUser | None = None) -> Task:
-    """Cancel now if nothing runs; otherwise ask the supervisor to stop (SIGTERM, grace, KILL)."""
+    """Cancel now if nothing runs; otherwise ask the supervisor to stop (SIGTERM, grace, KILL).
+    Cancelling a service (the first of its replicas) cancels its other replicas too."""
+    cancelled = _cancel_one(task, by)
+    replicas = Task.objects.filter(replica_of=task.pk).exclude(state__in=TERMINAL)
+    for replica in replicas.order_by("id"):
+        try:
+            _cancel_one(replica, by)
+        except Refused:
+            continue  # it ended meanwhile: nothing to cancel
+    return cancelled
+
+
+def _cancel_one(task: Task, by: AbstractBaseUser | None) -> Task:
     with transaction.atomic():
         task = Task.objects.select_for_update(of=("self",)).select_related("node").get(pk=task.pk)
         reason = _by("cancelled", by)

@@ -455,6 +455,7 @@ def tasks_submit(
             "n": len(specs),
         }
         raise SubmitError({"tasks": [problem]})
+    specs, replica_of = _with_replicas(specs)
     estate = _estate(tenant)
     errors: dict[str, list[str]] = {}
     many = len(specs) > 1
@@ -503,7 +504,8 @@ def tasks_submit(
     if by is not None and by != owner:
         whose = owner.get_username() if owner is not None else "nobody"
         reason = reasons.Reason("submitted_for", {"by": by.get_username(), "owner": whose})
-    several = _queue_capped(estate.quota) or any(resolved)  # a lock, or dependency links
+    # A lock, dependency links, or replicas linked to their service.
+    several = _queue_capped(estate.quota) or any(resolved) or bool(replica_of)
     # A statement that commits by itself also claims the pass flag in that commit: one round
     # trip fewer than request_pass's after it (a plain POST's five were: token, rate limit,
     # estate, INSERT, pass request).
@@ -519,6 +521,13 @@ def tasks_submit(
         for task, deps in zip(created, resolved, strict=True):
             links.update((task.pk, earlier[d].pk if isinstance(d, str) else d) for d in deps)
             earlier[task.name] = task
+        for first, indexes in replica_of.items():
+            service = created[first]
+            Task.objects.filter(pk__in=[created[i].pk for i in indexes]).update(
+                replica_of=service.pk
+            )
+            for i in indexes:
+                created[i].replica_of_id = service.pk
         if links:
             through = Task.depends_on.through
             through.objects.bulk_create(
@@ -528,6 +537,23 @@ def tasks_submit(
     # INSERT claimed the flag in its own commit.
     passes.request_pass(claimed)
     return created
+
+
+def _with_replicas(specs: Sequence[TaskSpec]) -> tuple[Sequence[TaskSpec], dict[int, list[int]]]:
+    """``specs`` with each service of N replicas written N times (one task each, under the same
+    name), and for each service's index the indexes of its other replicas."""
+    if not any(spec.service and spec.service["replicas"] > 1 for spec in specs):
+        return specs, {}
+    expanded: list[TaskSpec] = []
+    replica_of: dict[int, list[int]] = {}
+    for spec in specs:
+        first = len(expanded)
+        expanded.append(spec)
+        copies = spec.service["replicas"] - 1 if spec.service else 0
+        if copies:
+            replica_of[first] = list(range(first + 1, first + 1 + copies))
+            expanded.extend([spec] * copies)
+    return expanded, replica_of
 
 
 def task_submit(*, tenant: Tenant, spec: TaskSpec, owner: AbstractBaseUser | None = None) -> Task:

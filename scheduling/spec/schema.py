@@ -19,13 +19,11 @@ inside what the Task columns hold.
 from __future__ import annotations
 
 import re
-from functools import cache
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from django.utils.translation import gettext, gettext_lazy, gettext_noop
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -37,15 +35,16 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from gpuplatform.units import parse_duration_s, parse_memory_mb
+from scheduling.spec.base import _Spec
 from scheduling.spec.errors import (
     Says,
     from_to,
     got,
-    keys,
     lone_surrogate,
     problems,
     reason,
 )
+from scheduling.spec.service import ServiceInput
 
 MAX_COMMAND_LENGTH = 16384  # characters; anything longer belongs in a script in the workdir
 MAX_ENV = 100  # entries in env
@@ -497,28 +496,6 @@ Parameters = Annotated[
 # --- Models --------------------------------------------------------------------------------------
 
 
-class _Spec(BaseModel):
-    """A mapping of a spec. A key given as null is not given (``_null_is_not_given``), so an
-    optional key's default None is never validated: its type need not admit None."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-    refused_even_if_null: ClassVar[frozenset[str]] = frozenset()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_not_given(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None in data.values():
-            known = _keys(cls)
-            return {k: v for k, v in data.items() if v is not None or k not in known}
-        return data
-
-
-@cache
-def _keys(model: type[_Spec]) -> frozenset[str]:
-    """The keys of ``model`` whose null means "not given"."""
-    return frozenset(keys(model)) - model.refused_even_if_null
-
-
 class ResourcesInput(_Spec):
     """What the task needs. Host limits (memory, cpus, pids) are enforced by the attempt's
     cgroup where the node has cgroups."""
@@ -624,6 +601,12 @@ class TaskInput(_Spec):
     )
     resources: ResourcesInput = Field(default_factory=ResourcesInput)
     policy: PolicyInput = Field(default_factory=PolicyInput)
+    service: ServiceInput = Field(
+        default=None,
+        description=gettext_noop(
+            "Makes the task a service (class online unless given): port, health, replicas."
+        ),
+    )
 
     @model_validator(mode="after")
     def _online_never_preempted(self) -> Self:

@@ -35,6 +35,9 @@ class TaskSpec:
     timeout_s: int | None = None
     retries: int = 0
     after: tuple[str | int, ...] = ()
+    # The service block, normalised (``port``, ``health`` or None, ``replicas``); None: no
+    # service. Read by the node that runs it from the stored spec.
+    service: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The normalised spec as JSON-able data; parse_spec() reads it back to an equal spec."""
@@ -42,7 +45,7 @@ class TaskSpec:
             self.gpus_min if self.gpus_min == self.gpus_max else f"{self.gpus_min}-{self.gpus_max}"
         )
         memory = self.gpu_memory_mb
-        return {
+        data = {
             "kind": "task",
             "name": self.name,
             "queue": self.queue,
@@ -71,6 +74,10 @@ class TaskSpec:
                 "after": list(self.after),
             },
         }
+        if self.service is not None:  # only then: other tasks' stored specs stay as they were
+            health = self.service["health"]
+            data["service"] = {**self.service, "health": None if health is None else {**health}}
+        return data
 
 
 def task_spec(data: object, problems: Problems, path: str) -> TaskSpec | None:
@@ -80,15 +87,20 @@ def task_spec(data: object, problems: Problems, path: str) -> TaskSpec | None:
     except ValidationError as exc:
         problems.add_invalid(path, exc, TaskInput)
         return None
-    resources, policy = task.resources, task.policy
+    resources, policy, service = task.resources, task.policy, task.service
     preemptible = policy.preemptible
+    # A service is long-running: online (never preempted) unless its class is written.
+    task_class = (
+        "online" if service is not None and "task_class" not in task.model_fields_set
+        else task.task_class
+    )  # fmt: skip
     return TaskSpec(
         name=task.name,
         command=task.command,
         queue=task.queue,
         priority=task.priority,
-        task_class=task.task_class,
-        preemptible=task.task_class != "online" if preemptible is None else preemptible,
+        task_class=task_class,
+        preemptible=task_class != "online" if preemptible is None else preemptible,
         workdir=task.workdir,
         env=task.env,
         gpus_min=resources.gpus[0],
@@ -103,4 +115,5 @@ def task_spec(data: object, problems: Problems, path: str) -> TaskSpec | None:
         timeout_s=policy.timeout,
         retries=policy.retries,
         after=policy.after,
+        service=None if service is None else service.model_dump(),
     )
