@@ -477,6 +477,18 @@ GPU_FENCE = env.choice("GPU_FENCE", "auto", ("auto", "devices", "bpf", "off"))
 GPU_DEVICE_DIR = Path(env.string("GPU_DEVICE_DIR", "/dev"))
 if not GPU_DEVICE_DIR.is_absolute():
     raise ImproperlyConfigured(f"GPU_DEVICE_DIR: an absolute path, got {str(GPU_DEVICE_DIR)!r}")
+# Services (a task's service block): the ports "port: auto" takes from on a node, and the
+# address a service is told to listen on (GPUPLATFORM_SERVICE_HOST); the node's loopback keeps
+# it off the network, where only the platform's proxy reaches it.
+SERVICE_PORTS = env.string("SERVICE_PORTS", "20000-29999")
+_low, _, _high = (SERVICE_PORTS or "").partition("-")
+if not (_low.isdigit() and _high.isdigit() and 1024 <= int(_low) <= int(_high) <= 65535):
+    raise ImproperlyConfigured(
+        "SERVICE_PORTS: expected a range such as 20000-29999 within 1024-65535, "
+        f"got {SERVICE_PORTS!r}"
+    )
+SERVICE_PORT_RANGE = (int(_low), int(_high))
+SERVICE_HOST = env.string("SERVICE_HOST", "127.0.0.1")
 # User failures are retried after RETRY_BACKOFF * 2^(n-1) seconds (at most an hour).
 RETRY_BACKOFF = env.integer("RETRY_BACKOFF", 10, minimum=0)
 # Infrastructure failures (node lost, supervisor gone) requeue a task this many times, then

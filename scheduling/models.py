@@ -416,6 +416,13 @@ class TaskAttempt(models.Model):
         constraints = [
             # A duplicate launch of the same attempt fails here: the launch is idempotent.
             models.UniqueConstraint(fields=["task", "number"], name="attempt_unique_number"),
+            # A service's port is held by one attempt not ended on its node: two launches that
+            # pick the same port cannot both record it.
+            models.UniqueConstraint(
+                fields=["node", "service_port"],
+                condition=Q(outcome="", service_port__isnull=False),
+                name="attempt_service_port_held",
+            ),
         ]
         indexes = [
             # A node's attempts not ended (outcome ""): what its agent looks at every second

@@ -59,6 +59,14 @@ TEMPLATES: dict[str, str] = {
     "requeued_by": _n("requeued by %(by)s"),
     "priority": _n("priority %(old)s -> %(new)s"),
     "priority_by": _n("priority %(old)s -> %(new)s by %(by)s"),
+    # Services (the spec's service block): what the health check last said, while it runs
+    "service_starting": _n("running on %(node)s, port %(port)s; starting: %(check)s"),
+    "service_healthy": _n("running on %(node)s, port %(port)s; healthy: %(check)s"),
+    "service_unhealthy": _n(
+        "running on %(node)s, port %(port)s; unhealthy (%(failures)s of %(limit)s failed checks "
+        "in a row): %(check)s"
+    ),
+    "service_restarted": _n("stopped as unhealthy: %(detail)s"),
     # Infrastructure
     "lost_requeued": _n("requeued: %(reason)s"),
     "held_after_requeues": _n("held after %(requeues)s infrastructure requeues; last: %(reason)s"),

@@ -26,11 +26,13 @@ TASK_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def task_environment(
-    assignment, identity: Identity | None, *, private_tmp: bool = False
+    assignment, identity: Identity | None, *, private_tmp: bool = False, port: int | None = None
 ) -> dict[str, str]:
     """Nothing of the platform's own environment reaches a task (``assignment``: a
     ``messages.Assignment``). ``private_tmp``: it has a /tmp of its own (``namespaces``),
-    named in ``TMPDIR`` too (the task's own env may name another)."""
+    named in ``TMPDIR`` too (the task's own env may name another). ``port``: a service's, as
+    ``PORT`` (what most servers read) and ``GPUPLATFORM_SERVICE_PORT``, with the address to
+    listen on."""
     gpus = ",".join(assignment.gpu_uuids)
     env = {"PATH": TASK_PATH, "LANG": "C.UTF-8"}
     if private_tmp:
@@ -52,6 +54,12 @@ def task_environment(
         # The examples shipped with the platform, so examples/train-sweep.yaml runs as written.
         GPUPLATFORM_EXAMPLES=examples_dir(),
     )
+    if port is not None:
+        env.update(
+            PORT=str(port),
+            GPUPLATFORM_SERVICE_PORT=str(port),
+            GPUPLATFORM_SERVICE_HOST=settings.SERVICE_HOST,
+        )
     return env
 
 

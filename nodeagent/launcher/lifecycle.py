@@ -84,7 +84,7 @@ def launch_assignments(
 ) -> tuple[list[str], list[Assignment]]:
     """What ``launch_query`` read: what became of each pair, in order, and the assignments of
     the attempts it recorded (to ``start_supervisors``)."""
-    by_pair = {(row[0], row[14]): row for row in rows}
+    by_pair = {(row[0], row[15]): row for row in rows}
     results: list[str] = []
     recorded: list[Assignment] = []
     seen: set[tuple[int, int]] = set()
@@ -94,7 +94,7 @@ def launch_assignments(
             results.append("stale: the task moved on")
             continue
         (_, _, _, _, node, tenant, unix_user, name, command, workdir, timeout_s, env, resources,
-         gpu_uuids, _, attempt_id, log) = row  # fmt: skip
+         service, gpu_uuids, _, attempt_id, log) = row  # fmt: skip
         if here and here != node:
             results.append(f"refused: this is {here}, the task was placed on {node}")
             continue
@@ -119,6 +119,7 @@ def launch_assignments(
                 env=json.loads(env) or {},
                 resources=json.loads(resources or "null") or {},
                 gpu_uuids=gpu_uuids,
+                service=json.loads(service or "null"),
             )
         )
     return results, recorded
@@ -183,7 +184,7 @@ _LAUNCH = """
                                    AS w(task_id, number)),
     t AS (SELECT t.id, t.state, t.attempt, n.id AS node_id, n.name AS node, e.name AS tenant,
                  e.unix_user, t.name, t.command, t.workdir, t.timeout_s, t.env::text,
-                 (t.spec -> 'resources')::text,
+                 (t.spec -> 'resources')::text, (t.spec -> 'service')::text,
                  ARRAY(SELECT g.uuid FROM scheduling_allocation a
                          JOIN scheduling_gpu g ON g.id = a.gpu_id
                         WHERE a.task_id = t.id AND a.attempt = t.attempt AND a.released_at IS NULL
@@ -359,6 +360,7 @@ def reconcile_attempt(attempt: TaskAttempt) -> str:
             timed_out=record.get("timed_out", False),
             problem=record.get("problem", ""),
             note=record.get("note", ""),
+            unhealthy=record.get("unhealthy", ""),
         )
     main = ProcessId(attempt.pid, attempt.pid_started) if attempt.pid else None
     if not tracking.kill_orphaned_attempt(attempt.node.name, task.pk, attempt.number, main):

@@ -46,6 +46,7 @@ from nodeagent.launcher import (
     logfaults,
     namespaces,
     procs,
+    serving,
     tracking,
     unitcgroup,
     wire,
@@ -236,6 +237,9 @@ class Supervisor:
         self.next_work: tuple[Assignment, str] | None = None
         # The start of a command that ended within START_GRACE_S: sent with its end.
         self.started: StartReport | None = None
+        # A service's health check (``serving``), and what it said when it gave up on it.
+        self.health: serving.HealthWatch | None = None
+        self.unhealthy = ""
         it = assignment
         self.exit_file = paths.exit_path(it.tenant, it.task_id, it.attempt_no)
 
@@ -291,6 +295,11 @@ class Supervisor:
             )
         except Exception as exc:  # noqa: BLE001 - any cgroup failure fails the attempt clearly
             return self.finish(None, problem=f"cannot set up the attempt's cgroup: {exc}")
+        port = None
+        if it.service is not None:
+            port, problem = self.claim_port()
+            if problem:
+                return self.finish(None, problem=problem)
         self.relay = LogRelay(Path(it.log_path))
         try:
             helper = exec_helper()
@@ -299,7 +308,7 @@ class Supervisor:
             )  # fmt: skip
             child = subprocess.Popen(  # noqa: S603 - the tenant's command is the point
                 task_argv(helper, self.tracker, who, str(cwd), it.command, walls),
-                env=environ.task_environment(it, who, private_tmp=bool(walls)),
+                env=environ.task_environment(it, who, private_tmp=bool(walls), port=port),
                 stdin=subprocess.DEVNULL,
                 stdout=self.relay.write_fd,
                 stderr=self.relay.write_fd,
@@ -324,10 +333,64 @@ class Supervisor:
             elif not self.report_started(start):
                 self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
                 return self.finish(child.wait())
+            if port is not None and (it.service or {}).get("health"):
+                self.health = serving.HealthWatch(port, it.service["health"])
             return self.watch(child, exited)
         finally:
             if exited is not None:
                 os.close(exited)
+
+    def claim_port(self) -> tuple[int | None, str]:
+        """The service's port, held for this attempt in the database; or why it has none."""
+        it = self.assignment
+
+        def claim():
+            from scheduling.agentapi.serving import PortTaken, claim_port
+
+            try:
+                port = claim_port(
+                    attempt_id=it.attempt_id,
+                    node=it.node,
+                    wanted=it.service.get("port", "auto"),
+                    free=lambda port: serving.port_free(settings.SERVICE_HOST, port),
+                )
+            except PortTaken as exc:
+                return None, str(exc)
+            return port, ""
+
+        found = self.db(claim, default=None, tries=30)
+        return found or (None, "cannot record the service's port: the database is unavailable")
+
+    def check_health(self, now: float) -> None:
+        """One health check; its result written when it changed (or now and then)."""
+        health = self.health
+        changed = health.tick(now)
+        first = health.written_at == 0.0
+        if health.give_up:
+            self.unhealthy = (
+                f"{health.failures} failed health checks in a row; last: {health.detail()}"
+            )
+            self.stop_asked = True
+        if not health.needs_writing(changed, now):
+            return
+        it = self.assignment
+
+        def write():
+            from scheduling import reasons
+            from scheduling.agentapi.serving import record_health
+
+            reason = None
+            if changed or first:
+                reason = reasons.Reason(f"service_{health.state}", health.reason_params(it.node))
+            return record_health(
+                attempt_id=it.attempt_id,
+                health=health.state,
+                detail=health.detail(),
+                checked_at=health.last.at,
+                reason=reason,
+            )
+
+        self.db(write, default=None)
 
     def report_started(self, report: StartReport) -> bool:
         """Through the node agent (with other supervisors' reports); if it cannot take it, to
@@ -383,6 +446,8 @@ class Supervisor:
                 next_fence = now + FENCE_EVERY_S
                 if not self.still_wanted():
                     self.stop_asked = True  # superseded (lost and requeued): never run twice
+            if self.health is not None and self.paused_since is None and self.health.due(now):
+                self.check_health(now)
             running_for = now - started - self.paused_total
             if timeout and running_for > timeout and self.paused_since is None:
                 timed_out = True
@@ -449,6 +514,7 @@ class Supervisor:
             "problem": problem,
             "note": note,
             "ended_at": time.time(),
+            "unhealthy": self.unhealthy,
         }
         exit_file = self.exit_file
         kept = paths.write_exit_record(exit_file, record)
@@ -458,7 +524,15 @@ class Supervisor:
             )
         ready = self.takes_next and exit_code == 0 and not (problem or timed_out or self.stop_asked)
         report = ExitReport(
-            it.task_id, it.attempt_no, exit_code, timed_out, problem, note, ready, self.started
+            it.task_id,
+            it.attempt_no,
+            exit_code,
+            timed_out,
+            problem,
+            note,
+            ready,
+            self.started,
+            self.unhealthy,
         )
         reply = wire.send(it.node, report)  # through the node agent
         work = (reply or {}).get("next")

@@ -39,6 +39,7 @@ class Assignment:
     env: dict[str, str] = field(default_factory=dict)
     resources: dict = field(default_factory=dict)  # the spec's resources (cgroup limits)
     gpu_uuids: list[str] = field(default_factory=list)
+    service: dict | None = None  # the spec's service block (port, health, replicas)
 
     @classmethod
     def of(cls, attempt) -> Assignment:
@@ -59,6 +60,7 @@ class Assignment:
             env=dict(task.env or {}),
             resources=dict((task.spec or {}).get("resources") or {}),
             gpu_uuids=list(attempt.gpu_uuids),
+            service=(task.spec or {}).get("service"),
         )
 
     @classmethod
@@ -83,6 +85,7 @@ class Assignment:
             "env": dict(self.env),
             "resources": deepcopy(self.resources),
             "gpu_uuids": list(self.gpu_uuids),
+            "service": deepcopy(self.service),
         }
 
     def __str__(self) -> str:
@@ -128,6 +131,9 @@ class ExitReport:
     # The command ended before its start was reported (``supervisor.START_GRACE_S``): the start,
     # written with the end (``relay.write_reports``), not in a round trip of its own.
     started: StartReport | None = None
+    # A service stopped by its supervisor after failing its health check too often: what the
+    # last check said. A user failure (retried), whatever the command's exit status.
+    unhealthy: str = ""
 
     @classmethod
     def of(cls, fields: dict) -> ExitReport:
@@ -145,6 +151,7 @@ class ExitReport:
             "note": self.note,
             "ready": self.ready,
             "started": None if self.started is None else self.started.as_dict(),
+            "unhealthy": self.unhealthy,
         }
 
 

@@ -138,7 +138,9 @@ def attempts_finished(
     ``hand_off`` (a node agent's, whose supervisors these are): their GPUs are handed to the
     last pass's successors in the same transaction (``handoff``). Returns each outcome by
     (task id, attempt number)."""
-    plain = [r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem)]
+    plain = [
+        r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem or r.unhealthy)
+    ]
     # Starts carried by ends (``ExitReport.started``) are written first, in a statement of
     # their own (``relay.write_reports`` writes them with its other starts).
     if starts := [r.started for r in reports if r.started is not None]:
@@ -160,6 +162,7 @@ def attempts_finished(
                 timed_out=report.timed_out,
                 problem=report.problem,
                 note=report.note,
+                unhealthy=report.unhealthy,
             )
     return outcomes
 
@@ -172,13 +175,15 @@ def attempt_finished(
     timed_out: bool = False,
     problem: str = "",
     note: str = "",
+    unhealthy: str = "",
 ) -> str:
     """Record how an attempt ended and move the task on: done, retried, requeued or failed.
 
     ``note`` is something the user should know that did not change the outcome (output dropped
     on a full log disk, a limit hit); it ends the task's reason and its event's. Idempotent: the
     first report wins (the supervisor's, or reconciliation's from the exit file). Returns the
-    outcome.
+    outcome. ``unhealthy``: a service its supervisor stopped for failing its health check (what
+    the last check said): a failure of the user's, retried as one.
     """
     with transaction.atomic():
         attempt = (
@@ -193,7 +198,7 @@ def attempt_finished(
         task = Task.objects.select_for_update().get(pk=task_id)
         if attempt.stop_requested == StopRequest.VIOLATION:
             problem = problem or task.reason
-        outcome = _outcome(attempt, exit_code, timed_out, problem)
+        outcome = _outcome(attempt, exit_code, timed_out, problem or unhealthy)
         broken = _broken_gpu(attempt) if outcome == "failed" and not problem else None
         if broken is not None:
             outcome = "lost"  # the GPU failed under it: not the user's fault
@@ -217,7 +222,7 @@ def attempt_finished(
                         to_state=TaskState.RUNNING,
                         reason=reasons.Reason("started_seen_at_end"),
                     )
-                _move_on(task, attempt, outcome, exit_code, problem, note)
+                _move_on(task, attempt, outcome, exit_code, problem, note, unhealthy)
     return outcome
 
 
@@ -263,6 +268,7 @@ def _move_on(
     exit_code: int | None,
     problem: str,
     note: str = "",
+    unhealthy: str = "",
 ) -> None:
     if outcome == "succeeded":
         transitions.task_transition(
@@ -290,15 +296,22 @@ def _move_on(
             reason=_noted(reasons.Reason("requeued_after_preemption"), note),
         )
     else:
-        _fail_or_retry(task, outcome, exit_code, problem, note)
+        _fail_or_retry(task, outcome, exit_code, problem, note, unhealthy)
 
 
 def _fail_or_retry(
-    task: Task, outcome: str, exit_code: int | None, problem: str, note: str = ""
+    task: Task,
+    outcome: str,
+    exit_code: int | None,
+    problem: str,
+    note: str = "",
+    unhealthy: str = "",
 ) -> None:
     what = problem or (
         reasons.Reason("timed_out", {"seconds": task.timeout_s})
         if outcome == "timed_out"
+        else reasons.Reason("service_restarted", {"detail": unhealthy})
+        if unhealthy
         else reasons.Reason("exited", {"exit_code": exit_code})
     )
     what = _noted(what, note)
