@@ -22,6 +22,7 @@ from scheduling.spec import (
 )
 from scheduling.spec.reference import help_rows, max_length
 from scheduling.spec.schema import PolicyInput, ResourcesInput, SweepInput, TaskInput
+from scheduling.spec.service import HealthInput, ServiceInput
 
 # Form field -> the spec's key it fills, for every form field the schema limits in length.
 FORM_KEYS = {
@@ -126,7 +127,9 @@ def test_the_yaml_help_has_a_row_for_every_key_with_the_schemas_limits():
         *(field.alias or name for name, field in TaskInput.model_fields.items()),
         *(f"resources.{name}" for name in ResourcesInput.model_fields),
         *(f"policy.{name}" for name in PolicyInput.model_fields),
-    } - {"resources", "policy"}
+        *(f"service.{name}" for name in ServiceInput.model_fields),
+        *(f"service.health.{name}" for name in HealthInput.model_fields),
+    } - {"resources", "policy", "service", "service.health"}
     assert set(rows) == expected
     assert [row.key for row in sweep_rows] == ["kind", "name", "parameters", "template"]
     assert all(row.description for row in [*task_rows, *sweep_rows])
@@ -141,3 +144,6 @@ def test_the_yaml_help_has_a_row_for_every_key_with_the_schemas_limits():
         f"at most {MAX_ENV} entries; values at most {MAX_ENV_VALUE} characters"
     )
     assert rows["class"].default == "batch"
+    assert rows["service.port"].default == "auto"
+    assert rows["service.replicas"].limits == "1 to 16"
+    assert rows["service.health.path"].required
