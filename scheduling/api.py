@@ -29,6 +29,7 @@ from gpuplatform.api_defaults import Page
 from gpuplatform.query import BIGINT_MAX, INT_MAX, WholeNumber
 from scheduling import controls, idempotency, logs, selectors, services
 from scheduling.api_rows import gpus_range, submitted_data, task_rows
+from scheduling.api_service import ServiceOut, service_data
 from scheduling.models import (
     GPU,
     Node,
@@ -213,6 +214,10 @@ class TaskDetail(TaskOut):
     attempts = AttemptOut(many=True, read_only=True)
     depends_on = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     pool = serializers.CharField(source="pool.name", default=None, allow_null=True)
+    service = serializers.SerializerMethodField(
+        help_text="A service's port, health and replicas (the spec's service block); null "
+        "for other tasks."
+    )
 
     class Meta(TaskOut.Meta):
         fields = [
@@ -237,7 +242,13 @@ class TaskDetail(TaskOut):
             "infra_requeues",
             "hold_reason",
             "not_before",
+            "service",
         ]
+
+    @extend_schema_field(ServiceOut(allow_null=True))
+    def get_service(self, task: Task) -> dict | None:
+        data = service_data(task, getattr(task, "service_group", []))
+        return None if data is None else ServiceOut(data).data
 
     def get_position(self, task: Task) -> int | None:
         place = task.place

@@ -172,7 +172,40 @@ def task_detail(*, tenant: Tenant, pk: int) -> Task:
         .select_related("node", "owner", "pool")
         .prefetch_related(Prefetch("allocations", queryset=allocations), attempts, "depends_on")
     )
-    return get_object_or_404(tasks, pk=pk)
+    task = get_object_or_404(tasks, pk=pk)
+    if (task.spec or {}).get("service") is not None:
+        task.service_group = service_group(tenant=tenant, task=task)
+    return task
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica of a service as its detail shows it: the task and its current attempt."""
+
+    task: Task
+    attempt: TaskAttempt | None
+
+
+def service_group(*, tenant: Tenant, task: Task) -> list[Replica]:
+    """Every replica of ``task``'s service (the service first), each with its current attempt
+    (its port and health), in two queries."""
+    first = task.replica_of_id or task.pk
+    members = list(
+        task_list(tenant=tenant)
+        .filter(Q(pk=first) | Q(replica_of=first))
+        .select_related("node")
+        .only("pk", "name", "state", "attempt", "replica_of", "node__name")
+        .order_by("id")
+    )
+    current = {
+        (a.task_id, a.number): a
+        for a in TaskAttempt.objects.filter(
+            task__in=[m.pk for m in members], number__gte=1, outcome=""
+        ).only(
+            "task_id", "number", "service_port", "health", "health_detail", "health_checked_at"
+        )  # fmt: skip
+    }
+    return [Replica(m, current.get((m.pk, m.attempt))) for m in members]
 
 
 def task_events(*, tenant: Tenant, pk: int) -> QuerySet[TaskEvent]:
