@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
 """Ask the deepseek-7b server of examples/deepseek-7b.yaml a question; print the answer and speed.
 
-The server is vLLM's OpenAI-compatible API server, started by gpuplatform as an online task:
+The server is vLLM's OpenAI-compatible API server, started by gpuplatform as a service (the
+spec's service block): the client asks the platform's API for the task's ``service_url`` and
+calls the server through it with the tenant's token (``GPUCTL_URL`` and ``GPUCTL_TOKEN``, as
+gpuctl reads them, or ``--platform`` and ``--token``):
 
-    python3 examples/deepseek_client.py --prompt "What is a GPU scheduler?"
-    python3 examples/deepseek_client.py --url http://127.0.0.1:8100 --stream --max-tokens 256
+    python3 examples/deepseek_client.py --task 42 --prompt "What is a GPU scheduler?"
+    python3 examples/deepseek_client.py --url http://127.0.0.1:20417 --stream --max-tokens 256
+
+A platform whose API has no ``service_url`` yet: the client falls back to the port the service
+was given on its node (``service.service_port``), reachable from that node only. ``--url``
+calls a server directly.
 
 It calls ``POST /v1/chat/completions`` and prints the answer, then the completion tokens, the
 time and tokens/s (with ``--stream`` also the time to the first token). Standard library only.
@@ -19,6 +26,7 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 DEFAULT_MODEL = "deepseek-ai/deepseek-llm-7b-chat"
@@ -28,8 +36,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Chat with the vLLM server of examples/deepseek-7b.yaml."
     )
+    parser.add_argument("--task", type=int, help="the service's task id (its service_url)")
+    parser.add_argument("--url", default="", help="the server itself, instead of --task")
     parser.add_argument(
-        "--url", default="http://127.0.0.1:8100", help="server (default http://127.0.0.1:8100)"
+        "--platform",
+        default=os.environ.get("GPUCTL_URL", "http://127.0.0.1:8000"),
+        help="the platform (default $GPUCTL_URL, else http://127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get("GPUCTL_TOKEN", ""), help="default $GPUCTL_TOKEN"
     )
     parser.add_argument("--prompt", default="用一句话介绍一下你自己。Then say it in English.")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
@@ -44,6 +59,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
     return parser.parse_args(argv)
+
+
+def service_url(args: argparse.Namespace) -> str:
+    """The task's ``service_url`` from the platform's API; without one (an API before the
+    proxy), the port its service was given on its node. ValueError when it has neither."""
+    request = urllib.request.Request(  # noqa: S310 (the user's own platform)
+        f"{args.platform.rstrip('/')}/api/v1/tasks/{args.task}/"
+    )
+    request.add_header("Authorization", f"Bearer {args.token}")
+    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310
+        task = json.load(answer)
+    if task.get("service_url"):
+        return urllib.parse.urljoin(args.platform.rstrip("/") + "/", task["service_url"])
+    port = (task.get("service") or {}).get("service_port")
+    if port is None:
+        raise ValueError(f"task {args.task} has no service running (state {task.get('state')})")
+    return f"http://127.0.0.1:{port}"
 
 
 def build_request(args: argparse.Namespace) -> urllib.request.Request:
@@ -66,6 +98,8 @@ def build_request(args: argparse.Namespace) -> urllib.request.Request:
     request.add_header("Content-Type", "application/json")
     if args.api_key:
         request.add_header("Authorization", f"Bearer {args.api_key}")
+    elif args.task is not None and args.token:  # through the platform: its token
+        request.add_header("Authorization", f"Bearer {args.token}")
     return request
 
 
@@ -101,6 +135,18 @@ def stream(response, started: float) -> tuple[str, int | None, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.url:
+        if args.task is None:
+            print("error: give --task (the service's task id) or --url", file=sys.stderr)
+            return 2
+        try:
+            args.url = service_url(args)
+        except urllib.error.HTTPError as exc:
+            print(f"error: the platform answered {exc.code} for task {args.task}", file=sys.stderr)
+            return 2
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            print(f"error: cannot find task {args.task}'s service: {exc}", file=sys.stderr)
+            return 2
     request = build_request(args)
     started = time.monotonic()
     first = None

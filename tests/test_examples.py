@@ -140,8 +140,15 @@ def test_deepseek_spec_is_an_online_service_on_one_whole_gpu():
     assert "HF_HOME" in task.env
     assert task.command == (
         "python -m vllm.entrypoints.openai.api_server --model deepseek-ai/deepseek-llm-7b-chat"
-        " --host 127.0.0.1 --port 8100 --gpu-memory-utilization 0.90"
+        " --host $GPUPLATFORM_SERVICE_HOST --port $PORT --gpu-memory-utilization 0.90"
     )
+    assert task.service == {
+        "port": "auto",
+        "health": {
+            "path": "/health", "interval": 10, "timeout": 2, "start_period": 300, "failures": 3
+        },
+        "replicas": 1,
+    }  # fmt: skip
 
 
 def test_sweep_runs_serially_and_the_evaluation_waits_for_all_of_it():
@@ -340,3 +347,60 @@ def test_submit_many_lists_the_field_errors_of_a_400():
     assert '  [0].resources.gpus: must be a whole number of GPUs or a range like "1-4"' in (
         result.stderr
     )
+
+
+class FakeService(BaseHTTPRequestHandler):
+    """The platform's task detail (with or without ``service_url``) and an OpenAI-style server
+    behind it, on one port: what the deepseek client calls."""
+
+    with_url = True
+    seen: list
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.seen.append(("GET", self.path, self.headers.get("Authorization")))
+        port = self.server.server_address[1]
+        service = {"service_port": port}
+        url = {"service_url": "/services/7/"} if self.with_url else {}
+        self._json(200, {"id": 7, "state": "running", "service": service, **url})
+
+    def do_POST(self):  # noqa: N802
+        self.seen.append(("POST", self.path, self.headers.get("Authorization")))
+        self.rfile.read(int(self.headers["Content-Length"]))
+        answer = {"choices": [{"message": {"content": "a scheduler"}}], "usage": {}}
+        self._json(200, {**answer, "usage": {"completion_tokens": 2}})
+
+
+@pytest.mark.parametrize("with_url", [True, False], ids=["service_url", "port-fallback"])
+def test_the_deepseek_client_calls_the_service_through_its_service_url(with_url, capsys):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import deepseek_client
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    handler = type("Svc", (FakeService,), {"with_url": with_url, "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    platform = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        code = deepseek_client.main(["--task", "7", "--platform", platform, "--token", "gpup_t"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0
+    assert "a scheduler" in capsys.readouterr().out
+    posted = "/services/7/v1/chat/completions" if with_url else "/v1/chat/completions"
+    assert handler.seen == [
+        ("GET", "/api/v1/tasks/7/", "Bearer gpup_t"),
+        ("POST", posted, "Bearer gpup_t"),
+    ]
