@@ -150,6 +150,11 @@ def build_parser() -> Parser:
         "--env", "-e", action="append", type=env_pair, metavar="NAME=VALUE", help="repeatable"
     )
     sub.add_argument("--workdir", metavar="DIR", help="relative to the tenant's root directory")
+    sub.add_argument(
+        "--port", metavar="PORT", help="a service: auto (a free port, as $PORT) or a number"
+    )
+    sub.add_argument("--health", metavar="PATH", help="a service's health check path: /health")
+    sub.add_argument("--replicas", type=non_negative, help="a service's replicas")
     sub.add_argument("--wait", action="store_true", help="wait until it ends (exit 1 if it failed)")
     sub.add_argument("--dry-run", action="store_true", help="print the spec, submit nothing")
     sub.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

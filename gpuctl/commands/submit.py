@@ -152,6 +152,17 @@ def build_run_spec(args: argparse.Namespace, words: list[str]) -> dict[str, Any]
         policy["after"] = [int(a) if a.isdigit() else a for a in args.after]
     if policy:
         spec["policy"] = policy
+    # Any of the service flags makes it a service; the server checks the values (a 400 naming
+    # service.port, service.replicas, ...).
+    service: dict[str, Any] = {}
+    if args.port:
+        service["port"] = int(args.port) if args.port.strip().isdigit() else args.port
+    if args.health:
+        service["health"] = args.health
+    if args.replicas is not None:
+        service["replicas"] = args.replicas
+    if service:
+        spec["service"] = service
     return spec
 
 

@@ -226,6 +226,40 @@ def cmd_describe(ctx: Context) -> int:
     return EXIT_OK
 
 
+def service_pairs(t: dict) -> list[tuple[str, Any]]:
+    """A service's lines (the API's ``service``): its URL, port, health and replicas."""
+    service = t.get("service")
+    if not service:
+        return []
+    port = service.get("service_port")
+    asked = service.get("port")
+    pairs: list[tuple[str, Any]] = [
+        ("Service URL", t.get("service_url")),
+        ("Port", f"{port or 'none yet'} (asked: {asked})"),
+    ]
+    check = service.get("health_check")
+    if check:
+        health = service.get("health") or "not checked yet"
+        detail = service.get("health_detail")
+        pairs.append(("Health", f"{health}: {detail}" if detail else health))
+        pairs.append(
+            ("Health check", f"GET {check['path']} every {out.duration(check['interval'])}")
+        )
+    else:
+        pairs.append(("Health", "no health check"))
+    if service.get("replica_of"):
+        pairs.append(("Replica of", service["replica_of"]))
+    replicas = service.get("replicas") or []
+    if len(replicas) > 1 or service.get("replicas_wanted", 1) > 1:
+        lines = [
+            f"{r['id']} {r['state']} {r.get('node') or '-'} "
+            f"port {r.get('service_port') or '-'} {r.get('health') or '-'}"
+            for r in replicas
+        ]
+        pairs.append(("Replicas", "\n".join([service.get("healthy", ""), *lines])))
+    return pairs
+
+
 def describe_task(t: dict, events: list[dict]) -> str:
     state = t["state"]
     pairs: list[tuple[str, Any]] = [("Task", f"{t['id']} {t['name']}"), ("State", state)]
@@ -271,6 +305,7 @@ def describe_task(t: dict, events: list[dict]) -> str:
         ("Exit code", t.get("exit_code")),
         ("Timeout", out.duration(t["timeout_s"]) if t.get("timeout_s") else "none"),
     ]
+    pairs += service_pairs(t)
     if t.get("depends_on"):
         pairs.append(("After", ", ".join(str(d) for d in t["depends_on"])))
     if t.get("infra_requeues"):
