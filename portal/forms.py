@@ -32,7 +32,15 @@ SPEC_FIELDS = {
     "policy.timeout": "timeout",
     "policy.retries": "retries",
     "policy.after": "after",
+    # The most specific first: a path shows on the first key it is or is below.
+    "service.port": "service_port",
+    "service.health.path": "health_path",
+    "service.health.start_period": "health_start_period",
+    "service.health": "health_path",
+    "service.replicas": "replicas",
+    "service": "service_port",
 }
+SERVICE_FIELDS = ("service_port", "health_path", "health_start_period", "replicas")
 
 
 class TaskForm(SpecRefusals, forms.Form):
@@ -95,6 +103,37 @@ class TaskForm(SpecRefusals, forms.Form):
         required=False,
         help_text=_("Start only after these tasks succeeded: ids or names, comma-separated."),
     )
+
+    # A service (the spec's service block): any of these given makes the task one.
+    service_port = forms.CharField(
+        label=_("Service port"),
+        required=False,
+        help_text=_(
+            "auto (a free port on the node, given to the task as $PORT) or a number. "
+            "Empty: not a service. A service runs as class online."
+        ),
+    )
+    health_path = forms.CharField(
+        label=_("Health check"),
+        required=False,
+        help_text=_("A path such as /health, asked on the service's port; empty: none."),
+    )
+    health_start_period = forms.CharField(
+        label=_("Start-up time"),
+        required=False,
+        help_text=_("How long start-up may take before failed checks count, such as 10m."),
+    )
+    replicas = forms.CharField(
+        label=_("Replicas"),
+        required=False,
+        help_text=_("Copies of the service, each with its own GPUs (default 1)."),
+    )
+
+    def main_fields(self) -> list:
+        return [field for field in self if field.name not in SERVICE_FIELDS]
+
+    def service_fields(self) -> list:
+        return [self[name] for name in SERVICE_FIELDS]
 
     def __init__(self, *args, offers: dict[str, list[tuple[str, str]]] | None = None, **kwargs):
         """``offers``: the choices of ``gpu_type`` and ``pool`` (:func:`offer_choices`). A value
@@ -176,7 +215,29 @@ class TaskForm(SpecRefusals, forms.Form):
                 spec[key] = data[key].strip()
         if env:
             spec["env"] = env
+        if service := self._service(data):
+            spec["service"] = service
+            if spec["class"] == "batch":  # the form's default: a service is online
+                del spec["class"]
         return spec
+
+    @staticmethod
+    def _service(data: dict) -> dict:
+        """The service block from the service fields; empty when none is given."""
+        service: dict = {}
+        port = data.get("service_port", "").strip()
+        if port:
+            service["port"] = int(port) if port.isascii() and port.isdigit() else port
+        path = data.get("health_path", "").strip()
+        start = data.get("health_start_period", "").strip()
+        if path or start:
+            service["health"] = {"path": path, **({"start_period": start} if start else {})}
+        replicas = data.get("replicas", "").strip()
+        if replicas:
+            service["replicas"] = (
+                int(replicas) if replicas.isascii() and replicas.isdigit() else replicas
+            )
+        return service
 
     @classmethod
     def initial_from(cls, task) -> dict:
@@ -199,7 +260,20 @@ class TaskForm(SpecRefusals, forms.Form):
             "env": "\n".join(f"{k}={v}" for k, v in (task.env or {}).items()),
             "workdir": task.workdir,
             "after": ", ".join(str(ref) for ref in policy.get("after") or []),
+            **_service_initial(spec.get("service")),
         }
+
+
+def _service_initial(service: dict | None) -> dict:
+    if not service:
+        return {}
+    health = service.get("health") or {}
+    return {
+        "service_port": str(service.get("port", "auto")),
+        "health_path": health.get("path", ""),
+        "health_start_period": str(health["start_period"]) if health else "",
+        "replicas": str(service.get("replicas", 1)),
+    }
 
 
 def _gpus(count: float) -> str:

@@ -176,3 +176,38 @@ def test_every_page_links_the_icon_and_favicon_ico_answers(teammate):
     assert redirect.status_code == 302 and redirect["Location"] == "/static/favicon.svg"
     icon = anonymous.get("/static/favicon.svg")
     assert icon.status_code == 200 and b"<svg" in b"".join(icon.streaming_content)
+
+
+SERVICE_FORM = {"mode": "form", "task-name": "llm", "task-command": "serve --port $PORT",
+                "task-gpus": "1", "task-priority": "normal", "task-task_class": "batch"}  # fmt: skip
+
+
+def test_the_form_s_service_section_submits_a_service_with_its_replicas(teammate, workstation):
+    client = browser(teammate)
+    page = client.get("/portal/submit/?mode=form").content.decode()
+    assert 'id="service-fields"' in page and 'name="task-service_port"' in page
+    form = {**SERVICE_FORM, "task-service_port": "auto", "task-health_path": "/health",
+            "task-health_start_period": "10m", "task-replicas": "2"}  # fmt: skip
+    response = client.post("/portal/submit/", form)
+    assert response.status_code == 302, response.context["form"].errors
+    service, replica = Task.objects.order_by("id")
+    assert replica.replica_of_id == service.pk
+    assert service.task_class == "online" and not service.preemptible
+    assert service.spec["service"]["health"]["start_period"] == 600
+    clone = client.get(f"/portal/submit/?mode=form&clone={service.pk}")
+    initial = clone.context["form"].initial
+    assert (initial["service_port"], initial["health_path"], initial["replicas"]) == (
+        "auto",
+        "/health",
+        "2",
+    )
+
+
+def test_a_bad_service_value_is_refused_beside_its_field(teammate, workstation):
+    form = {**SERVICE_FORM, "task-service_port": "80", "task-replicas": "99"}
+    response = browser(teammate).post("/portal/submit/", form)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "1024 to 65535" in " ".join(errors["service_port"])
+    assert "from 1 to 16" in " ".join(errors["replicas"])
+    assert Task.objects.count() == 0
