@@ -179,7 +179,8 @@ def test_every_page_links_the_icon_and_favicon_ico_answers(teammate):
 
 
 SERVICE_FORM = {"mode": "form", "task-name": "llm", "task-command": "serve --port $PORT",
-                "task-gpus": "1", "task-priority": "normal", "task-task_class": "batch"}  # fmt: skip
+                "task-gpus": "1", "task-priority": "normal",
+                "task-task_class": "batch"}  # fmt: skip
 
 
 def test_the_form_s_service_section_submits_a_service_with_its_replicas(teammate, workstation):
