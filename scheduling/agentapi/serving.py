@@ -80,7 +80,7 @@ def record_health(
         attempt = (
             TaskAttempt.objects.select_for_update()
             .filter(pk=attempt_id, outcome="")
-            .only("pk", "task_id", "number")
+            .only("pk", "task_id", "number", "stop_requested")
             .first()
         )
         if attempt is None:
@@ -88,7 +88,8 @@ def record_health(
         TaskAttempt.objects.filter(pk=attempt_id).update(
             health=Health(health), health_detail=detail[:500], health_checked_at=checked_at
         )
-        if reason is None:
+        # Stopping (cancelled, preempted, a broken limit): the task's reason says so, and stays.
+        if reason is None or attempt.stop_requested:
             return True
         text, code, params = reasons.stored(reason)
         running = Task.objects.filter(

@@ -15,7 +15,10 @@ from scheduling.spec.errors import Says, got
 MIN_SERVICE_PORT, MAX_SERVICE_PORT = 1024, 65535  # below 1024 needs root, which tasks lack
 MAX_REPLICAS = 16
 MAX_HEALTH_PATH = 1024
-MAX_HEALTH_S = 86400  # a health check's interval, timeout or start-up time: at most a day
+MAX_HEALTH_S = 86400  # a health check's interval or start-up time: at most a day
+# One check's timeout: the supervisor waits for the answer in its watch loop, so a cancel or a
+# pause is heard at most this late.
+MAX_HEALTH_TIMEOUT_S = 30
 MAX_HEALTH_FAILURES = 100
 _TYPE_AND_RANGE = ("int_type", "greater_than_equal", "less_than_equal")
 
@@ -30,6 +33,13 @@ def _port(value: object) -> str | int:
         gettext('must be "auto" or a port number from %(low)s to %(high)s, got %(got)s')
         % {"low": MIN_SERVICE_PORT, "high": MAX_SERVICE_PORT, "got": got(value)}
     )
+
+
+def _health_timeout(value: object) -> int:
+    seconds = parse_duration_s(value, field="")
+    if seconds > MAX_HEALTH_TIMEOUT_S:
+        raise ValueError(gettext("must be at most 30s, got %(got)s") % {"got": got(value)})
+    return seconds
 
 
 def _health_seconds(value: object) -> int:
@@ -50,6 +60,14 @@ Port = Annotated[
         _port,
         json_schema_input_type=Literal["auto"]
         | Annotated[int, Field(ge=MIN_SERVICE_PORT, le=MAX_SERVICE_PORT)],
+    ),
+]
+HealthTimeout = Annotated[
+    Any,
+    PlainValidator(
+        _health_timeout,
+        json_schema_input_type=Annotated[str, Field(examples=["2s"])]
+        | Annotated[int, Field(ge=1, le=MAX_HEALTH_TIMEOUT_S, json_schema_extra={"x-unit": "s"})],
     ),
 ]
 HealthSeconds = Annotated[
@@ -79,7 +97,7 @@ class HealthInput(_Spec):
     interval: HealthSeconds = Field(
         default=10, description=gettext_noop("Time between checks, such as 10s.")
     )
-    timeout: HealthSeconds = Field(
+    timeout: HealthTimeout = Field(
         default=2, description=gettext_noop("How long one check may take to answer.")
     )
     start_period: HealthSeconds = Field(
