@@ -318,11 +318,23 @@ def _task_context(who, task) -> dict:
         "controls": controls_for(task) if who.may(Action.CONTROL_TASK, task) else [],
         "may_submit": who.may(Action.SUBMIT),
         "gpu_charts": _gpu_charts(task),
+        **_service_context(task),
         # Seconds run so far while running: the page counts on from there.
         "running_for": (
             round((timezone.now() - task.started_at).total_seconds(), 1) if running else None
         ),
     }
+
+
+def _service_context(task) -> dict:
+    """A service's replicas (``selectors.service_group``), this task's own among them, and how
+    many are healthy; nothing for another task."""
+    group = getattr(task, "service_group", None)
+    if group is None:
+        return {}
+    own = next((r.attempt for r in group if r.task.pk == task.pk), None)
+    healthy = sum(1 for r in group if r.attempt is not None and r.attempt.health == "healthy")
+    return {"replicas": group, "service_attempt": own, "healthy_replicas": healthy}
 
 
 # Points per GPU the task page's history starts with: enough to see a shape, few enough that
