@@ -455,7 +455,6 @@ def tasks_submit(
             "n": len(specs),
         }
         raise SubmitError({"tasks": [problem]})
-    specs, replica_of = _with_replicas(specs)
     estate = _estate(tenant)
     errors: dict[str, list[str]] = {}
     many = len(specs) > 1
@@ -489,6 +488,15 @@ def tasks_submit(
         batch.add(spec.name)
     if errors:
         raise SubmitError(errors)
+    specs, replica_of, origin = _with_replicas(specs)
+    if replica_of:
+        resolved = [resolved[index] for index in origin]
+        if len(specs) > MAX_SWEEP_TASKS:
+            problem = _("at most %(max)s tasks at once, got %(n)s (replicas included)") % {
+                "max": MAX_SWEEP_TASKS,
+                "n": len(specs),
+            }
+            raise SubmitError({"tasks": [problem]})
 
     now = timezone.now()
     template = Task(
@@ -515,12 +523,6 @@ def tasks_submit(
         if errors := _queue_errors(tenant, estate.quota, len(specs)):
             raise SubmitError(errors)
         created, claimed = _insert(template, own, reason=reason, actor=by or owner, claim=alone)
-        # A name in ``after`` means the latest task of that name earlier in the batch.
-        earlier: dict[str, Task] = {}
-        links: set[tuple[int, int]] = set()
-        for task, deps in zip(created, resolved, strict=True):
-            links.update((task.pk, earlier[d].pk if isinstance(d, str) else d) for d in deps)
-            earlier[task.name] = task
         for first, indexes in replica_of.items():
             service = created[first]
             Task.objects.filter(pk__in=[created[i].pk for i in indexes]).update(
@@ -528,6 +530,14 @@ def tasks_submit(
             )
             for i in indexes:
                 created[i].replica_of_id = service.pk
+        # A name in ``after`` means the latest task of that name earlier in the batch (a
+        # service, not one of its other replicas, which bear its name).
+        earlier: dict[str, Task] = {}
+        links: set[tuple[int, int]] = set()
+        for task, deps in zip(created, resolved, strict=True):
+            links.update((task.pk, earlier[d].pk if isinstance(d, str) else d) for d in deps)
+            if task.replica_of_id is None:
+                earlier[task.name] = task
         if links:
             through = Task.depends_on.through
             through.objects.bulk_create(
@@ -539,21 +549,25 @@ def tasks_submit(
     return created
 
 
-def _with_replicas(specs: Sequence[TaskSpec]) -> tuple[Sequence[TaskSpec], dict[int, list[int]]]:
+def _with_replicas(
+    specs: Sequence[TaskSpec],
+) -> tuple[Sequence[TaskSpec], dict[int, list[int]], list[int]]:
     """``specs`` with each service of N replicas written N times (one task each, under the same
-    name), and for each service's index the indexes of its other replicas."""
+    name); for each service's index the indexes of its other replicas; and each task's index
+    in ``specs``."""
     if not any(spec.service and spec.service["replicas"] > 1 for spec in specs):
-        return specs, {}
+        return specs, {}, []
     expanded: list[TaskSpec] = []
     replica_of: dict[int, list[int]] = {}
-    for spec in specs:
+    origin: list[int] = []
+    for index, spec in enumerate(specs):
         first = len(expanded)
-        expanded.append(spec)
         copies = spec.service["replicas"] - 1 if spec.service else 0
+        expanded.extend([spec] * (1 + copies))
+        origin.extend([index] * (1 + copies))
         if copies:
             replica_of[first] = list(range(first + 1, first + 1 + copies))
-            expanded.extend([spec] * copies)
-    return expanded, replica_of
+    return expanded, replica_of, origin
 
 
 def task_submit(*, tenant: Tenant, spec: TaskSpec, owner: AbstractBaseUser | None = None) -> Task:

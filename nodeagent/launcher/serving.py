@@ -44,11 +44,17 @@ class Check:
     at: datetime
 
 
-def check_once(port: int, path: str, timeout: float) -> Check:
+def check_host(listen: str) -> str:
+    """Where the service is asked, given the address it was told to listen on
+    (``SERVICE_HOST``): that address, or the loopback for one that means every address."""
+    return "127.0.0.1" if listen in ("", "0.0.0.0", "::") else listen  # noqa: S104
+
+
+def check_once(port: int, path: str, timeout: float, host: str = "127.0.0.1") -> Check:
     """``GET path`` on the service's port: healthy on a 2xx or 3xx answer within ``timeout``."""
     at = datetime.now(tz=UTC)
     when = at.strftime("%H:%M:%S UTC")
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         connection.request("GET", path, headers={"User-Agent": "gpuplatform-health"})
         answer = connection.getresponse()
@@ -69,8 +75,11 @@ class HealthWatch:
     within ``start_period`` do not count), then healthy or unhealthy; ``failures`` failed
     checks in a row past start-up mean it is to be restarted (``give_up``)."""
 
-    def __init__(self, port: int, health: dict, *, started: float | None = None) -> None:
+    def __init__(
+        self, port: int, health: dict, *, host: str = "127.0.0.1", started: float | None = None
+    ) -> None:
         self.port = port
+        self.host = host
         self.path = health["path"]
         self.interval = float(health["interval"])
         self.timeout = float(health["timeout"])
@@ -90,7 +99,7 @@ class HealthWatch:
     def tick(self, now: float) -> bool:
         """Check once; True when the health changed (``state``)."""
         self.next_at = now + self.interval
-        self.last = check_once(self.port, self.path, self.timeout)
+        self.last = check_once(self.port, self.path, self.timeout, self.host)
         before = self.state
         if self.last.ok:
             self.failures = 0

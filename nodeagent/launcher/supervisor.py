@@ -334,7 +334,8 @@ class Supervisor:
                 self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
                 return self.finish(child.wait())
             if port is not None and (it.service or {}).get("health"):
-                self.health = serving.HealthWatch(port, it.service["health"])
+                host = serving.check_host(settings.SERVICE_HOST)
+                self.health = serving.HealthWatch(port, it.service["health"], host=host)
             return self.watch(child, exited)
         finally:
             if exited is not None:

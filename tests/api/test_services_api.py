@@ -92,3 +92,20 @@ def test_cancelling_the_service_cancels_its_replicas(alice, owner, workstation):
     controls.task_cancel(task=Task.objects.get(pk=first["id"]), by=owner.user)
     states = set(Task.objects.filter(pk__in=[first["id"], second["id"]]).values_list("state"))
     assert states == {("cancelled",)}
+
+
+def test_a_service_s_problem_is_named_at_its_own_path_and_after_names_the_service(
+    alice, workstation
+):
+    body = {"name": "llm", "command": "serve", "service": {"replicas": 2},
+            "resources": {"gpus": 8}}  # fmt: skip
+    assert_error_shape(alice.post(TASKS, body, format="json"), 400, "resources.gpus")
+    client = [
+        {"name": "llm", "command": "serve", "service": {"replicas": 3}},
+        {"name": "bench", "command": "bench", "policy": {"after": ["llm"]}},
+    ]
+    response = alice.post(TASKS, client, format="json")
+    assert response.status_code == 201, response.content
+    service, *_, bench = (Task.objects.get(pk=out["id"]) for out in response.json())
+    assert list(bench.depends_on.all()) == [service]
+    assert Task.objects.filter(replica_of=service).count() == 2
