@@ -12,6 +12,7 @@ SIGTERM stops the task (SIGTERM, grace, then the whole cgroup or process tree is
 SIGUSR1 pauses it (freeze), SIGUSR2 resumes it (thaw). It enforces the timeout itself, and
 writes the exit status to a file reserved in advance before telling the database, so the status
 survives a full disk, a database outage and restarts of every other platform process.
+A service's supervisor also holds its port and checks its health (``serving``).
 
 Faults in the platform's own plumbing never become reruns: output that cannot be written (a
 full log disk) is dropped and marked, the task goes on; if neither the exit file nor the
@@ -447,7 +448,8 @@ class Supervisor:
                 next_fence = now + FENCE_EVERY_S
                 if not self.still_wanted():
                     self.stop_asked = True  # superseded (lost and requeued): never run twice
-            if self.health is not None and self.paused_since is None and self.health.due(now):
+            health = self.health
+            if health and not (self.stop_asked or self.paused_since) and health.due(now):
                 self.check_health(now)
             running_for = now - started - self.paused_total
             if timeout and running_for > timeout and self.paused_since is None:
