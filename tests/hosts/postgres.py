@@ -1,0 +1,125 @@
+"""A private PostgreSQL cluster for the many-host harness, listening on the bridge's address.
+
+The machine's own server listens on 127.0.0.1 with trust authentication, which no other
+namespace can reach. Rather than forward a port to it, the harness runs a cluster of its own
+from the system's binaries (/usr/lib/postgresql/<version>/bin, the version CI has): the hosts
+then reach the database over the bridge, each from its own address (``pg_stat_activity``'s
+``client_addr`` tells the hosts apart), with scram-sha-256 passwords, and a cut link leaves
+the server holding half-open connections exactly as a real partition does, which a forwarder
+in between would hide. It runs as the ``postgres`` user (initdb refuses root), without fsync
+(a test cluster, thrown away), and is removed with its data when the run ends.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+
+PORT = 5432
+
+
+def binaries() -> Path | None:
+    """The newest PostgreSQL server binaries installed on this machine, if any."""
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
+    )
+    return Path(found[-1]).parent if found else None
+
+
+def unavailable() -> str | None:
+    if binaries() is None:
+        return (
+            "the many-host harness needs PostgreSQL's server binaries (/usr/lib/postgresql/*/bin)"
+        )
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return "the many-host harness needs the `postgres` system user to run its own cluster"
+    return None
+
+
+class PrivatePostgres:
+    """initdb, start and stop a throwaway cluster in ``root`` listening on ``address``."""
+
+    def __init__(self, root: Path, address: str) -> None:
+        self.bin = binaries()
+        self.root = root
+        self.address = address
+        self.data = root / "pgdata"
+        self.password = secrets.token_urlsafe(16)
+        self.process: subprocess.Popen | None = None
+        owner = pwd.getpwnam("postgres")
+        self.sockets = root / "pgsockets"
+        for path in (self.data, self.sockets):
+            path.mkdir(mode=0o700)
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+        pwfile = root / "pgpass"
+        pwfile.write_text(self.password + "\n")
+        os.chown(pwfile, owner.pw_uid, owner.pw_gid)
+        self._as_postgres(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--no-sync",
+            "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}",
+        )  # fmt: skip
+        pwfile.unlink()
+        with open(self.data / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {address}/24 scram-sha-256\n")
+
+    def _as_postgres(self, *argv: str) -> None:
+        subprocess.run(  # noqa: S603 - fixed argv
+            ["runuser", "-u", "postgres", "--", *argv],
+            check=True, capture_output=True, timeout=120, cwd=self.root,
+        )  # fmt: skip
+
+    def url(self, database: str = "gpuplatform") -> str:
+        return f"postgres://postgres:{self.password}@{self.address}:{PORT}/{database}"
+
+    def start(self) -> None:
+        log = open(self.root / "postgres.log", "ab")  # noqa: SIM115 - kept for the server's life
+        self.process = subprocess.Popen(  # noqa: S603 - fixed argv
+            ["runuser", "-u", "postgres", "--", str(self.bin / "postgres"), "-D", str(self.data),
+             "-c", f"listen_addresses={self.address}", "-p", str(PORT),
+             "-c", f"unix_socket_directories={self.sockets}", "-c", "fsync=off",
+             "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+             "-c", "max_connections=300"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with psycopg.connect(self.url("postgres"), connect_timeout=2, autocommit=True):
+                    return
+            except psycopg.OperationalError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        "the harness's PostgreSQL did not start:\n"
+                        + (self.root / "postgres.log").read_text(errors="replace")
+                    ) from None
+                time.sleep(0.2)
+
+    def create_database(self, name: str = "gpuplatform") -> None:
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown, then SIGKILL) and remove its data."""
+        if self.process is not None and self.process.poll() is None:
+            try:  # SIGINT to the postmaster: a fast shutdown, which ends every session
+                os.kill(int((self.data / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+            except (OSError, ValueError, IndexError):
+                pass
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self.data, ignore_errors=True)
