@@ -29,10 +29,22 @@ def estate_once() -> Iterator[Estate]:
         estate.remove()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        item.hosts_failed = True
+    return report
+
+
 @pytest.fixture
-def estate(estate_once: Estate) -> Iterator[Estate]:
-    """The session's estate, with no process running on any host after the test."""
+def estate(estate_once: Estate, request: pytest.FixtureRequest) -> Iterator[Estate]:
+    """The session's estate, with no process running on any host after the test (whose
+    processes' output is printed when it failed)."""
     try:
         yield estate_once
     finally:
+        if getattr(request.node, "hosts_failed", False):
+            print(f"\nthe hosts' output:\n{estate_once.logs()}")
         estate_once.stop_hosts()
+        estate_once.fresh_database()

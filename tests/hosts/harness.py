@@ -35,10 +35,12 @@ from tests.hosts.postgres import PrivatePostgres
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 WEB_PORT = 8000
-GPUS_PER_HOST = 4
+GPUS_PER_HOST = 8
 SCHEDULER_HOSTS = ("control", "sched-2")
 GPU_HOSTS = ("gpu-1", "gpu-2")
 HOSTS = (*SCHEDULER_HOSTS, *GPU_HOSTS)
+DATABASE = "gpuplatform"  # each test's own copy of TEMPLATE (Estate.fresh_database)
+TEMPLATE = "gpuplatform_template"
 
 ESTATE_YAML = """\
 heartbeat: {{interval: 1s, offline_after: 10s, lost_after: 20s}}
@@ -171,8 +173,8 @@ class Estate:
         self.network.create()
         self.postgres = PrivatePostgres(self.root, self.network.gateway)
         self.postgres.start()
-        self.postgres.create_database()
-        self.database_url = self.postgres.url()
+        self.postgres.create_database(TEMPLATE)
+        self.database_url = self.postgres.url(TEMPLATE)
         self.hosts_allowed = ",".join(
             str(self.network.subnet.network_address + 10 + i) for i in range(1, len(HOSTS) + 1)
         )
@@ -185,8 +187,21 @@ class Estate:
         for name in HOSTS:
             self.hosts[name] = Host(self, name)
         self.manage("control", "migrate", "--no-input", timeout=300)
+        self.manage("control", "createcachetable")
         boot = self.manage("control", "bootstrap")
         self.token = re.search(r"API token (gpup_\S+)", boot).group(1)
+        # The demo tenant may use every GPU of the estate (bootstrap gives it 4).
+        self.sql("UPDATE tenants_quota SET max_gpus = %s", [GPUS_PER_HOST * len(GPU_HOSTS)])
+        self.fresh_database()
+
+    def fresh_database(self) -> None:
+        """Give the next test a database of its own: a copy of the migrated template (no task,
+        node or flag of an earlier test), the one before dropped. Hosts' processes must be
+        stopped (``stop_hosts``)."""
+        with psycopg.connect(self.postgres.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{DATABASE}" TEMPLATE "{TEMPLATE}"')
+        self.database_url = self.postgres.url(DATABASE)
 
     def manage(self, host: str, *args: str, timeout: float = 120, **extra_env: str) -> str:
         """Run ``manage.py`` inside ``host``; its standard output (fails with its errors)."""
@@ -226,10 +241,22 @@ class Estate:
             raise AssertionError(f"{exc}\n{self.hosts['control'].output('web')}") from None
 
     def stop_hosts(self) -> None:
-        """Kill every host's processes and mend every link (between tests)."""
+        """Kill every host's processes, mend every link and start the next test's logs afresh
+        (between tests)."""
         for name, host in self.hosts.items():
             self.network.mend(name)
             host.kill()
+            for log in host.var_dir.glob("*.log"):
+                log.unlink()
+
+    def logs(self, lines: int = 40) -> str:
+        """The last ``lines`` of every process's output, host by host (for a failed test)."""
+        parts = []
+        for name, host in self.hosts.items():
+            for log in sorted(host.var_dir.glob("*.log")):
+                tail = log.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {name} {log.stem} ---\n" + "\n".join(tail))
+        return "\n".join(parts)
 
     def remove(self) -> None:
         """Everything this run made, whatever state it is in."""

@@ -103,7 +103,13 @@ class Network:
         ip("link", "set", self.outer[name], "down")
 
     def mend(self, name: str) -> None:
+        """Plug the cable back in; returns once the link is up at both ends."""
         ip("link", "set", self.outer[name], "up")
+        deadline = time.monotonic() + 10
+        while "LOWER_UP" not in ip("-o", "link", "show", self.outer[name]).stdout:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"host {name}'s link did not come back up")
+            time.sleep(0.05)
 
     def pids(self, name: str) -> list[int]:
         """Every process running inside host ``name``."""
