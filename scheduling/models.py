@@ -521,6 +521,11 @@ class PassRequest(models.Model):
     queued = models.BooleanField(
         default=False, help_text="A pass is queued and not yet started: no need to queue another."
     )
+    started = models.BigIntegerField(
+        default=0,
+        help_text="Passes started so far (each clears the flag): a queued pass that never "
+        "started, its scheduler gone, leaves it unchanged (passes.run_if_stalled).",
+    )
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(id=1), name="passrequest_singleton")]

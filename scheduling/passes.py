@@ -48,6 +48,7 @@ from django_q.tasks import async_task
 
 from gpuplatform.broker import NotifyingOrm
 from gpuplatform.db import server_bound_cursor
+from scheduling import estate
 from scheduling.models import PassRequest, SchedulerState, Successor
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,42 @@ def _queue_if_claimed(claimed: int, exists: bool) -> None:
     async_task(
         "scheduling.tasks.run_pass", task_name="scheduling-pass", cluster=scheduler_cluster()
     )
+    _watch_for_stall()
+
+
+# How long a queued pass may take to start before another is run in its place, besides the
+# busy gap a pass may be deferred by: a pass normally starts within moments of being queued.
+STALL_AFTER_S = 2.0
+
+
+def _watch_for_stall() -> None:
+    """A pass has just been queued: check, a moment later, that some pass started since.
+
+    Two schedulers take passes from one queue. One that dies (or is cut off) after taking a
+    queued pass and before starting it leaves the flag set, so every request after that queues
+    nothing, and django-q2 hands the dead scheduler's job out again only after its ``retry``
+    (minutes): the estate stalled until the one-minute backstop, whichever scheduler was alive.
+    The check is a delayed job (``run_if_stalled``) that any live scheduler runs; it runs a pass
+    only if the flag is still set and no pass has started since (``PassRequest.started``)."""
+    if Conf.SYNC:
+        return  # jobs run inline: nothing can die holding one, and nothing would run it
+    started = PassRequest.objects.filter(pk=1).values_list("started", flat=True).first()
+    gap_s = estate.config().scheduling.busy_pass_gap_ms / 1000
+    due = timezone.now() + timedelta(seconds=STALL_AFTER_S + gap_s)
+    async_task(
+        "scheduling.tasks.run_pass_if_stalled",
+        started or 0,
+        task_name="scheduling-stall-check",
+        sync=False,
+        cluster=scheduler_cluster(),
+        broker=DelayedOrm(list_key=scheduler_cluster(), due=due),
+    )
+
+
+def stalled(started: int) -> bool:
+    """Whether the pass queued when ``started`` passes had started is still queued and not
+    started, nor any other pass since."""
+    return PassRequest.objects.filter(pk=1, queued=True, started=started).exists()
 
 
 _BOOK_SQL = """
@@ -209,7 +246,9 @@ def mark_started() -> None:
     """Called by a pass before it reads, in a statement of its own that commits at once:
     requests committed from now on need a pass of their own."""
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE scheduling_passrequest SET queued = false WHERE id = 1")
+        cursor.execute(
+            "UPDATE scheduling_passrequest SET queued = false, started = started + 1 WHERE id = 1"
+        )
 
 
 def backstops_ensure(*, schedule_model: type[Schedule] = Schedule, using: str = "default") -> int:

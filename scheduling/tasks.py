@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from scheduling import controls, estate, passes, scheduler, services
+
+logger = logging.getLogger(__name__)
 
 
 def mark_silent_nodes() -> dict:
@@ -25,3 +28,13 @@ def run_pass() -> dict:
     result = scheduler.schedule_pass()
     return {"placed": len(result.placed), "preempted": len(result.preempted),
             "waiting": result.waiting, "ms": round(result.ms, 1)}  # fmt: skip
+
+
+def run_pass_if_stalled(started: int) -> dict:
+    """A pass queued when ``started`` passes had started, checked a moment later
+    (``passes._watch_for_stall``): if it never started (the scheduler that took it died), run
+    one here."""
+    if not passes.stalled(started):
+        return {}
+    logger.warning("a queued scheduling pass never started (its scheduler gone?): running it")
+    return run_pass()
