@@ -144,11 +144,29 @@ APPLICATION_NAME = connections.application_name(WEB_PROCESS)
 # for poolers such as PgBouncer in transaction mode, which we do not use; its own queries bind
 # on the client and are never prepared either way. Not for channels_postgres, which hands its
 # OPTIONS to libpq (which knows no such option).
+# A client that vanishes without a word (its host dead or cut off) leaves its session open on
+# the server, idle or waiting for an acknowledgement, until the kernel's TCP keepalive gives
+# up (hours by default), and with it the locks it holds: a scheduler cut off in the middle of a
+# pass kept the pass lock, and with it every other scheduler waiting. DB_PEER_TIMEOUT bounds
+# that: the server probes an idle client (keepalives) and drops one that leaves its data
+# unacknowledged (tcp_user_timeout) after about that many seconds. Per session (these are
+# PostgreSQL settings any client may set), so no server configuration is needed.
+DB_PEER_TIMEOUT = env.integer("DB_PEER_TIMEOUT", 3, minimum=0)
 _OPTIONS = {
     **_default_db.get("OPTIONS", {}),
     "prepare_threshold": 5,
     "application_name": APPLICATION_NAME,
 }
+if DB_PEER_TIMEOUT:
+    _idle = max(1, DB_PEER_TIMEOUT // 3)
+    _OPTIONS["options"] = " ".join(
+        filter(None, [
+            _OPTIONS.get("options", ""),
+            f"-c tcp_keepalives_idle={_idle} -c tcp_keepalives_interval=1",
+            f"-c tcp_keepalives_count={max(1, DB_PEER_TIMEOUT - _idle)}",
+            f"-c tcp_user_timeout={DB_PEER_TIMEOUT * 1000}",
+        ])
+    )  # fmt: skip
 DATABASES = {
     "default": {**_default_db, "OPTIONS": _OPTIONS},
     # channels_postgres keeps its message table in the same database.
