@@ -84,6 +84,26 @@ def signal_role(estate: Estate, host: str, role: str, signum: int) -> None:
     os.killpg(estate.hosts[host].processes[role].pid, signum)
 
 
+def freeze_scheduler(estate: Estate, host: str) -> None:
+    """SIGSTOP ``host``'s scheduler at a moment when none of its sessions is in a query or a
+    transaction (stopped inside a pass, it would hold the pass lock for the whole test)."""
+
+    def busy() -> list[tuple]:
+        return estate.sql(
+            "SELECT pid, state FROM pg_stat_activity WHERE host(client_addr) = %s"
+            " AND application_name = 'gpuplatform qcluster' AND state <> 'idle'",
+            [estate.hosts[host].address],
+        )
+
+    for _ in range(100):
+        signal_role(estate, host, "scheduler", signal.SIGSTOP)
+        if not busy():
+            return
+        signal_role(estate, host, "scheduler", signal.SIGCONT)
+        time.sleep(0.1)
+    raise AssertionError(f"{host}'s scheduler never idle: {busy()}")
+
+
 def check_placed_once(estate: Estate) -> None:
     """No task was ever placed twice, and no GPU is held twice."""
     attempts = estate.sql("SELECT id, attempt FROM scheduling_task WHERE attempt > 1")
@@ -127,7 +147,7 @@ def test_killing_the_scheduler_host_that_is_placing_leaves_the_other_placing(two
     with psycopg.connect(estate.database_url, autocommit=True) as holder:
         # A pass waits for this lock, as it would behind another pass.
         holder.execute("SELECT pg_advisory_lock(%s)", [PASS_LOCK])
-        signal_role(estate, "control", "scheduler", signal.SIGSTOP)
+        freeze_scheduler(estate, "control")
         try:
             waiting_task = submit(estate, "in-the-dying-pass")
             wait_until(
@@ -150,7 +170,7 @@ def test_cutting_the_link_of_the_scheduler_host_mid_pass_leaves_the_other_placin
     with psycopg.connect(estate.database_url) as holder:
         # The pass takes the pass lock, then waits here to write, inside its transaction.
         holder.execute("LOCK TABLE scheduling_successor IN SHARE MODE")
-        signal_role(estate, "control", "scheduler", signal.SIGSTOP)
+        freeze_scheduler(estate, "control")
         try:
             submit(estate, "in-the-cut-pass")
             wait_until(
