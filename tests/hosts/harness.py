@@ -27,9 +27,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import psycopg
 
-from tests.hosts.netns import Network
+from tests.hosts.netns import Network, remove_run
 from tests.hosts.postgres import PrivatePostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,6 +158,31 @@ class Host:
         self.estate.network.mend(self.name)
 
 
+OWNER = "owner"  # in a run's directory: its run id and the test process's pid
+
+
+def remove_abandoned_runs() -> list[str]:
+    """Remove what earlier runs whose test process is gone left behind (a run killed with
+    SIGKILL cleans nothing): namespaces, bridge, PostgreSQL and files. A run still going
+    (its process alive) is left alone. Returns the runs removed."""
+    removed = []
+    for root in Path(tempfile.gettempdir()).glob("gpup-hosts-*"):
+        try:
+            run, pid = (root / OWNER).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if psutil.pid_exists(int(pid)):
+            continue
+        remove_run(run)
+        try:  # SIGQUIT: PostgreSQL's immediate shutdown
+            os.kill(int((root / "pgdata" / "postmaster.pid").read_text().split()[0]), 3)
+        except (OSError, ValueError, IndexError):
+            pass
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(run)
+    return removed
+
+
 class Estate:
     """One run's network, database and hosts (see the module's docstring)."""
 
@@ -169,7 +195,9 @@ class Estate:
         self.token = ""
 
     def build(self) -> None:
+        remove_abandoned_runs()
         self.network = Network()
+        (self.root / OWNER).write_text(f"{self.network.run} {os.getpid()}\n")
         self.network.create()
         self.postgres = PrivatePostgres(self.root, self.network.gateway)
         self.postgres.start()

@@ -145,3 +145,21 @@ class Network:
         ip("link", "delete", self.bridge, check=False)
         if errors:
             raise RuntimeError("; ".join(errors))
+
+
+def remove_run(run: str) -> None:
+    """Remove what run ``run`` left: its hosts' processes, namespaces (their veths go with
+    them) and bridge. For a run whose test process was killed outright, so that nothing of
+    its own cleaning ran."""
+    prefix = f"gpup-{run}-"
+    for line in ip("netns", "list", check=False).stdout.splitlines():
+        namespace = line.split()[0] if line.split() else ""
+        if not namespace.startswith(prefix):
+            continue
+        for pid in ip("netns", "pids", namespace, check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        ip("netns", "delete", namespace, check=False)
+    ip("link", "delete", f"gpub{run}", check=False)

@@ -2,11 +2,17 @@
 a cut link that really cuts."""
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
+from pathlib import Path
 
-from tests.hosts.harness import GPU_HOSTS, GPUS_PER_HOST, wait_until
+import pytest
+
+from tests.hosts import netns
+from tests.hosts.harness import GPU_HOSTS, GPUS_PER_HOST, OWNER, remove_abandoned_runs, wait_until
 
 
 def test_four_hosts_reach_the_database_over_the_bridge_and_gpu_hosts_register(estate):
@@ -49,3 +55,30 @@ def test_a_cut_link_stops_a_hosts_traffic_and_mending_it_restores_it(estate):
     gpu.mend()
     # The neighbour entry the cut left failed is retried within moments.
     wait_until(connects, 10, "gpu-1 reaching the database's address again")
+
+
+def test_it_says_why_it_is_skipped_when_not_root(monkeypatch):
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    assert "needs root" in netns.unavailable()
+
+
+def test_what_a_killed_run_left_behind_is_removed_by_the_next(tmp_path):
+    if netns.unavailable():
+        pytest.skip(netns.unavailable())
+    root = Path(tempfile.mkdtemp(prefix="gpup-hosts-"))
+    network = netns.Network()
+    network.create()
+    network.add_host("lost")
+    dead = subprocess.Popen(["true"])  # noqa: S607 - a pid that no longer runs
+    dead.wait()
+    (root / OWNER).write_text(f"{network.run} {dead.pid}\n")
+    sleeper = subprocess.Popen([*network.exec_prefix("lost"), "sleep", "300"])
+    try:
+        assert network.run in remove_abandoned_runs()
+        assert sleeper.wait(timeout=10) == -9
+        assert network.namespaces["lost"] not in netns.ip("netns", "list").stdout
+        assert netns.ip("link", "show", network.bridge, check=False).returncode != 0
+        assert not root.exists()
+    finally:
+        network.remove()
+        shutil.rmtree(root, ignore_errors=True)
