@@ -37,7 +37,17 @@ def unavailable() -> str | None:
     made = ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return f"`ip netns add` does not work here: {made.stderr.strip()}"
-    ip("netns", "delete", probe, check=False)
+    try:  # a container may allow namespaces but not links (no CAP_NET_ADMIN on the host's)
+        for argv in (("link", "add", f"gpupb{probe[-6:]}", "type", "bridge"),
+                     ("link", "add", f"gpupv{probe[-6:]}", "type", "veth", "peer", "name",
+                      "eth0", "netns", probe)):  # fmt: skip
+            made = ip(*argv, check=False)
+            if made.returncode != 0:
+                return f"`ip {' '.join(argv[:4])}` does not work here: {made.stderr.strip()}"
+    finally:
+        ip("link", "delete", f"gpupb{probe[-6:]}", check=False)
+        ip("link", "delete", f"gpupv{probe[-6:]}", check=False)
+        ip("netns", "delete", probe, check=False)
     return None
 
 

@@ -40,6 +40,8 @@ def unavailable() -> str | None:
         return (
             "the many-host harness needs PostgreSQL's server binaries (/usr/lib/postgresql/*/bin)"
         )
+    if shutil.which("runuser") is None:
+        return "the many-host harness needs util-linux's `runuser` to run PostgreSQL as postgres"
     try:
         pwd.getpwnam("postgres")
     except KeyError:

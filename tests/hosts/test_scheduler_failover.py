@@ -183,3 +183,19 @@ def test_cutting_the_link_of_the_scheduler_host_mid_pass_leaves_the_other_placin
             signal_role(estate, "control", "scheduler", signal.SIGCONT)
         holder.rollback()
     fail_over(estate, failed, "the placing scheduler's link cut mid-pass", "after-cut")
+    # Its link back, the cut-off scheduler finds its pass gone (the server rolled it back) and
+    # takes part again; nothing it had begun is placed twice.
+    sched_2 = estate.hosts["sched-2"]
+    [(mended,)] = estate.sql("SELECT now()")
+    sched_2.mend()
+
+    def reconnected() -> bool:
+        return bool(estate.sql(
+            "SELECT 1 FROM pg_stat_activity WHERE host(client_addr) = %s AND backend_start > %s",
+            [sched_2.address, mended],
+        ))  # fmt: skip
+
+    wait_until(reconnected, 60, "sched-2 connected again after its link came back")
+    last = submit(estate, "after-mend")
+    wait_until(lambda: placed(estate, [last]), PLACED_WITHIN, "a task placed after the mend")
+    check_placed_once(estate)
