@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
+from tests.hosts.disks import Disks, unmount_under
 from tests.hosts.netns import Network, remove_run
 from tests.hosts.postgres import PrivatePostgres
 
@@ -82,6 +83,7 @@ class Host:
         self.address = estate.network.add_host(name)
         self.var_dir = estate.root / "hosts" / name
         self.var_dir.mkdir(parents=True)
+        estate.disks.add(name)
         self.processes: dict[str, subprocess.Popen] = {}
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -118,7 +120,7 @@ class Host:
             environ["NODE_NAME"] = self.name
         with open(self.log(role), "ab") as sink:
             proc = subprocess.Popen(  # noqa: S603 - fixed argv
-                [*self.estate.network.exec_prefix(self.name), *argv],
+                [*self.estate.exec_prefix(self.name), *argv],
                 cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
@@ -174,6 +176,7 @@ def remove_abandoned_runs() -> list[str]:
         if psutil.pid_exists(int(pid)):
             continue
         remove_run(run)
+        unmount_under(root)
         try:  # SIGQUIT: PostgreSQL's immediate shutdown
             os.kill(int((root / "pgdata" / "postmaster.pid").read_text().split()[0]), 3)
         except (OSError, ValueError, IndexError):
@@ -191,6 +194,7 @@ class Estate:
         self.root.chmod(0o755)  # the postgres user's cluster lives under it
         self.network: Network | None = None
         self.postgres: PrivatePostgres | None = None
+        self.disks: Disks | None = None
         self.hosts: dict[str, Host] = {}
         self.token = ""
 
@@ -199,6 +203,7 @@ class Estate:
         self.network = Network()
         (self.root / OWNER).write_text(f"{self.network.run} {os.getpid()}\n")
         self.network.create()
+        self.disks = Disks(self.root)
         self.postgres = PrivatePostgres(self.root, self.network.gateway)
         self.postgres.start()
         self.postgres.create_database(TEMPLATE)
@@ -234,13 +239,17 @@ class Estate:
     def manage(self, host: str, *args: str, timeout: float = 120, **extra_env: str) -> str:
         """Run ``manage.py`` inside ``host``; its standard output (fails with its errors)."""
         result = subprocess.run(  # noqa: S603 - fixed argv
-            [*self.network.exec_prefix(host), PYTHON, "manage.py", *args],
+            [*self.exec_prefix(host), PYTHON, "manage.py", *args],
             cwd=ROOT, env=self.hosts[host].env(**extra_env), capture_output=True, text=True,
             timeout=timeout, check=False,
         )  # fmt: skip
         if result.returncode != 0:
             raise AssertionError(f"manage.py {' '.join(args)} on {host}:\n{result.stderr}")
         return result.stdout
+
+    def exec_prefix(self, host: str) -> list[str]:
+        """The argv prefix that runs a command on ``host``: its disk, then its network."""
+        return [*self.disks.prefix(host, ROOT), *self.network.exec_prefix(host)]
 
     @property
     def web(self) -> str:
@@ -292,6 +301,8 @@ class Estate:
             if self.network is not None:
                 self.network.remove()
         finally:
+            if self.disks is not None:
+                self.disks.remove()
             try:
                 if self.postgres is not None:
                     self.postgres.stop()

@@ -1,5 +1,5 @@
-"""The harness itself: four hosts, each reaching PostgreSQL on the bridge with a password, and
-a cut link that really cuts."""
+"""The harness itself: four hosts, each reaching PostgreSQL on the bridge with a password and
+seeing only its own directory, a cut link that really cuts, and nothing left behind."""
 
 import json
 import shutil
@@ -40,6 +40,16 @@ def test_four_hosts_reach_the_database_over_the_bridge_and_gpu_hosts_register(es
     assert json.loads(urllib.request.urlopen(request, timeout=10).read())["tenant"] == "demo"
 
 
+def test_each_host_sees_its_own_directory_and_no_other_hosts(estate):
+    hosts_dir = estate.root / "hosts"
+    for name, host in estate.hosts.items():
+        on_host = [*estate.exec_prefix(name), "sh", "-c", 'ls "$1"; echo x > "$2"/written',
+                   "sh", str(hosts_dir), str(host.var_dir)]  # fmt: skip
+        listing = subprocess.run(on_host, capture_output=True, text=True, check=True).stdout
+        assert listing.split() == [name]
+        assert (host.var_dir / "written").read_text() == "x\n"  # the test process sees it
+
+
 def test_a_cut_link_stops_a_hosts_traffic_and_mending_it_restores_it(estate):
     gpu = estate.hosts["gpu-1"]
     probe = [*estate.network.exec_prefix("gpu-1"), sys.executable, "-c",
@@ -74,6 +84,7 @@ def test_what_a_killed_run_left_behind_is_removed_by_the_next(tmp_path):
     (root / OWNER).write_text(f"{network.run} {dead.pid}\n")
     sleeper = subprocess.Popen([*network.exec_prefix("lost"), "sleep", "300"])
     try:
+        wait_until(lambda: sleeper.pid in network.pids("lost"), 10, "the sleeper in its host")
         assert network.run in remove_abandoned_runs()
         assert sleeper.wait(timeout=10) == -9
         assert network.namespaces["lost"] not in netns.ip("netns", "list").stdout
