@@ -145,9 +145,10 @@ def supervisor_alive(task_id: int, *, unlaunched: bool = True) -> bool:
 
 def idle(task_id: int) -> bool:
     """Nothing in any broker queue (but wake-up passes booked for later: a waiting task books
-    one for when it would start to starve), no pass requested, the last task's supervisor
-    gone."""
-    if any(row.name() != "scheduling-wake-up" for row in OrmQ.objects.all()):
+    one for when it would start to starve; and the checks that a queued pass started,
+    ``passes._watch_for_stall``), no pass requested, the last task's supervisor gone."""
+    later = ("scheduling-wake-up", "scheduling-stall-check")
+    if any(row.name() not in later for row in OrmQ.objects.all()):
         return False
     if PassRequest.objects.filter(pk=1, queued=True).exists():
         return False
