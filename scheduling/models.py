@@ -524,7 +524,7 @@ class PassRequest(models.Model):
     started = models.BigIntegerField(
         default=0,
         help_text="Passes started so far (each clears the flag): a queued pass that never "
-        "started, its scheduler gone, leaves it unchanged (passes.run_if_stalled).",
+        "started, its scheduler gone, leaves it unchanged (passes.stalled).",
     )
 
     class Meta:

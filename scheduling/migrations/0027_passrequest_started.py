@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
             name="started",
             field=models.BigIntegerField(
                 default=0,
-                help_text="Passes started so far (each clears the flag): a queued pass that never started, its scheduler gone, leaves it unchanged (passes.run_if_stalled).",
+                help_text="Passes started so far (each clears the flag): a queued pass that never started, its scheduler gone, leaves it unchanged (passes.stalled).",
             ),
         ),
     ]
