@@ -704,3 +704,17 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}:{self.key}"
+
+
+class NodeCredential(models.Model):
+    """The PostgreSQL role a node's agent logs in as (``manage.py node_credential``). The
+    row-level security policies of migration 0040 key on this row: that role sees and writes
+    only its node's rows. By name, not by key: the node may register after its credential."""
+
+    node_name = models.CharField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    role = models.CharField(max_length=63, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    rotated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.node_name} ({self.role})"

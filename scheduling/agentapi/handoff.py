@@ -53,6 +53,7 @@ from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
 from scheduling import passes, scheduler, transitions
 from scheduling.agentapi.messages import Assignment, ExitReport
+from scheduling.nodecredentials import node_scope
 from scheduling.policy import Placement, hand_on
 from scheduling.states import TaskState
 
@@ -113,8 +114,12 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
     their GPUs on to the successors on ``hand.node``; returns the ended tasks as
     ``_SUCCEEDED`` does (attempt id, task id, tenant id, name, reason, node id, reason code,
     reason params). Runs in a
-    transaction of its own (or the caller's)."""
-    if hand is None:
+    transaction of its own (or the caller's).
+
+    An agent confined to its node's rows (a node credential's, ``nodecredentials``) hands
+    nothing on: the successors and their tenants' quotas are the control plane's, so their
+    GPUs go to the next pass, which it requests."""
+    if hand is None or node_scope() is not None:
         return _record_alone(plain)
     now = timezone.now()
     tasks = [r.task_id for r in plain]
