@@ -74,6 +74,7 @@ MY_TASK = f"""(scheduling_task.node_id = {MINE} OR EXISTS (SELECT 1 FROM schedul
                WHERE a.task_id = scheduling_task.id AND a.node_id = {MINE}))"""  # noqa: S608 - constant
 VISIBLE_TASK = "EXISTS (SELECT 1 FROM scheduling_task t WHERE t.id = {col})"
 MY_GPU = f"EXISTS (SELECT 1 FROM scheduling_gpu g WHERE g.id = {{col}} AND g.node_id = {MINE})"  # noqa: S608
+CONTROL_QUEUE = "NOT EXISTS (SELECT 1 FROM scheduling_node n WHERE n.name = django_q_ormq.key)"
 
 # (table, policy name, command, USING, WITH CHECK): permissive policies for gpup_nodes. A table
 # with row-level security and no policy for a command refuses it to them. Subqueries on other
@@ -132,10 +133,12 @@ POLICIES = (
         f"node_id = {MINE} OR {MY_GPU.format(col='gpu_id')}"
         f" OR {VISIBLE_TASK.format(col='task_id')}",
     ),
-    # django-q2: the node's own launch queue (its cluster is named after it); it may queue a
-    # job on any cluster (a scheduling pass), signed with SECRET_KEY as every job is.
+    # django-q2: the node's own launch queue (its cluster is named after it), and the queues
+    # of clusters that are no node's (the scheduler's: a pass, an alert's webhook), where it
+    # may add a job and see it (Django reads back the id it inserted); never another node's.
     ("django_q_ormq", "queue_own", "ALL", f"key = {MY_NAME}", f"key = {MY_NAME}"),
-    ("django_q_ormq", "queue_add", "INSERT", None, "true"),
+    ("django_q_ormq", "queue_control_add", "INSERT", None, CONTROL_QUEUE),
+    ("django_q_ormq", "queue_control_read", "SELECT", CONTROL_QUEUE, None),
     ("django_q_task", "result_own", "ALL", f"cluster = {MY_NAME}", f"cluster = {MY_NAME}"),
     ("django_q_schedule", "schedule_own", "ALL", f"cluster = {MY_NAME}", f"cluster = {MY_NAME}"),
     # Live events: a node sends to the groups and sweeps what expired; it reads no message
@@ -175,6 +178,46 @@ def _undo_sql() -> str:
     lines += [f"REVOKE ALL ON {table} FROM gpup_nodes;" for table, _ in GRANTS]
     lines.append("DROP FUNCTION gpup_node_id(); DROP FUNCTION gpup_node_name();")
     return "\n".join(lines)  # the group role stays: other databases on the server may use it
+
+
+# django-q2 keeps its clusters' statistics in the default cache: a node's cluster writes its own
+# there. The database cache's table is made by ``createcachetable``, here too (it is
+# idempotent) so that it can be granted; nodes see none of its other keys (throttles).
+DJANGO_Q_KEYS = "cache_key LIKE '%%django_q:%%'"
+
+
+def _cache_tables() -> list[str]:
+    from django.conf import settings
+
+    return [
+        cache["LOCATION"]
+        for cache in settings.CACHES.values()
+        if cache["BACKEND"] == "django.core.cache.backends.db.DatabaseCache"
+    ]
+
+
+def cache_for_nodes(apps, schema_editor) -> None:
+    from django.core.management import call_command
+
+    if not _cache_tables():
+        return
+    call_command("createcachetable", database=schema_editor.connection.alias, verbosity=0)
+    with schema_editor.connection.cursor() as cursor:
+        for table in map(schema_editor.quote_name, _cache_tables()):
+            cursor.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO gpup_nodes")
+            cursor.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+            cursor.execute(
+                f"CREATE POLICY gpup_django_q_stats ON {table} TO gpup_nodes"
+                f" USING ({DJANGO_Q_KEYS}) WITH CHECK ({DJANGO_Q_KEYS})"
+            )
+
+
+def cache_for_nodes_undo(apps, schema_editor) -> None:
+    with schema_editor.connection.cursor() as cursor:
+        for table in map(schema_editor.quote_name, _cache_tables()):
+            cursor.execute(f"DROP POLICY IF EXISTS gpup_django_q_stats ON {table}")
+            cursor.execute(f"ALTER TABLE IF EXISTS {table} DISABLE ROW LEVEL SECURITY")
+            cursor.execute(f"REVOKE ALL ON {table} FROM gpup_nodes")
 
 
 class Migration(migrations.Migration):
@@ -219,4 +262,5 @@ class Migration(migrations.Migration):
         ),
         migrations.RunSQL(GROUP, reverse_sql=migrations.RunSQL.noop),
         migrations.RunSQL(FUNCTIONS + _grants_sql() + _policies_sql(), reverse_sql=_undo_sql()),
+        migrations.RunPython(cache_for_nodes, cache_for_nodes_undo),
     ]

@@ -1,0 +1,125 @@
+"""A node agent that connects with its node's own credential (``manage.py node_credential``)
+runs a task end to end: what the row-level security lets its role do is all it needs."""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django_q.tasks import async_task
+
+from scheduling import controls, scheduler
+from scheduling.models import Node, TaskAttempt
+from scheduling.spec import TaskSpec
+from scheduling.submission import task_submit
+from telemetry.models import GpuSample
+from tests.live import PYTHON, ROOT, manage, process_env
+from tests.nodeagent.launcher.conftest import state_of, wait_for
+
+pytestmark = pytest.mark.slow
+
+NODE = f"confined-{os.getpid()}"  # roles are the server's: a name of this run's own
+CONFIG = f"""
+heartbeat: {{interval: 1s, offline_after: 30s}}
+nodes:
+  - name: {NODE}
+    simulate: {{model: NVIDIA GeForce RTX 4090, memory: 24Gi, count: 2}}
+"""
+
+
+@pytest.fixture
+def node_url(transactional_db, tmp_path):
+    path = tmp_path / "node.url"
+    call_command("node_credential", "create", NODE, "--output", str(path), stderr=io.StringIO())
+    yield path.read_text().strip()
+    call_command("node_credential", "revoke", NODE, stdout=io.StringIO())
+
+
+@pytest.fixture
+def confined_agent(launcher, node_url, tmp_path, monkeypatch):
+    # Launches go through the broker to the node's own cluster, as in production.
+    monkeypatch.setattr(controls, "async_task", functools.partial(async_task, sync=False))
+    monkeypatch.setenv("Q_SYNC", "0")
+    config = tmp_path / "estate.yaml"
+    config.write_text(CONFIG)
+    log = tmp_path / "agent.log"
+    with log.open("w") as out:
+        agent = subprocess.Popen(
+            [PYTHON, "manage.py", "node_agent", "--backend", "simulated", "--config",
+             str(config), "--node", NODE],
+            cwd=ROOT, env=process_env(DATABASE_URL=node_url), start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: Node.objects.filter(name=NODE, gpus__isnull=False).exists())
+        yield agent, log
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(agent.pid, 9)
+            agent.wait()
+
+
+def denied(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if "permission denied" in line
+            or "row-level security" in line]  # fmt: skip
+
+
+def test_a_task_succeeds_on_an_agent_with_its_nodes_own_credential(confined_agent, lab):
+    agent, log = confined_agent
+    tasks = [
+        task_submit(tenant=lab, spec=TaskSpec(name=f"t{i}", command="echo hello", node=NODE))
+        for i in range(3)
+    ]
+    scheduler.schedule_pass()
+    for task in tasks:
+        wait_for(state_of(task, "succeeded", "failed", "lost"), timeout=60)
+        scheduler.schedule_pass()  # what a confined agent does not hand on, a pass places
+    for task in tasks:
+        task.refresh_from_db()
+        attempt = TaskAttempt.objects.get(task=task)
+        assert (task.state, attempt.launched_by) == ("succeeded", NODE), task.reason
+        assert Path(attempt.log_path).read_text() == "hello\n"
+    wait_for(lambda: GpuSample.objects.filter(gpu__node__name=NODE).exists())
+    assert agent.poll() is None, log.read_text()[-3000:]
+    assert not denied(log), "\n".join(denied(log))
+
+
+def test_its_failures_retries_and_cancels_go_through_too(confined_agent, lab):
+    agent, log = confined_agent
+    failing = task_submit(
+        tenant=lab, spec=TaskSpec(name="f", command="exit 3", node=NODE, retries=1)
+    )
+    sleeper = task_submit(tenant=lab, spec=TaskSpec(name="s", command="sleep 60", node=NODE))
+    scheduler.schedule_pass()
+    wait_for(state_of(sleeper, "running"), timeout=60)
+    controls.task_cancel(task=sleeper)  # a stop job on the node's own queue
+    wait_for(state_of(sleeper, "cancelled"), timeout=60)
+
+    def failed_twice():
+        scheduler.schedule_pass()  # the retry, once its backoff is over
+        failing.refresh_from_db()
+        return failing.state == "failed"
+
+    wait_for(failed_twice, timeout=60, every=0.5)
+    assert TaskAttempt.objects.filter(task=failing).count() == 2
+    assert failing.exit_code == 3
+    assert agent.poll() is None, log.read_text()[-3000:]
+    assert not denied(log), "\n".join(denied(log))
+
+
+def test_a_process_knows_whether_its_role_is_confined_to_a_node(node_url):
+    """A confined agent hands no GPUs on (``handoff.plain_ends``): the successors and their
+    tenants' quotas are the control plane's, which its role may not read."""
+    ask = "from scheduling.nodecredentials import node_scope; print(node_scope())"
+    confined = manage("shell", "-c", ask, DATABASE_URL=node_url)
+    assert confined.stdout.strip().splitlines()[-1] == NODE, confined.stderr
+    platform = manage("shell", "-c", ask)
+    assert platform.stdout.strip().splitlines()[-1] == "None", platform.stderr
