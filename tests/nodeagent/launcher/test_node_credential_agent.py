@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django_q.tasks import async_task
 
 from scheduling import controls, scheduler
-from scheduling.models import Node, TaskAttempt
+from scheduling.models import Node, NodeCredential, TaskAttempt
 from scheduling.spec import TaskSpec
 from scheduling.submission import task_submit
 from telemetry.models import GpuSample
@@ -36,7 +37,7 @@ nodes:
 def node_url(transactional_db, tmp_path):
     path = tmp_path / "node.url"
     call_command("node_credential", "create", NODE, "--output", str(path), stderr=io.StringIO())
-    yield path.read_text().strip()
+    yield path
     call_command("node_credential", "revoke", NODE, stdout=io.StringIO())
 
 
@@ -52,7 +53,8 @@ def confined_agent(launcher, node_url, tmp_path, monkeypatch):
         agent = subprocess.Popen(
             [PYTHON, "manage.py", "node_agent", "--backend", "simulated", "--config",
              str(config), "--node", NODE],
-            cwd=ROOT, env=process_env(DATABASE_URL=node_url), start_new_session=True,
+            cwd=ROOT, env=process_env(DATABASE_URL="", DATABASE_URL_FILE=str(node_url)),
+            start_new_session=True,
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -100,6 +102,17 @@ def test_its_failures_retries_and_cancels_go_through_too(confined_agent, lab):
     sleeper = task_submit(tenant=lab, spec=TaskSpec(name="s", command="sleep 60", node=NODE))
     scheduler.schedule_pass()
     wait_for(state_of(sleeper, "running"), timeout=60)
+    # The agent, its cluster and the task's supervisor all log in as the node's role.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT application_name, usename FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = ANY(%s)",
+            [[f"gpuplatform {name}" for name in ("node_agent", f"qcluster {NODE}", "supervisor")]],
+        )
+        sessions = cursor.fetchall()
+    role = NodeCredential.objects.get(node_name=NODE).role
+    assert {"gpuplatform node_agent", f"gpuplatform qcluster {NODE}"} <= {a for a, _ in sessions}
+    assert {user for _, user in sessions} == {role}, sessions
     controls.task_cancel(task=sleeper)  # a stop job on the node's own queue
     wait_for(state_of(sleeper, "cancelled"), timeout=60)
 
@@ -119,7 +132,7 @@ def test_a_process_knows_whether_its_role_is_confined_to_a_node(node_url):
     """A confined agent hands no GPUs on (``handoff.plain_ends``): the successors and their
     tenants' quotas are the control plane's, which its role may not read."""
     ask = "from scheduling.nodecredentials import node_scope; print(node_scope())"
-    confined = manage("shell", "-c", ask, DATABASE_URL=node_url)
+    confined = manage("shell", "-c", ask, DATABASE_URL=node_url.read_text().strip())
     assert confined.stdout.strip().splitlines()[-1] == NODE, confined.stderr
     platform = manage("shell", "-c", ask)
     assert platform.stdout.strip().splitlines()[-1] == "None", platform.stderr
