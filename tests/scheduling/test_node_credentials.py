@@ -211,3 +211,57 @@ def test_it_refuses_to_rotate_a_credential_never_made(db):
 def test_it_refuses_a_bad_node_name(db):
     with pytest.raises(CommandError, match="node: Use lowercase"):
         call_command("node_credential", "create", "Bad_Name", stdout=io.StringIO())
+
+
+def test_it_releases_its_allocations_and_the_fair_share_counters_follow(estate, as_node):
+    """The release trigger runs as the node's role: it reads the scheduler's state and adds to
+    the tenant's counters, which the role may do though it may not read the quotas."""
+    from scheduling.models import SchedulerState, TenantUsage
+
+    SchedulerState.objects.update_or_create(pk=1, defaults={"fair_share_half_life_s": 3600})
+    task = estate["tasks"][MINE]
+    released = as_node.execute(
+        "UPDATE scheduling_allocation SET released_at = now() + interval '1 minute'"
+        " WHERE task_id = %s AND released_at IS NULL",
+        (task.pk,),
+    ).rowcount
+    assert released == 1
+    assert TenantUsage.objects.get(tenant=task.tenant).closed > 0
+
+
+def test_it_sends_live_events_but_reads_no_message_before_it_expires(estate, as_node):
+    """What channels_postgres does for a node's ``group_send``: read the group's channels and
+    insert a message for each; the platform's own messages stay unread."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO channels_postgres_groupchannel (group_key, channel, expire)"
+            " VALUES ('ops', 'browser-1', now() + interval '1 day')"
+        )
+        cursor.execute(
+            "INSERT INTO channels_postgres_message (channel, message, expire)"
+            " VALUES ('browser-1', 'secret', now() + interval '1 day')"
+        )
+    rows = as_node.execute(
+        "SELECT DISTINCT group_key, channel FROM channels_postgres_groupchannel"
+        " WHERE group_key = 'ops'"
+    ).fetchall()
+    assert rows == [("ops", "browser-1")]
+    as_node.execute(
+        "INSERT INTO channels_postgres_message (channel, message, expire)"
+        " VALUES ('browser-1', 'sample', now() + interval '1 minute')"
+    )
+    assert as_node.execute("SELECT message FROM channels_postgres_message").fetchall() == []
+
+
+def test_it_queues_a_pass_but_reads_no_other_nodes_queue(estate, as_node):
+    from django_q.models import OrmQ
+
+    OrmQ.objects.create(key=OTHER, payload="launch", lock=None)
+    as_node.execute(
+        "INSERT INTO django_q_ormq (key, payload) VALUES ('gpuplatform', 'pass') RETURNING id"
+    )
+    refused(as_node, "INSERT INTO django_q_ormq (key, payload) VALUES (%s, 'forged')", OTHER)
+    keys = {row[0] for row in as_node.execute("SELECT key FROM django_q_ormq").fetchall()}
+    assert keys == {"gpuplatform"}
