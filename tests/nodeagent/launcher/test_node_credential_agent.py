@@ -69,6 +69,14 @@ def confined_agent(launcher, node_url, tmp_path, monkeypatch):
             agent.wait()
 
 
+def wait_showing(log: Path, predicate, timeout: float = 60, **kwargs):
+    """``wait_for``, failing with the agent's log (what its role was refused shows there)."""
+    try:
+        return wait_for(predicate, timeout=timeout, **kwargs)
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\n--- agent log ---\n{log.read_text()[-4000:]}")
+
+
 def denied(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if "permission denied" in line
             or "row-level security" in line]  # fmt: skip
@@ -82,7 +90,7 @@ def test_a_task_succeeds_on_an_agent_with_its_nodes_own_credential(confined_agen
     ]
     scheduler.schedule_pass()
     for task in tasks:
-        wait_for(state_of(task, "succeeded", "failed", "lost"), timeout=60)
+        wait_showing(log, state_of(task, "succeeded", "failed", "lost"))
         scheduler.schedule_pass()  # what a confined agent does not hand on, a pass places
     for task in tasks:
         task.refresh_from_db()
@@ -101,7 +109,7 @@ def test_its_failures_retries_and_cancels_go_through_too(confined_agent, lab):
     )
     sleeper = task_submit(tenant=lab, spec=TaskSpec(name="s", command="sleep 60", node=NODE))
     scheduler.schedule_pass()
-    wait_for(state_of(sleeper, "running"), timeout=60)
+    wait_showing(log, state_of(sleeper, "running"))
     # The agent, its cluster and the task's supervisor all log in as the node's role.
     with connection.cursor() as cursor:
         cursor.execute(
@@ -114,14 +122,14 @@ def test_its_failures_retries_and_cancels_go_through_too(confined_agent, lab):
     assert {"gpuplatform node_agent", f"gpuplatform qcluster {NODE}"} <= {a for a, _ in sessions}
     assert {user for _, user in sessions} == {role}, sessions
     controls.task_cancel(task=sleeper)  # a stop job on the node's own queue
-    wait_for(state_of(sleeper, "cancelled"), timeout=60)
+    wait_showing(log, state_of(sleeper, "cancelled"))
 
     def failed_twice():
         scheduler.schedule_pass()  # the retry, once its backoff is over
         failing.refresh_from_db()
         return failing.state == "failed"
 
-    wait_for(failed_twice, timeout=60, every=0.5)
+    wait_showing(log, failed_twice, every=0.5)
     assert TaskAttempt.objects.filter(task=failing).count() == 2
     assert failing.exit_code == 3
     assert agent.poll() is None, log.read_text()[-3000:]
@@ -136,3 +144,25 @@ def test_a_process_knows_whether_its_role_is_confined_to_a_node(node_url):
     assert confined.stdout.strip().splitlines()[-1] == NODE, confined.stderr
     platform = manage("shell", "-c", ask)
     assert platform.stdout.strip().splitlines()[-1] == "None", platform.stderr
+
+
+def test_a_gpu_fault_on_its_node_is_handled_by_its_role(confined_agent, lab):
+    """XID 79 under a running task: the agent's sampler records it, fails the GPU, opens an
+    alert and requeues the task elsewhere, all as the node's role."""
+    from monitoring.models import Alert
+    from scheduling.models import GPU
+    from telemetry.models import XidRecord
+
+    agent, log = confined_agent
+    task = task_submit(tenant=lab, spec=TaskSpec(name="x", command="sleep 60", node=NODE))
+    scheduler.schedule_pass()
+    wait_showing(log, state_of(task, "running"))
+    gpu = GPU.objects.get(uuid=TaskAttempt.objects.get(task=task).gpu_uuids[0])
+    call_command("gpu_fault", NODE, str(gpu.index), "xid", "79", stdout=io.StringIO())
+    wait_showing(log, lambda: XidRecord.objects.filter(gpu=gpu, xid=79).exists(), timeout=30)
+    wait_showing(log, lambda: GPU.objects.get(pk=gpu.pk).state == "failed", timeout=30)
+    wait_showing(log, lambda: Alert.objects.filter(gpu=gpu).exists(), timeout=30)
+    wait_showing(log, state_of(task, "pending", "scheduled", "running"), timeout=30)
+    wait_showing(log, lambda: TaskAttempt.objects.get(task=task, number=1).outcome)
+    assert agent.poll() is None, log.read_text()[-3000:]
+    assert not denied(log), "\n".join(denied(log))
