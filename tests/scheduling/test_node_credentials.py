@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -265,3 +266,22 @@ def test_it_queues_a_pass_but_reads_no_other_nodes_queue(estate, as_node):
     refused(as_node, "INSERT INTO django_q_ormq (key, payload) VALUES (%s, 'forged')", OTHER)
     keys = {row[0] for row in as_node.execute("SELECT key FROM django_q_ormq").fetchall()}
     assert keys == {"gpuplatform"}
+
+
+def test_it_prints_the_url_with_the_address_the_node_reaches_the_server_on(db):
+    node = f"cred-c-{os.getpid()}"
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command(
+            "node_credential", "create", node, "--host", "db.lab.example", "--port", "6543",
+            stdout=out, stderr=err,
+        )  # fmt: skip
+    finally:
+        call_command("node_credential", "revoke", node, stdout=io.StringIO())
+    url = urlsplit(out.getvalue().strip())
+    database = connection.settings_dict["NAME"]
+    assert (url.scheme, url.hostname, url.port, url.path) == (
+        "postgres", "db.lab.example", 6543, f"/{database}",
+    )  # fmt: skip
+    assert url.username == f"gpup_node_cred_c_{os.getpid()}" and len(url.password) >= 40
+    assert f"created role {url.username}" in err.getvalue()
