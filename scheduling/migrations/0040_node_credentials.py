@@ -29,15 +29,22 @@ EXCEPTION
 END $$;
 """
 
+# SECURITY DEFINER with a search path of its own (pg_catalog, then this schema only), so that
+# no role can put a table of its own ahead of ours.
 FUNCTIONS = """
-CREATE FUNCTION gpup_node_name() RETURNS text
-    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
-    AS $$ SELECT node_name FROM scheduling_nodecredential WHERE role = session_user $$;
-CREATE FUNCTION gpup_node_id() RETURNS bigint
-    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
-    AS $$ SELECT n.id FROM scheduling_node n
-            JOIN scheduling_nodecredential c ON c.node_name = n.name
-           WHERE c.role = session_user $$;
+DO $$
+BEGIN
+    EXECUTE format($f$
+        CREATE FUNCTION gpup_node_name() RETURNS text
+            LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, %1$I
+            AS 'SELECT node_name FROM scheduling_nodecredential WHERE role = session_user';
+        CREATE FUNCTION gpup_node_id() RETURNS bigint
+            LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, %1$I
+            AS 'SELECT n.id FROM scheduling_node n
+                  JOIN scheduling_nodecredential c ON c.node_name = n.name
+                 WHERE c.role = session_user';
+    $f$, current_schema());
+END $$;
 REVOKE ALL ON FUNCTION gpup_node_name(), gpup_node_id() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION gpup_node_name(), gpup_node_id() TO gpup_nodes;
 """
@@ -183,7 +190,7 @@ def _undo_sql() -> str:
 # django-q2 keeps its clusters' statistics in the default cache: a node's cluster writes its own
 # there. The database cache's table is made by ``createcachetable``, here too (it is
 # idempotent) so that it can be granted; nodes see none of its other keys (throttles).
-DJANGO_Q_KEYS = "cache_key LIKE '%%django_q:%%'"
+DJANGO_Q_KEYS = "cache_key LIKE '%django_q:%'"  # no parameters: % is literal
 
 
 def _cache_tables() -> list[str]:

@@ -285,3 +285,20 @@ def test_it_prints_the_url_with_the_address_the_node_reaches_the_server_on(db):
     )  # fmt: skip
     assert url.username == f"gpup_node_cred_c_{os.getpid()}" and len(url.password) >= 40
     assert f"created role {url.username}" in err.getvalue()
+
+
+def test_it_sees_only_django_q2_statistics_in_the_cache(estate, as_node):
+    from django.core.cache import cache
+
+    cache.set("throttle_user_1", [1, 2, 3])
+    as_node.execute(
+        "INSERT INTO gpuplatform_cache (cache_key, value, expires)"
+        " VALUES (':1:django_q:gpuplatform:cluster:x', 'stat', now() + interval '1 minute')"
+    )
+    keys = {row[0] for row in as_node.execute("SELECT cache_key FROM gpuplatform_cache")}
+    assert keys == {":1:django_q:gpuplatform:cluster:x"}
+    refused(
+        as_node,
+        "INSERT INTO gpuplatform_cache (cache_key, value, expires)"
+        " VALUES (':1:throttle_user_2', 'x', now() + interval '1 minute')",
+    )
