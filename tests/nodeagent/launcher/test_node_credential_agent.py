@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -41,6 +42,37 @@ def node_url(transactional_db, tmp_path):
     call_command("node_credential", "revoke", NODE, stdout=io.StringIO())
 
 
+class ConfinedAgent:
+    """The node agent (and its cluster) on the node's own credential, in a session of its own;
+    its log (with its cluster's) goes to ``log``."""
+
+    def __init__(self, config: Path, url_file: Path, log: Path) -> None:
+        self.config, self.url_file, self.log, self.proc = config, url_file, log, None
+
+    def start(self) -> ConfinedAgent:
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(
+                [PYTHON, "manage.py", "node_agent", "--backend", "simulated", "--config",
+                 str(self.config), "--node", NODE],
+                cwd=ROOT, env=process_env(DATABASE_URL="", DATABASE_URL_FILE=str(self.url_file)),
+                start_new_session=True, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the agent and its cluster, not the supervisors (sessions of their own)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
 @pytest.fixture
 def confined_agent(launcher, node_url, tmp_path, monkeypatch):
     # Launches go through the broker to the node's own cluster, as in production.
@@ -48,25 +80,12 @@ def confined_agent(launcher, node_url, tmp_path, monkeypatch):
     monkeypatch.setenv("Q_SYNC", "0")
     config = tmp_path / "estate.yaml"
     config.write_text(CONFIG)
-    log = tmp_path / "agent.log"
-    with log.open("w") as out:
-        agent = subprocess.Popen(
-            [PYTHON, "manage.py", "node_agent", "--backend", "simulated", "--config",
-             str(config), "--node", NODE],
-            cwd=ROOT, env=process_env(DATABASE_URL="", DATABASE_URL_FILE=str(node_url)),
-            start_new_session=True,
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    agent = ConfinedAgent(config, node_url, tmp_path / "agent.log").start()
     try:
         wait_for(lambda: Node.objects.filter(name=NODE, gpus__isnull=False).exists())
-        yield agent, log
+        yield agent, agent.log
     finally:
-        agent.terminate()
-        try:
-            agent.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(agent.pid, 9)
-            agent.wait()
+        agent.stop()
 
 
 def wait_showing(log: Path, predicate, timeout: float = 60, **kwargs):
@@ -98,7 +117,7 @@ def test_a_task_succeeds_on_an_agent_with_its_nodes_own_credential(confined_agen
         assert (task.state, attempt.launched_by) == ("succeeded", NODE), task.reason
         assert Path(attempt.log_path).read_text() == "hello\n"
     wait_for(lambda: GpuSample.objects.filter(gpu__node__name=NODE).exists())
-    assert agent.poll() is None, log.read_text()[-3000:]
+    assert agent.proc.poll() is None, log.read_text()[-3000:]
     assert not denied(log), "\n".join(denied(log))
 
 
@@ -132,7 +151,7 @@ def test_its_failures_retries_and_cancels_go_through_too(confined_agent, lab):
     wait_showing(log, failed_twice, every=0.5)
     assert TaskAttempt.objects.filter(task=failing).count() == 2
     assert failing.exit_code == 3
-    assert agent.poll() is None, log.read_text()[-3000:]
+    assert agent.proc.poll() is None, log.read_text()[-3000:]
     assert not denied(log), "\n".join(denied(log))
 
 
@@ -164,5 +183,21 @@ def test_a_gpu_fault_on_its_node_is_handled_by_its_role(confined_agent, lab):
     wait_showing(log, lambda: Alert.objects.filter(gpu=gpu).exists(), timeout=30)
     wait_showing(log, state_of(task, "pending", "scheduled", "running"), timeout=30)
     wait_showing(log, lambda: TaskAttempt.objects.get(task=task, number=1).outcome)
-    assert agent.poll() is None, log.read_text()[-3000:]
+    assert agent.proc.poll() is None, log.read_text()[-3000:]
+    assert not denied(log), "\n".join(denied(log))
+
+
+def test_a_restarted_agent_reconciles_its_tasks_on_its_role(confined_agent, lab):
+    """Killed while its task runs, the agent starts again and re-adopts it; the task ends as
+    it would have."""
+    agent, log = confined_agent
+    task = task_submit(tenant=lab, spec=TaskSpec(name="r", command="sleep 4", node=NODE))
+    scheduler.schedule_pass()
+    wait_showing(log, state_of(task, "running"))
+    agent.kill()
+    agent.start()
+    wait_showing(log, state_of(task, "succeeded", "failed", "lost", "pending"))
+    assert task.state == "succeeded", task.reason
+    assert TaskAttempt.objects.filter(task=task).count() == 1
+    assert agent.proc.poll() is None, log.read_text()[-3000:]
     assert not denied(log), "\n".join(denied(log))
