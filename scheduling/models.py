@@ -708,7 +708,7 @@ class IdempotencyKey(models.Model):
 
 class NodeCredential(models.Model):
     """The PostgreSQL role a node's agent logs in as (``manage.py node_credential``). The
-    row-level security policies of migration 0040 key on this row: that role sees and writes
+    row-level security policies of migration 0029 key on this row: that role sees and writes
     only its node's rows. By name, not by key: the node may register after its credential."""
 
     node_name = models.CharField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])

@@ -1,5 +1,5 @@
 """Node credentials: a PostgreSQL login role per node agent, a member of ``gpup_nodes``, whose
-row-level security (migration 0040) keys on ``NodeCredential``. Made, rotated and revoked by
+row-level security (migration 0029) keys on ``NodeCredential``. Made, rotated and revoked by
 ``manage.py node_credential``; the platform's own role must be allowed to create roles.
 
 The password is random, shown once (in the URL the node's agent uses) and sent to the server

@@ -229,7 +229,7 @@ def cache_for_nodes_undo(apps, schema_editor) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0026_service_contract"),
+        ("scheduling", "0028_passrequest_started"),
         ("tenants", "0004_rate_limit_pace"),
         ("telemetry", "0001_initial"),
         ("monitoring", "0003_alert_kinds_gpu_telemetry"),
