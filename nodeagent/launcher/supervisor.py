@@ -742,7 +742,7 @@ def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
         root = logging.getLogger()
         root.handlers = [handler]
         root.setLevel(logging.INFO)
-        _leave_unit(assignment.node)
+        unitcgroup.leave_unit(settings.CGROUP_NAME, assignment.node)
         for served in range(1, settings.SUPERVISOR_REUSE + 1):
             supervisor = Supervisor(assignment)
             supervisor.takes_next = pooled and served < settings.SUPERVISOR_REUSE
@@ -764,17 +764,6 @@ def become(assignment: Assignment, sink, *, pooled: bool = False) -> NoReturn:
         if handler is not None:
             handler.close()  # flushed: os._exit does not (never the parent's: see above)
         os._exit(code)
-
-
-def _leave_unit(node_name: str) -> None:
-    """Out of the node agent's systemd unit, if it runs in one (``unitcgroup``), so that
-    restarting the agent leaves this supervisor and its task running."""
-    files, _ = unitcgroup.prepared(settings.CGROUP_NAME, node_name)
-    try:
-        unitcgroup.leave(files)
-    except OSError as exc:
-        logger.warning("cannot leave the node agent's unit (%s): a restart of it stops this task",
-                       exc)  # fmt: skip
 
 
 def _idle(node_name: str) -> tuple[Assignment, str] | None:

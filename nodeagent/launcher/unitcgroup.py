@@ -20,11 +20,14 @@ root, and only where those hierarchies can be written at their root; elsewhere n
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from nodeagent.launcher.cgroups import parse_mountinfo, parse_proc_cgroup
+
+logger = logging.getLogger(__name__)
 
 LEAF = "supervisors"  # never a task attempt's name (those are t<task>-a<attempt>)
 
@@ -97,6 +100,17 @@ def prepared(cgroup_name: str, node_name: str) -> tuple[tuple[bytes, ...], str]:
     """:func:`prepare` once per process: the spawner (or a launch worker) calls it before it
     forks, and its supervisors inherit the answer."""
     return prepare(cgroup_name, node_name)
+
+
+def leave_unit(cgroup_name: str, node_name: str) -> None:
+    """A supervisor out of the node agent's systemd unit, if it runs in one, so that
+    restarting the agent leaves it and its task running."""
+    files, _ = prepared(cgroup_name, node_name)
+    try:
+        leave(files)
+    except OSError as exc:
+        logger.warning("cannot leave the node agent's unit (%s): a restart of it stops this task",
+                       exc)  # fmt: skip
 
 
 def leave(files: tuple[bytes, ...]) -> None:
