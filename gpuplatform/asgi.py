@@ -24,12 +24,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from gateway.app import ServicesFirst  # noqa: E402
 from gpuplatform.routing import routes  # noqa: E402
 from gpuplatform.throttle import EarlyThrottle  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": EarlyThrottle(django_asgi_app),
+        "http": ServicesFirst(EarlyThrottle(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(routes()))),
     }
 )

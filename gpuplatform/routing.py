@@ -5,6 +5,7 @@ from __future__ import annotations
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import re_path
 
+from gateway.app import websocket_urlpatterns as gateway_routes
 from live.routing import websocket_urlpatterns as live_routes
 from portal.routing import websocket_urlpatterns as portal_routes
 
@@ -12,7 +13,7 @@ from portal.routing import websocket_urlpatterns as portal_routes
 # range the websocket protocol leaves to applications).
 CLOSE_NOT_FOUND = 4404
 
-websocket_urlpatterns: list = [*live_routes, *portal_routes]
+websocket_urlpatterns: list = [*live_routes, *portal_routes, *gateway_routes]
 
 
 class UnknownPath(AsyncWebsocketConsumer):

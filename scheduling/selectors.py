@@ -17,7 +17,8 @@ from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet
 from django.shortcuts import get_object_or_404
 
 from gpuplatform.db import server_bound_cursor
-from scheduling.models import GPU, Allocation, Node, Pool, Task, TaskAttempt, TaskEvent
+from scheduling.models import GPU, Allocation, Health, Node, Pool, Task, TaskAttempt, TaskEvent
+from scheduling.states import TaskState
 from tenants.models import Tenant
 
 # At most this many of a tenant's queue names are compared with a new one.
@@ -389,3 +390,61 @@ def gpu_offers() -> tuple[list[Offer], list[Offer]]:
         [Offer(name, free, total) for name, (free, total) in sorted(types.items())],
         [Offer(name, free, total) for name, (free, total) in sorted(pools.items())],
     )
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One running copy of a service: its task, the node it runs on (where to reach it) and
+    the port its attempt listens on there."""
+
+    task_id: int
+    node_name: str
+    advertise_address: str
+    port: int
+    health: str
+
+
+def service_replicas(*, tenant_ids: Iterable[int], pk: int) -> tuple[Task, list[Replica]] | None:
+    """The service ``pk`` of one of ``tenant_ids`` (a replica's id stands for its service) and
+    its replicas that may take requests: running, with a port, and healthy when the service has
+    a health check (running is enough without one). None when no such task is the caller's:
+    someone else's service is simply not there."""
+    tenant_ids = list(tenant_ids)
+    task = (
+        Task.objects.filter(tenant_id__in=tenant_ids, pk=pk)
+        .only("id", "tenant_id", "replica_of_id", "state", "name")
+        .first()
+    )
+    if task is None:
+        return None
+    if task.replica_of_id is not None:
+        task = Task.objects.filter(tenant_id__in=tenant_ids, pk=task.replica_of_id).first()
+        if task is None:
+            return None
+    attempts = (
+        TaskAttempt.objects.filter(
+            Q(task_id=task.pk) | Q(task__replica_of_id=task.pk),
+            task__tenant_id=task.tenant_id,
+            task__state=TaskState.RUNNING,
+            ended_at__isnull=True,
+            service_port__isnull=False,
+        )
+        .exclude(health__in=[Health.STARTING, Health.UNHEALTHY])
+        .select_related("node")
+        .order_by("task_id", "-number")
+    )
+    replicas, seen = [], set()
+    for attempt in attempts:
+        if attempt.task_id in seen:  # only a task's newest unfinished attempt
+            continue
+        seen.add(attempt.task_id)
+        replicas.append(
+            Replica(
+                task_id=attempt.task_id,
+                node_name=attempt.node.name,
+                advertise_address=attempt.node.advertise_address,
+                port=attempt.service_port,
+                health=attempt.health,
+            )
+        )
+    return task, replicas
