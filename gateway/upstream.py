@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from scheduling import selectors
 from scheduling.selectors import Replica
+from scheduling.serviceurl import PREFIX
 from tenants import access
-
-PREFIX = "/services/"
 
 
 @dataclass(frozen=True)

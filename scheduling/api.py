@@ -27,7 +27,7 @@ from gpuplatform import query
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.api_defaults import Page
 from gpuplatform.query import BIGINT_MAX, INT_MAX, WholeNumber
-from scheduling import controls, idempotency, logs, selectors, services
+from scheduling import controls, idempotency, logs, selectors, services, serviceurl
 from scheduling.api_rows import gpus_range, submitted_data, task_rows
 from scheduling.api_service import ServiceOut, service_data
 from scheduling.models import (
@@ -211,6 +211,15 @@ class TaskDetail(TaskOut):
         "null otherwise, or until the next scheduling pass has looked at it."
     )
     gpu_uuids = serializers.SerializerMethodField(help_text="GPUs it holds now.")
+    service_url = serializers.SerializerMethodField(
+        help_text="A service's address through the platform (`/services/<id>/`, absolute "
+        "when the request named a host): members of the tenant open it with their session or "
+        "token. Null for a task that is not a service."
+    )
+    health = serializers.SerializerMethodField(
+        help_text="A running service's health check: starting, healthy, unhealthy; empty "
+        "without a health check or when not running."
+    )
     attempts = AttemptOut(many=True, read_only=True)
     depends_on = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     pool = serializers.CharField(source="pool.name", default=None, allow_null=True)
@@ -226,6 +235,8 @@ class TaskDetail(TaskOut):
             "expected_start",
             "wait",
             "gpu_uuids",
+            "service_url",
+            "health",
             "attempts",
             "command",
             "workdir",
@@ -266,6 +277,16 @@ class TaskDetail(TaskOut):
 
     def get_gpu_uuids(self, task: Task) -> list[str]:
         return [a.gpu.uuid for a in task.allocations.all() if a.released_at is None]
+
+    def get_service_url(self, task: Task) -> str | None:
+        path = serviceurl.service_path(task)
+        request = self.context.get("request")
+        if path is None or request is None:
+            return path
+        return request.build_absolute_uri(path)
+
+    def get_health(self, task: Task) -> str:
+        return serviceurl.service_health(task)
 
 
 class EventOut(serializers.ModelSerializer):
