@@ -41,7 +41,7 @@ from portal.forms import (
     offer_choices,
     yaml_example,
 )
-from scheduling import controls, logs, selectors
+from scheduling import controls, logs, selectors, serviceurl
 from scheduling import usage as tenant_usage
 from scheduling.spec import SpecError, parse_yaml
 from scheduling.states import TaskState
@@ -317,6 +317,8 @@ def _task_context(who, task) -> dict:
         "hint": _hint(task) if task.state == TaskState.PENDING else "",
         "controls": controls_for(task) if who.may(Action.CONTROL_TASK, task) else [],
         "may_submit": who.may(Action.SUBMIT),
+        "service_path": serviceurl.service_path(task),
+        "service_health": serviceurl.service_health(task),
         "gpu_charts": _gpu_charts(task),
         **_service_context(task),
         # Seconds run so far while running: the page counts on from there.

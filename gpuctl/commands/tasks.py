@@ -271,6 +271,10 @@ def describe_task(t: dict, events: list[dict]) -> str:
             pairs.append(("Expected start", t["expected_start"]["text"]))
     elif t.get("reason"):
         pairs.append(("Reason", t["reason"]))
+    if t.get("service_url"):
+        pairs.append(("Service", t["service_url"]))
+        health = t.get("health") or ("no health check" if state == "running" else "not running")
+        pairs.append(("Health", health))
     if t.get("hold_reason"):
         pairs.append(("Held", t["hold_reason"]))
     if t.get("not_before"):
