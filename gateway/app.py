@@ -1,10 +1,10 @@
-"""Where the gateway joins the web server: HTTP under ``/services/`` goes to the proxy (with
-the session and auth middleware the websockets use, and without the API's throttle: a
-notebook's page loads many files), everything else to Django."""
+"""Where the gateway joins the web server: HTTP under ``/services/`` goes to the proxy (without
+the API's throttle: a notebook's page loads many files), everything else to Django. Its
+websockets are routes of their own among the others (inside the origin check and Channels'
+session and auth middleware)."""
 
 from __future__ import annotations
 
-from channels.auth import AuthMiddlewareStack
 from django.urls import re_path
 
 from gateway.httpproxy import ServiceProxy
@@ -19,7 +19,7 @@ class ServicesFirst:
 
     def __init__(self, app) -> None:
         self.app = app
-        self.proxy = AuthMiddlewareStack(ServiceProxy())
+        self.proxy = ServiceProxy()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and (

@@ -108,8 +108,8 @@ class Body:
 
 
 class ServiceProxy:
-    """ASGI app for HTTP requests under ``/services/``; needs Channels' session and auth
-    middleware around it (``scope["user"]``, ``scope["session"]``)."""
+    """ASGI app for HTTP requests under ``/services/``: reads the caller's token or session
+    itself (``upstream.resolve``), in one trip to a thread."""
 
     async def __call__(self, scope, receive, send) -> None:
         match = PATH.match(scope["path"])

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from importlib import import_module
+from types import SimpleNamespace
+
+from django.conf import settings
+from django.contrib import auth
+from django.http import parse_cookie
 
 from scheduling import selectors
 from scheduling.selectors import Replica
@@ -34,9 +40,10 @@ class Route:
 
 def resolve(scope: dict, task_id: int) -> Route | None:
     """The route to service ``task_id`` for the caller of ``scope`` (an ASGI HTTP or websocket
-    scope carrying ``user`` and ``session`` from Channels' auth middleware); None for nobody
-    signed in and for a service that is not one of the caller's tenants' (both answer 404)."""
-    caller = access.caller_for(scope)
+    scope); None for nobody signed in and for a service that is not one of the caller's
+    tenants' (both answer 404). One trip to a thread for all of it: the session (unless a token
+    is sent), the caller, the service."""
+    caller = access.caller_for(_signed_in(scope))
     if caller is None or not caller.tenant_ids:
         return None
     found = selectors.service_replicas(tenant_ids=caller.tenant_ids, pk=task_id)
@@ -45,6 +52,20 @@ def resolve(scope: dict, task_id: int) -> Route | None:
     service, replicas = found
     tenant = next(m.tenant for m in caller.memberships if m.tenant_id == service.tenant_id)
     return Route(service.pk, tenant.name, caller.user.get_username(), replicas)
+
+
+def _signed_in(scope: dict) -> dict:
+    """``scope`` with the session its cookie names and the user signed in there, as Channels'
+    auth middleware gives a websocket's scope (which has them already); a request with an
+    ``Authorization`` header is the token's alone and needs neither."""
+    headers = dict(scope.get("headers") or [])
+    if "user" in scope or b"authorization" in headers:
+        return scope
+    cookies = parse_cookie(headers.get(b"cookie", b"").decode("latin-1"))
+    engine = import_module(settings.SESSION_ENGINE)
+    session = engine.SessionStore(cookies.get(settings.SESSION_COOKIE_NAME))
+    user = auth.get_user(SimpleNamespace(session=session))
+    return {**scope, "user": user, "session": session}
 
 
 def address(replica: Replica) -> tuple[str, int]:

@@ -4,6 +4,7 @@ at them (a running task, its attempt with the service's port), as the node agent
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ from scheduling.models import TaskAttempt
 from tests.factories import NodeFactory, TaskFactory
 from tests.live import web_server
 
-SERVICE = Path(__file__).with_name("service.py")
+SERVICE = Path(__file__).resolve().parents[2] / "scripts" / "echo_service.py"
 
 
 @dataclass
@@ -35,12 +36,15 @@ class Service:
 
 @pytest.fixture
 def start_service() -> Iterator[Callable[[str], Service]]:
-    """Starts ``tests/gateway/service.py NAME`` and returns it; all are stopped afterwards."""
+    """Starts ``scripts/echo_service.py NAME`` and returns it; all are stopped afterwards."""
     started: list[Service] = []
 
     def start(name: str) -> Service:
         proc = subprocess.Popen(  # noqa: S603 - fixed argv
-            [sys.executable, str(SERVICE), name], stdout=subprocess.PIPE, text=True
+            [sys.executable, str(SERVICE), name],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "PORT"},
         )
         service = Service(name, int(proc.stdout.readline()), proc)
         started.append(service)

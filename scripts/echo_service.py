@@ -1,5 +1,6 @@
-"""A small HTTP service for the gateway's tests and bench: ``python service.py NAME`` listens
-on a free loopback port, prints it, and answers under any path:
+"""A small HTTP service for trying the service gateway (``/services/<id>/``), and for its tests
+and bench: ``python scripts/echo_service.py NAME`` listens on 127.0.0.1 at ``$PORT`` (a free
+port without it), prints the port, and answers under any path:
 
 - ``.../whoami``: JSON with its name, the path and the headers it was sent;
 - ``POST .../echo``: JSON with its name and the body it was sent (chunked or not);
@@ -12,6 +13,7 @@ on a free loopback port, prints it, and answers under any path:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +25,7 @@ BLOCK = b"x" * 65536
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes
     name = "service"
 
     def log_message(self, *args) -> None:
@@ -91,7 +94,7 @@ class Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     Handler.name = sys.argv[1] if len(sys.argv) > 1 else "service"
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT") or 0)), Handler)
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
     server.serve_forever()
