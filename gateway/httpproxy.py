@@ -14,10 +14,14 @@ import re
 
 import httpx
 from channels.db import database_sync_to_async
+from django.urls import reverse
+from django.utils import translation
 from django.utils.translation import gettext as _
 
 from gateway import headers, upstream
 from gateway.upstream import Route
+from gpuplatform.language import scope_language
+from scheduling.states import TERMINAL
 
 PATH = re.compile(r"^/services/(\d+)(/.*)?$")
 # Waiting for a service to accept a connection; answers may take as long as they take.
@@ -112,6 +116,10 @@ class ServiceProxy:
     itself (``upstream.resolve``), in one trip to a thread."""
 
     async def __call__(self, scope, receive, send) -> None:
+        with translation.override(scope_language(scope)):  # the gateway's own answers
+            await self.serve(scope, receive, send)
+
+    async def serve(self, scope, receive, send) -> None:
         match = PATH.match(scope["path"])
         if match is None:
             await not_found(send)
@@ -126,10 +134,25 @@ class ServiceProxy:
             await not_found(send)
             return
         if not route.replicas:
-            text = _("This service has no replica up: it is starting, unhealthy or not running.")
-            await plain(send, 503, text, [RETRY])
+            await self.not_up(send, route)
             return
         await self.forward(scope, receive, send, route)
+
+    @staticmethod
+    async def not_up(send, route: Route) -> None:
+        """503 saying why. While the service may still come up, the answer asks the browser
+        to try again (``Refresh``): a notebook opened as it is submitted appears by itself."""
+        page = reverse("portal:task", args=[route.service_id])
+        state = route.state.replace("_", " ")
+        if route.state in TERMINAL:
+            text = _("This service is not running: its task is %(state)s. Its page: %(page)s")
+            await plain(send, 503, text % {"state": state, "page": page})
+            return
+        text = _(
+            "This service has no replica up yet (its task is %(state)s): starting, or not "
+            "healthy. This page tries again every 5 seconds. Its task's page: %(page)s"
+        )
+        await plain(send, 503, text % {"state": state, "page": page}, [RETRY, (b"refresh", b"5")])
 
     async def forward(self, scope, receive, send, route: Route) -> None:
         body = Body(receive)

@@ -32,6 +32,7 @@ class Route:
     tenant_name: str
     username: str
     replicas: list[Replica]
+    state: str = ""  # the service's task's
 
     @property
     def prefix(self) -> str:
@@ -51,7 +52,7 @@ def resolve(scope: dict, task_id: int) -> Route | None:
         return None
     service, replicas = found
     tenant = next(m.tenant for m in caller.memberships if m.tenant_id == service.tenant_id)
-    return Route(service.pk, tenant.name, caller.user.get_username(), replicas)
+    return Route(service.pk, tenant.name, caller.user.get_username(), replicas, service.state)
 
 
 def _signed_in(scope: dict) -> dict:

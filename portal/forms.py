@@ -8,6 +8,7 @@ from __future__ import annotations
 from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
+from django.core.validators import RegexValidator
 from django.utils.translation import gettext_lazy as _
 
 from gpuplatform import throttle
@@ -381,6 +382,79 @@ class YamlForm(SpecRefusals, forms.Form):
             except SpecError as exc:
                 self.add_refusal(exc)
         return data
+
+
+# JupyterLab as a service: on the port the platform assigns ($PORT), under the gateway's path for
+# this task (its base URL: the gateway passes the path on whole), without a token of its own
+# (the platform's authentication stands in front) and accepting the Host the browser used.
+NOTEBOOK_COMMAND = (
+    "{python} -c 'import jupyterlab' 2>/dev/null || "
+    "{{ echo 'JupyterLab is not installed for {python}: {python} -m pip install jupyterlab' >&2; "
+    "exit 127; }}\n"
+    'exec {python} -m jupyterlab --no-browser --ip 127.0.0.1 --port "$PORT" '
+    "--ServerApp.port_retries=0 "
+    '--ServerApp.base_url="/services/$GPUPLATFORM_TASK_ID/" '
+    "--ServerApp.token='' --ServerApp.password='' --ServerApp.allow_remote_access=True"
+)
+INTERPRETER = RegexValidator(
+    r"^[A-Za-z0-9_./+-]+$", _("A command name or path, such as python3 or envs/lab/bin/python.")
+)
+
+
+class NotebookForm(SpecRefusals, forms.Form):
+    """JupyterLab in two clicks: a service task that runs it with the given interpreter, opened
+    through the platform once it answers."""
+
+    spec_fields = {**SPEC_FIELDS, "command": "python"}
+
+    name = forms.CharField(label=_("Name"), max_length=max_length("name"), initial="notebook")
+    python = forms.CharField(
+        label=_("Python"),
+        initial="python3",
+        max_length=200,
+        validators=[INTERPRETER],
+        help_text=_("The interpreter that has JupyterLab (pip install jupyterlab)."),
+    )
+    gpus = forms.CharField(label=_("GPUs"), initial="1", help_text=_("A number; 0 for none."))
+    gpu_type = forms.ChoiceField(label=_("GPU type"), required=False, choices=[("", _("any"))])
+    timeout = forms.CharField(
+        label=_("Timeout"), required=False, initial="8h", help_text=_("Such as 30m or 6h.")
+    )
+
+    def __init__(self, *args, offers: dict[str, list[tuple[str, str]]] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if offers and "gpu_type" in offers:
+            self.fields["gpu_type"].choices = offers["gpu_type"]
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            data["specs"] = parse_specs(notebook_spec(data))
+        except SpecError as exc:
+            self.add_refusal(exc)
+        return data
+
+
+def notebook_spec(data: dict) -> dict:
+    """The task spec of a notebook from the notebook form's cleaned data."""
+    gpus: str | int = data["gpus"].strip()
+    if gpus.isascii() and gpus.isdigit():
+        gpus = int(gpus)
+    resources: dict = {"gpus": gpus}
+    if data.get("gpu_type"):
+        resources["gpu_type"] = data["gpu_type"]
+    policy = {"timeout": data["timeout"].strip()} if data.get("timeout", "").strip() else {}
+    return {
+        "kind": "task",
+        "name": data["name"].strip(),
+        "command": NOTEBOOK_COMMAND.format(python=data["python"]),
+        "class": "online",
+        "resources": resources,
+        "policy": policy,
+        "service": {"port": "auto"},
+    }
 
 
 class TokenForm(forms.Form):

@@ -34,6 +34,7 @@ from monitoring import selectors as alert_selectors
 from portal.controls import controls_for
 from portal.forms import (
     MemberForm,
+    NotebookForm,
     TaskForm,
     ThrottledLoginForm,
     TokenForm,
@@ -447,7 +448,7 @@ def _remote_log(where: logs.Where, name: str) -> HttpResponse:
 
 
 class SubmitQuery(serializers.Serializer):
-    mode = serializers.ChoiceField(choices=["form", "yaml"], default="form")
+    mode = serializers.ChoiceField(choices=["form", "yaml", "notebook"], default="form")
     clone = WholeNumber(required=False)  # a task's id
 
 
@@ -473,14 +474,15 @@ def submit(request: HttpRequest) -> HttpResponse:
         },
         prefix="yaml",
     )
+    notebook_form = NotebookForm(prefix="notebook", offers=offers)
     if request.method == "POST":
-        bound = TaskForm(request.POST, prefix="task", offers=offers) if mode == "form" else None
-        bound = bound or YamlForm(request.POST, prefix="yaml")
         if mode == "form":
-            form = bound
+            bound = form = TaskForm(request.POST, prefix="task", offers=offers)
+        elif mode == "notebook":
+            bound = notebook_form = NotebookForm(request.POST, prefix="notebook", offers=offers)
         else:
             mode = "yaml"
-            yaml_form = bound
+            bound = yaml_form = YamlForm(request.POST, prefix="yaml")
         if bound.is_valid():
             try:
                 with transaction.atomic():
@@ -495,6 +497,8 @@ def submit(request: HttpRequest) -> HttpResponse:
                     _("Submitted %(n)d task(s): %(ids)s")
                     % {"n": len(tasks), "ids": ", ".join(f"#{t.pk}" for t in tasks[:20])},
                 )
+                if mode == "notebook":  # opened at once: the gateway waits with the browser
+                    return redirect(f"{serviceurl.PREFIX}{tasks[0].pk}/")
                 if len(tasks) == 1:
                     return redirect("portal:task", pk=tasks[0].pk)
                 return redirect("portal:tasks")
@@ -509,6 +513,7 @@ def submit(request: HttpRequest) -> HttpResponse:
             "active": "submit",
             "form": form,
             "yaml_form": yaml_form,
+            "notebook_form": notebook_form,
             "mode": mode,
             "clone": clone,
         },

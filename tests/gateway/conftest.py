@@ -90,7 +90,8 @@ def node(db):
 
 def run_service(tenant, node, port: int, *, replica_of=None, health: str = "", **fields):
     """A running task of ``tenant`` whose attempt listens on ``port`` on ``node``."""
-    task = TaskFactory(tenant=tenant, state="running", node=node, replica_of=replica_of, **fields)
+    fields.setdefault("state", "running")
+    task = TaskFactory(tenant=tenant, node=node, replica_of=replica_of, **fields)
     TaskAttempt.objects.create(
         task=task, number=1, node=node, service_port=port, health=health,
         started_at=timezone.now(),

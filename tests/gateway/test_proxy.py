@@ -133,7 +133,18 @@ def test_no_replica_up_is_a_clear_503(platform, node, owner, start_service):
     with httpx.Client(base_url=platform, timeout=TIMEOUT) as client:
         answer = client.get(f"/services/{task.pk}/whoami", headers=bearer(owner))
     assert answer.status_code == 503
-    assert "no replica up" in answer.text
+    assert "no replica up yet (its task is running)" in answer.text
+    assert answer.headers["refresh"] == "5"  # a browser tries again by itself
+    assert f"/portal/tasks/{task.pk}/" in answer.text
+
+
+def test_a_service_that_ended_says_so_and_is_not_retried(platform, node, owner, start_service):
+    task = run_service(owner.tenant, node, start_service("ours").port, state="failed")
+    with httpx.Client(base_url=platform, timeout=TIMEOUT) as client:
+        answer = client.get(f"/services/{task.pk}/", headers=bearer(owner))
+    assert answer.status_code == 503
+    assert "not running: its task is failed" in answer.text
+    assert "refresh" not in answer.headers
 
 
 def test_two_replicas_share_requests_and_one_killed_leaves_the_other(
