@@ -394,7 +394,8 @@ NOTEBOOK_COMMAND = (
     'exec {python} -m jupyterlab --no-browser --ip 127.0.0.1 --port "$PORT" '
     "--ServerApp.port_retries=0 "
     '--ServerApp.base_url="/services/$GPUPLATFORM_TASK_ID/" '
-    "--ServerApp.token='' --ServerApp.password='' --ServerApp.allow_remote_access=True"
+    "--ServerApp.token='' --ServerApp.password='' --ServerApp.allow_remote_access=True "
+    "--allow-root"  # a platform that runs tasks as root (single-user, as root) decided so
 )
 INTERPRETER = RegexValidator(
     r"^[A-Za-z0-9_./+-]+$", _("A command name or path, such as python3 or envs/lab/bin/python.")
