@@ -19,7 +19,7 @@ from gateway import headers, upstream
 from gateway.upstream import Route
 
 CLOSE_NOT_FOUND = 4404  # as gpuplatform.routing's catch-all
-CLOSE_TRY_AGAIN = 1013  # RFC 6455: try again later (no replica up)
+CLOSE_TRY_AGAIN = 4503  # no replica up: HTTP 503 in the range left to applications
 OPEN_TIMEOUT_S = 10.0
 HOST = re.compile(r"^[A-Za-z0-9.\-]+(:[0-9]+)?$|^\[[0-9A-Fa-f:.]+\](:[0-9]+)?$")
 

@@ -173,3 +173,28 @@ def test_a_path_without_the_trailing_slash_is_redirected(platform, owner):
         answer = client.get("/services/12?x=1")
     assert answer.status_code == 308
     assert answer.headers["location"] == "/services/12/?x=1"
+
+
+def test_a_websocket_opens_with_the_portal_session_alone(platform, node, owner, echo_socket):
+    task = run_service(owner.tenant, node, echo_socket)
+    url = platform.replace("http://", "ws://") + f"/services/{task.pk}/socket"
+    cookie = {"Cookie": session_cookie(owner.user)}
+    kernel = ["v1.kernel.websocket.jupyter.org"]
+    with connect(url, additional_headers=cookie, origin=platform, subprotocols=kernel) as ws:
+        assert ws.recv(timeout=30).startswith(f"hello alice at /services/{task.pk}/socket")
+    # Without it, the socket closes as a path nobody serves.
+    with connect(url, origin=platform) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd.code == 4404
+
+
+def test_a_websocket_to_a_service_with_no_replica_up_closes_with_4503(
+    platform, node, owner, echo_socket
+):
+    task = run_service(owner.tenant, node, echo_socket, health="starting")
+    url = platform.replace("http://", "ws://") + f"/services/{task.pk}/socket"
+    with connect(url, additional_headers=bearer(owner), origin=platform) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd.code == 4503
