@@ -74,11 +74,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# What ``lost_after`` must exceed beyond ``fence_after`` and the stop grace: a supervisor's fence
+# check period, reports in flight, and the clocks of two hosts that disagree a little.
+LEASE_MARGIN_S = 5
+DEFAULT_STOP_GRACE_S = 30  # TASK_STOP_GRACE's default, when no Django settings say otherwise
+
+
 class HeartbeatConfig(_Strict):
+    """The node's lease: a supervisor that has not seen its node's heartbeat in the database for
+    ``fence_after`` stops its task (SIGTERM, TASK_STOP_GRACE, SIGKILL); the scheduler requeues
+    the tasks of a node silent for ``lost_after``, which comes only after that stop is over."""
+
     interval_s: DurationS = Field(default=5, alias="interval")
     offline_after_s: DurationS = Field(default=30, alias="offline_after")
+    fence_after_s: DurationS = Field(default=60, alias="fence_after")
     # Tasks on a node silent this long are lost and requeued elsewhere.
-    lost_after_s: DurationS = Field(default=60, alias="lost_after")
+    lost_after_s: DurationS = Field(default=120, alias="lost_after")
 
     @field_validator("offline_after_s")
     @classmethod
@@ -91,6 +102,32 @@ class HeartbeatConfig(_Strict):
                 f"got {format_duration_s(value)}"
             )
         return value
+
+    @field_validator("fence_after_s")
+    @classmethod
+    def _outlasts_two_intervals(cls, value: int, info: ValidationInfo) -> int:
+        interval = info.data.get("interval_s")
+        # The heartbeat renews the lease: a lease of one interval lapses between two of them.
+        if interval is not None and value < 2 * interval:
+            raise ValueError(
+                f"must be at least twice heartbeat.interval ({format_duration_s(interval)}), "
+                f"got {format_duration_s(value)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _lease_ends_before_requeue(self, info: ValidationInfo) -> Self:
+        grace = (info.context or {}).get("stop_grace_s", DEFAULT_STOP_GRACE_S)
+        least = self.fence_after_s + grace + LEASE_MARGIN_S
+        if self.lost_after_s <= least:
+            raise ValueError(
+                f"lost_after ({format_duration_s(self.lost_after_s)}) must exceed "
+                f"fence_after ({format_duration_s(self.fence_after_s)}) + "
+                f"TASK_STOP_GRACE ({format_duration_s(grace)}) + a margin of "
+                f"{format_duration_s(LEASE_MARGIN_S)} = {format_duration_s(least)}: a partitioned "
+                "node's tasks must be stopped before they are requeued elsewhere"
+            )
+        return self
 
 
 class PoolConfig(_Strict):
@@ -256,7 +293,8 @@ def _reference_problems(config: EstateConfig) -> list[tuple[tuple[str | int, ...
     return problems
 
 
-def load_config(path: str | Path) -> EstateConfig:
+def load_config(path: str | Path, *, stop_grace_s: int | None = None) -> EstateConfig:
+    """``stop_grace_s``: the longest a task may take to stop (TASK_STOP_GRACE when None)."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -268,10 +306,18 @@ def load_config(path: str | Path) -> EstateConfig:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ConfigError([f"{source}: {_yaml_problem(exc)}"]) from None
-    return parse_config(data, source)
+    return parse_config(data, source, stop_grace_s=stop_grace_s)
 
 
-def parse_config(data: object, source: str) -> EstateConfig:
+def settings_stop_grace_s() -> int:
+    """TASK_STOP_GRACE, the longest a stopped task is given, from Django's settings when they
+    are loaded (any task may be stopped with it: the spec has no grace of its own)."""
+    from django.conf import settings
+
+    return settings.TASK_STOP_GRACE if settings.configured else DEFAULT_STOP_GRACE_S
+
+
+def parse_config(data: object, source: str, *, stop_grace_s: int | None = None) -> EstateConfig:
     if data is None:
         raise ConfigError([f"{source}: the file is empty; it needs at least a nodes: list"])
     if not isinstance(data, dict):
@@ -282,7 +328,8 @@ def parse_config(data: object, source: str) -> EstateConfig:
             ]
         )
     try:
-        return EstateConfig.model_validate(data)
+        grace = settings_stop_grace_s() if stop_grace_s is None else stop_grace_s
+        return EstateConfig.model_validate(data, context={"stop_grace_s": grace})
     except ValidationError as exc:
         raise ConfigError(
             [f"{source}: {line}" for error in exc.errors() for line in _messages(error)]

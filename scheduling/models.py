@@ -410,6 +410,9 @@ class TaskAttempt(models.Model):
     health = models.CharField(max_length=16, choices=Health.choices, blank=True, db_default="")
     health_checked_at = models.DateTimeField(null=True, blank=True)
     health_detail = models.CharField(max_length=500, blank=True, db_default="")
+    # Why the platform ended it, as ``reasons.Reason.as_data``: its node's lease lapsed
+    # ("node_fenced"). NULL where nothing more than the outcome is known.
+    end_reason = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["task", "number"]
@@ -434,6 +437,13 @@ class TaskAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task} attempt {self.number}"
+
+    @property
+    def end_reason_text(self) -> str:
+        """``end_reason`` in the active language ("" when none)."""
+        if not self.end_reason:
+            return ""
+        return reasons.render(self.end_reason.get("code", ""), self.end_reason.get("params", {}))
 
 
 class Allocation(models.Model):

@@ -71,6 +71,7 @@ TEMPLATES: dict[str, str] = {
     "lost_requeued": _n("requeued: %(reason)s"),
     "held_after_requeues": _n("held after %(requeues)s infrastructure requeues; last: %(reason)s"),
     "node_silent": _n("node %(node)s stopped heartbeating"),
+    "node_fenced": _n("node %(node)s lost the database for %(seconds)s s: the attempt was stopped"),
     "gpu_broken": _n("GPU %(gpu)s became %(state)s during the attempt (exit %(exit_code)s)"),
 }
 

@@ -361,6 +361,7 @@ def reconcile_attempt(attempt: TaskAttempt) -> str:
             problem=record.get("problem", ""),
             note=record.get("note", ""),
             unhealthy=record.get("unhealthy", ""),
+            fenced_s=record.get("fenced_s"),
         )
     main = ProcessId(attempt.pid, attempt.pid_started) if attempt.pid else None
     if not tracking.kill_orphaned_attempt(attempt.node.name, task.pk, attempt.number, main):

@@ -238,13 +238,14 @@ def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
         again_on_conflict(reports.attempts_finished, exits, hand_off=hand_off) if exits else {}
     )
     given = hand_off.given if hand_off is not None else {}
-    wanted = reports.still_wanted(fences) if fences else {}
+    answers = reports.fences(fences) if fences else {}
 
     def answer(kind: str, fields: dict) -> dict:
         if kind == "started":
             return {"ok": True, "started": started.get(fields["attempt_id"], False)}
         if kind == "fence":
-            return {"ok": True, "wanted": wanted.get(fields["attempt_id"], False)}
+            fence = answers.get(fields["attempt_id"], {"wanted": False, "age": None})
+            return {"ok": True, **fence}
         if kind == "log_trouble":
             return {"ok": True}  # the relay's own (``Relay.log_trouble``)
         key = (fields["task_id"], fields["attempt_no"])

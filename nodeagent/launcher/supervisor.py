@@ -53,6 +53,7 @@ from nodeagent.launcher import (
     wire,
 )
 from nodeagent.launcher.cgroups import Limits
+from nodeagent.launcher.lease import Lease
 from scheduling import paths
 from scheduling.agentapi.messages import (
     Assignment,
@@ -75,7 +76,6 @@ POLL_S = 0.1
 # longer task is shown running as soon as before, give or take that. 0 turns it off, at the
 # cost of more transactions and CPU per task.
 START_GRACE_S = 0.005
-FENCE_EVERY_S = 5.0
 REPORT_TRIES = 120  # with an exit file: a report a second for two minutes, then reconciliation
 PIPE_SIZE = 1 << 20
 CHUNK = 1 << 16
@@ -241,6 +241,10 @@ class Supervisor:
         # A service's health check (``serving``), and what it said when it gave up on it.
         self.health: serving.HealthWatch | None = None
         self.unhealthy = ""
+        # Set when the node's lease lapsed and the command was stopped for it: how long the
+        # node had been cut off from the database, in seconds (``Lease``).
+        self.fenced_s: int | None = None
+        self.lease: Lease | None = None
         it = assignment
         self.exit_file = paths.exit_path(it.tenant, it.task_id, it.attempt_no)
 
@@ -409,25 +413,25 @@ class Supervisor:
 
         return self.db(write, forever=True)
 
-    def still_wanted(self) -> bool:
-        """Fencing, asked of the node agent, or of the database when the agent does not answer;
-        True when neither does (a database outage must not stop running tasks)."""
+    def fence(self) -> dict | None:
+        """Fencing, asked of the node agent, or of the database when the agent does not answer:
+        ``wanted`` and ``age`` (``reports.fences``); None when neither answers."""
         query = FenceQuery(self.assignment.attempt_id)
         reply = wire.send(self.assignment.node, query)  # through the node agent
         if reply is not None:
-            return bool(reply["wanted"])
+            return {"wanted": bool(reply["wanted"]), "age": reply.get("age")}
 
         def ask():
             from scheduling.agentapi import reports
 
-            return reports.still_wanted([query.attempt_id])[query.attempt_id]
+            return reports.fences([query.attempt_id])[query.attempt_id]
 
-        return self.db(ask, default=True)
+        return self.db(ask, default=None)
 
     def watch(self, child: subprocess.Popen, exited: int | None) -> int:
         """Until the command ends; ``exited``: its pidfd (``procs.exit_fd``), or None."""
         started = time.monotonic()
-        next_fence = started + FENCE_EVERY_S
+        self.lease = lease = Lease(self.fence, started)
         timeout = self.assignment.timeout_s
         timed_out = False
         open_pipe = True
@@ -444,10 +448,18 @@ class Supervisor:
             procs.reap(keep=child.pid)
             self.apply_pause()
             now = time.monotonic()
-            if now >= next_fence:
-                next_fence = now + FENCE_EVERY_S
-                if not self.still_wanted():
-                    self.stop_asked = True  # superseded (lost and requeued): never run twice
+            if lease.superseded:
+                self.stop_asked = True  # superseded (lost and requeued): never run twice
+            elif lease.lapsed(now) and self.fenced_s is None:
+                self.fenced_s = round(now - lease.renewed)
+                logger.error(
+                    "%s: node %s has not reached the database for %s s: stopping the task "
+                    "before the scheduler requeues it elsewhere",
+                    self.assignment,
+                    self.assignment.node,
+                    self.fenced_s,
+                )
+                self.stop_asked = True
             health = self.health
             if health and not (self.stop_asked or self.paused_since) and health.due(now):
                 self.check_health(now)
@@ -459,6 +471,7 @@ class Supervisor:
                 self.tracker.stop(settings.TASK_STOP_GRACE, keep=child.pid)
                 code = child.wait()
                 break
+        lease.close()
         # The main process is done; nothing it started may outlive it.
         self.tracker.stop(min(5, settings.TASK_STOP_GRACE), keep=child.pid)
         procs.reap()
@@ -518,6 +531,7 @@ class Supervisor:
             "note": note,
             "ended_at": time.time(),
             "unhealthy": self.unhealthy,
+            "fenced_s": self.fenced_s,
         }
         exit_file = self.exit_file
         kept = paths.write_exit_record(exit_file, record)
@@ -536,6 +550,7 @@ class Supervisor:
             ready,
             self.started,
             self.unhealthy,
+            fenced_s=self.fenced_s,
         )
         reply = wire.send(it.node, report)  # through the node agent
         work = (reply or {}).get("next")
@@ -548,7 +563,9 @@ class Supervisor:
             return reports.attempts_finished([report])[(report.task_id, report.attempt_no)]
 
         outcome = reply["outcome"] if reply is not None else None
-        self.reusable = outcome in REUSABLE_AFTER and not (self.stop_asked or timed_out)
+        # Not with its lease's thread still asking: a pooled supervisor forks the next command.
+        asking = self.lease is not None and self.lease.asking()
+        self.reusable = outcome in REUSABLE_AFTER and not (self.stop_asked or timed_out or asking)
         if outcome is None and kept:
             # The database has not got it: until it has, the file is the only record, and it
             # must outlive a crash of this host too.

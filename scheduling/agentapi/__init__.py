@@ -5,7 +5,7 @@ GPUs, attempts) and otherwise calls these modules:
 
 - ``messages``: the plain data that crosses processes (assignments, start and exit reports,
   GPU inventory, samples and XID events);
-- ``reports``: how an attempt started and ended, fencing (``still_wanted``), lost attempts;
+- ``reports``: how an attempt started and ended, fencing (``fences``), lost attempts;
 - ``handoff``: a finished task's GPUs handed to the scheduler's listed successors
   (the scheduler's own placement, exported for exactly that).
 

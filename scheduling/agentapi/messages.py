@@ -134,6 +134,9 @@ class ExitReport:
     # A service stopped by its supervisor after failing its health check too often: what the
     # last check said. A user failure (retried), whatever the command's exit status.
     unhealthy: str = ""
+    # The supervisor stopped the command because its node's lease lapsed: the seconds since it
+    # last saw its node's heartbeat in the database (``supervisor.Lease``).
+    fenced_s: int | None = None
 
     @classmethod
     def of(cls, fields: dict) -> ExitReport:
@@ -152,6 +155,7 @@ class ExitReport:
             "ready": self.ready,
             "started": None if self.started is None else self.started.as_dict(),
             "unhealthy": self.unhealthy,
+            "fenced_s": self.fenced_s,
         }
 
 

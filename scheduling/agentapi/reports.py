@@ -115,19 +115,28 @@ def _row_tasks(rows: list[tuple], state: TaskState) -> list[SimpleNamespace]:
     ]
 
 
-def still_wanted(attempt_ids: list[int]) -> dict[int, bool]:
-    """Fencing: an attempt whose task moved on (lost, requeued, cancelled) must stop."""
+def fences(attempt_ids: list[int]) -> dict[int, dict]:
+    """Fencing. Per attempt: ``wanted``, False once its task moved on (lost, requeued,
+    cancelled: it must stop), and ``age``, the seconds since its node's
+    last heartbeat, by this host's clock (the agent's host wrote it): a wanted attempt's
+    lease runs from that heartbeat (``supervisor.Lease``), as the scheduler's ``lost_after``
+    does. ``age`` is None where the node never heartbeated."""
     rows = TaskAttempt.objects.filter(pk__in=attempt_ids).values(
-        "pk", "number", "outcome", "task__attempt", "task__state"
+        "pk", "number", "outcome", "task__attempt", "task__state", "node__last_heartbeat"
     )
-    wanted = dict.fromkeys(attempt_ids, False)
+    now = timezone.now()
+    answers = {pk: {"wanted": False, "age": None} for pk in attempt_ids}
     for row in rows:
-        wanted[row["pk"]] = (
-            not row["outcome"]
-            and row["task__attempt"] == row["number"]
-            and row["task__state"] in HOLDS_GPUS
-        )
-    return wanted
+        beat = row["node__last_heartbeat"]
+        answers[row["pk"]] = {
+            "wanted": (
+                not row["outcome"]
+                and row["task__attempt"] == row["number"]
+                and row["task__state"] in HOLDS_GPUS
+            ),
+            "age": None if beat is None else max(0.0, (now - beat).total_seconds()),
+        }
+    return answers
 
 
 def attempts_finished(
@@ -139,7 +148,9 @@ def attempts_finished(
     last pass's successors in the same transaction (``handoff``). Returns each outcome by
     (task id, attempt number)."""
     plain = [
-        r for r in reports if r.exit_code == 0 and not (r.timed_out or r.problem or r.unhealthy)
+        r
+        for r in reports
+        if r.exit_code == 0 and not (r.timed_out or r.problem or r.unhealthy) and r.fenced_s is None
     ]
     # Starts carried by ends (``ExitReport.started``) are written first, in a statement of
     # their own (``relay.write_reports`` writes them with its other starts).
@@ -163,6 +174,7 @@ def attempts_finished(
                 problem=report.problem,
                 note=report.note,
                 unhealthy=report.unhealthy,
+                fenced_s=report.fenced_s,
             )
     return outcomes
 
@@ -176,6 +188,7 @@ def attempt_finished(
     problem: str = "",
     note: str = "",
     unhealthy: str = "",
+    fenced_s: int | None = None,
 ) -> str:
     """Record how an attempt ended and move the task on: done, retried, requeued or failed.
 
@@ -184,6 +197,11 @@ def attempt_finished(
     first report wins (the supervisor's, or reconciliation's from the exit file). Returns the
     outcome. ``unhealthy``: a service its supervisor stopped for failing its health check (what
     the last check said): a failure of the user's, retried as one.
+
+    ``fenced_s``: its supervisor stopped it, its node having been cut off from the database
+    that long (the lease lapsed). The attempt is lost with that reason: its task is requeued if
+    the scheduler has not done so already, and an attempt it already marked lost keeps its
+    outcome and gains the reason, so a late report never revives it.
     """
     with transaction.atomic():
         attempt = (
@@ -193,6 +211,8 @@ def attempt_finished(
         )
         if attempt is None:
             return "unknown"
+        if fenced_s is not None:
+            return _fenced(attempt, exit_code, fenced_s)
         if attempt.outcome:
             return attempt.outcome
         task = Task.objects.select_for_update().get(pk=task_id)
@@ -224,6 +244,22 @@ def attempt_finished(
                     )
                 _move_on(task, attempt, outcome, exit_code, problem, note, unhealthy)
     return outcome
+
+
+def _fenced(attempt: TaskAttempt, exit_code: int | None, fenced_s: int) -> str:
+    """``attempt_finished`` of an attempt stopped by its supervisor's lease (locked)."""
+    reason = reasons.Reason("node_fenced", {"node": attempt.node.name, "seconds": fenced_s})
+    if attempt.outcome not in ("", "lost"):
+        return attempt.outcome  # it ended otherwise first (its exit file, a cancel)
+    if not attempt.outcome:
+        attempt.exit_code, attempt.outcome = exit_code, "lost"
+        attempt.ended_at = timezone.now()
+    attempt.end_reason = reason.as_data()
+    attempt.save(update_fields=["exit_code", "outcome", "ended_at", "end_reason"])
+    task = Task.objects.select_for_update().get(pk=attempt.task_id)
+    if task.attempt == attempt.number and task.state in HOLDS_GPUS:
+        controls.requeue_lost(task, reason)
+    return "lost"
 
 
 def _broken_gpu(attempt: TaskAttempt) -> GPU | None:

@@ -84,6 +84,7 @@ def test_it_fills_in_the_defaults() -> None:
 
     assert config.heartbeat.interval_s == 5
     assert config.heartbeat.offline_after_s == 30
+    assert (config.heartbeat.fence_after_s, config.heartbeat.lost_after_s) == (60, 120)
     assert [pool.name for pool in config.pools] == ["default"]
     assert config.nodes[0].pool == "default"
     assert config.nodes[0].simulate is None
@@ -287,3 +288,37 @@ def test_it_bounds_the_busy_pass_gap(tmp_path: Path) -> None:
     problems = problems_for(tmp_path, GOOD + "scheduling:\n  busy_pass_gap_ms: -5\n")
 
     assert_one_problem(problems, "scheduling.busy_pass_gap_ms", "must be at least 0, got -5")
+
+
+def test_it_requires_fence_after_to_last_two_heartbeats(tmp_path: Path) -> None:
+    problems = problems_for(tmp_path, GOOD.replace("offline_after: 1m", "fence_after: 9s"))
+
+    assert_one_problem(
+        problems, "heartbeat.fence_after", "must be at least twice heartbeat.interval (5s), got 9s"
+    )
+
+
+def test_it_refuses_a_lost_after_that_does_not_outlast_the_lease(settings, tmp_path) -> None:
+    """A node cut off stops its tasks within fence_after plus the stop grace: requeueing them
+    sooner would run them twice."""
+    settings.TASK_STOP_GRACE = 30
+    text = GOOD.replace("offline_after: 1m", "fence_after: 20s\n  lost_after: 55s")
+
+    problems = problems_for(tmp_path, text)
+
+    assert_one_problem(
+        problems,
+        "heartbeat",
+        "lost_after (55s) must exceed fence_after (20s) + TASK_STOP_GRACE (30s) + a margin "
+        "of 5s = 55s",
+    )
+    settings.TASK_STOP_GRACE = 10  # a shorter grace leaves room
+    assert load_config(write(tmp_path, text)).heartbeat.lost_after_s == 55
+
+
+def test_the_lease_rule_takes_the_grace_it_is_given() -> None:
+    data = {"heartbeat": {"fence_after": 20, "lost_after": 40}, "nodes": [{"name": "a"}]}
+
+    assert parse_config(data, "x", stop_grace_s=10).heartbeat.fence_after_s == 20
+    with pytest.raises(ConfigError, match=r"TASK_STOP_GRACE \(15s\)"):
+        parse_config(data, "x", stop_grace_s=15)
