@@ -504,3 +504,20 @@ def test_usage_shows_used_and_idle_beside_allocated_per_day_and_member(owner, wo
     assert any(row.endswith(",0.0000,,") for row in lines)
     chinese = browser(owner, language="zh-hans").get("/portal/usage/").content.decode()
     assert "实际使用" in chinese
+
+
+def test_an_attempt_stopped_by_its_nodes_lease_says_why_in_the_readers_language(owner, bobs_task):
+    from scheduling.models import TaskAttempt
+    from tests.factories import NodeFactory
+
+    TaskAttempt.objects.create(
+        task=bobs_task,
+        number=1,
+        node=NodeFactory(name="node-a"),
+        outcome="lost",
+        end_reason={"code": "node_fenced", "params": {"node": "node-a", "seconds": 61}},
+    )
+    page = browser(owner).get(f"/portal/tasks/{bobs_task.pk}/").content.decode()
+    assert "node node-a lost the database for 61 s: the attempt was stopped" in page
+    chinese = browser(owner, language="zh-hans").get(f"/portal/tasks/{bobs_task.pk}/")
+    assert "节点 node-a 与数据库失联 61 秒：本次运行已被停止" in chinese.content.decode()
