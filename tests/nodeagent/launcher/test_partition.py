@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from scheduling.spec import TaskSpec
 from scheduling.submission import task_submit
 from tests.factories import TenantFactory
 from tests.live import PYTHON, ROOT, process_env
-from tests.nodeagent.launcher.conftest import state_of, wait_for
+from tests.nodeagent.launcher.conftest import state_of, stop_supervisors, wait_for
 from tests.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -87,6 +89,12 @@ def estate(launcher, monkeypatch, settings, tmp_path):
         pytest.skip("the test database is on a Unix socket: no TCP link to cut")
     monkeypatch.setattr(controls, "async_task", functools.partial(async_task, sync=False))
     monkeypatch.setenv("Q_SYNC", "0")
+    # Outside pytest's directories, which other pytest runs on this machine may close to other
+    # users (a tenant's task must reach its work directory) while this long test runs.
+    tasks_root = Path(tempfile.mkdtemp(prefix="gpup-partition-"))
+    tasks_root.chmod(0o711)
+    monkeypatch.setenv("GPUPLATFORM_TASKS_ROOT", str(tasks_root))
+    settings.TASKS_ROOT = tasks_root
     config = tmp_path / "estate.yaml"
     config.write_text(CONFIG)
     monkeypatch.setenv("GPUPLATFORM_CONFIG", str(config))
@@ -94,12 +102,14 @@ def estate(launcher, monkeypatch, settings, tmp_path):
     db = connection.settings_dict
     proxy = TcpProxy((database_host(db), int(db["PORT"])))
     agents: list[Agent] = []
-    yield config, proxy, agents
+    yield config, proxy, agents, tasks_root
     proxy.reconnect()
     for agent in agents:
         agent.stop()
         print(f"--- {agent.log.name}:\n{agent.log.read_text(errors='replace')[-6000:]}")
     proxy.close()
+    stop_supervisors()  # their tasks write under tasks_root
+    shutil.rmtree(tasks_root, ignore_errors=True)
     for event in TaskEvent.objects.order_by("id"):
         print(f"task {event.task_id} #{event.attempt}: {event.to_state}: {event.reason}")
     for log in (tmp_path / "logs").rglob("supervisor-*.log"):
@@ -117,7 +127,7 @@ def ticks(root: Path) -> list[list[float]]:
 
 
 def test_a_partitioned_node_stops_its_task_before_it_is_requeued(estate, tmp_path):
-    config, proxy, agents = estate
+    config, proxy, agents, root = estate
     url = current_database_url().replace(
         f"@{database_host(connection.settings_dict)}:{connection.settings_dict['PORT']}/",
         f"@127.0.0.1:{proxy.port}/",
@@ -128,7 +138,6 @@ def test_a_partitioned_node_stops_its_task_before_it_is_requeued(estate, tmp_pat
     task = task_submit(tenant=lab, spec=TaskSpec(name="ticker", command=TICK))
     scheduler.schedule_pass()
     wait_for(state_of(task, "running"), timeout=30)
-    root = tmp_path / "tasks"
     wait_for(lambda: len(ticks(root)) == 1 and len(ticks(root)[0]) > 5, timeout=30)
     agents.append(Agent(config, "node-b", tmp_path / "node-b.log").start())
 
