@@ -291,6 +291,7 @@ def test_every_report_is_sent_as_dataclasses_asdict_would_give_it():
         ExitReport(3, 2, 137, True, "killed", "bytes dropped"),
         ExitReport(3, 2, None),
         ExitReport(3, 2, 0, started=StartReport(7, ProcessId(11, 1.25), ProcessId(12, 1.5))),
+        ExitReport(3, 2, 143, fenced_s=61),
         FenceQuery(9),
         Assignment(*(7, 3, 2, "n", "lab", "", "t", "true", "", "/l", 60), {"A": "1"}, {"pids": 5}),
     ):
