@@ -103,20 +103,15 @@ class HeartbeatConfig(_Strict):
             )
         return value
 
-    @field_validator("fence_after_s")
-    @classmethod
-    def _outlasts_two_intervals(cls, value: int, info: ValidationInfo) -> int:
-        interval = info.data.get("interval_s")
-        # The heartbeat renews the lease: a lease of one interval lapses between two of them.
-        if interval is not None and value < 2 * interval:
-            raise ValueError(
-                f"must be at least twice heartbeat.interval ({format_duration_s(interval)}), "
-                f"got {format_duration_s(value)}"
-            )
-        return value
-
     @model_validator(mode="after")
     def _lease_ends_before_requeue(self, info: ValidationInfo) -> Self:
+        """Checked here, not on the fields: their defaults must obey the rules too."""
+        # The heartbeat renews the lease: a lease of one interval lapses between two of them.
+        if self.fence_after_s < 2 * self.interval_s:
+            raise ValueError(
+                f"fence_after ({format_duration_s(self.fence_after_s)}) must be at least twice "
+                f"interval ({format_duration_s(self.interval_s)})"
+            )
         grace = (info.context or {}).get("stop_grace_s", DEFAULT_STOP_GRACE_S)
         least = self.fence_after_s + grace + LEASE_MARGIN_S
         if self.lost_after_s <= least:

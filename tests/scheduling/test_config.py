@@ -294,7 +294,17 @@ def test_it_requires_fence_after_to_last_two_heartbeats(tmp_path: Path) -> None:
     problems = problems_for(tmp_path, GOOD.replace("offline_after: 1m", "fence_after: 9s"))
 
     assert_one_problem(
-        problems, "heartbeat.fence_after", "must be at least twice heartbeat.interval (5s), got 9s"
+        problems, "heartbeat", "fence_after (9s) must be at least twice interval (5s)"
+    )
+
+
+def test_the_default_fence_after_obeys_the_rule_too(tmp_path: Path) -> None:
+    """A long heartbeat interval with the default lease is refused, not left to lapse between
+    two heartbeats."""
+    problems = problems_for(tmp_path, GOOD.replace("interval: 5s", "interval: 31s"))
+
+    assert_one_problem(
+        problems, "heartbeat", "fence_after (1m) must be at least twice interval (31s)"
     )
 
 

@@ -251,7 +251,8 @@ def test_a_heartbeat_from_an_unknown_node_says_so():
 def test_the_backstop_task_uses_the_configured_offline_after(settings, tmp_path):
     config = tmp_path / "estate.yaml"
     config.write_text(
-        "heartbeat: {interval: 1m, offline_after: 10m}\nnodes:\n  - name: workstation-1\n"
+        "heartbeat: {interval: 1m, offline_after: 10m, fence_after: 2m, lost_after: 3m}\n"
+        "nodes:\n  - name: workstation-1\n"
     )
     settings.GPUPLATFORM_CONFIG = config
     node = register()
