@@ -204,12 +204,15 @@ class NodeAgent:
             namespaces.describe(),
         )
         next_tick = 0.0
+        reached = time.monotonic()  # the database, last
+        fenced = False
         while not self.stopping.is_set():
             try:
                 close_old_connections()
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + interval
                     self.tick()  # the first tick registers
+                    reached, fenced = time.monotonic(), False
                 lifecycle.watch_supervisors(self.name)
                 for child in children:
                     child.keep_alive()
@@ -220,6 +223,7 @@ class NodeAgent:
                 # The database may be restarting: keep the agent alive and try again next tick.
                 logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
                 close_old_connections()
+                fenced = fenced or self._fenced(time.monotonic() - reached)
             self.stopping.wait(min(WATCH_EVERY_S, interval))
         if sampler is not None:
             sampler.stop()
@@ -240,6 +244,21 @@ class NodeAgent:
         jobs = NodeJobs(self.name)
         jobs.start()
         return jobs
+
+    def _fenced(self, silent_s: float) -> bool:
+        """Say once per outage that the node's lease lapsed: its supervisors stop their tasks
+        themselves (``launcher.lease``); the agent only tells the operator. True once said."""
+        fence_after = self.config.heartbeat.fence_after_s
+        if silent_s < fence_after:
+            return False
+        logger.error(
+            "node %s: no heartbeat written for %d s (heartbeat.fence_after is %d s): the node's "
+            "lease lapsed, its supervisors stop their tasks before the scheduler requeues them",
+            self.name,
+            silent_s,
+            fence_after,
+        )
+        return True
 
     def _relay(self) -> Relay | None:
         """Take the supervisors' reports on a thread of its own (launcher.relay)."""

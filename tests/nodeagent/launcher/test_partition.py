@@ -184,4 +184,5 @@ def test_a_partitioned_node_stops_its_task_before_it_is_requeued(estate, tmp_pat
     assert first.end_reason["params"]["seconds"] >= FENCE_AFTER_S
     task.refresh_from_db()
     assert (task.state, task.attempt) == ("running", 2)
+    assert "node node-a: no heartbeat written for" in (tmp_path / "node-a.log").read_text()
     assert not Task.objects.exclude(pk=task.pk).exists()
