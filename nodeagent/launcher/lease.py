@@ -63,7 +63,11 @@ class Lease:
         every = min(FENCE_EVERY_S, (self.fence_after or FENCE_EVERY_S * 4) / 4)
         while True:
             sent = time.monotonic()
-            answer = self.ask()
+            try:
+                answer = self.ask()
+            except Exception:  # noqa: BLE001 - no answer; asked again next time
+                logger.exception("fence query failed")
+                answer = None
             if self._closed.is_set():
                 return
             if answer is not None:

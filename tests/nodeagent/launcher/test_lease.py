@@ -184,3 +184,19 @@ def test_a_late_fenced_report_never_revives_an_attempt_the_scheduler_marked_lost
     assert reports.attempt_finished(task.pk, 1, 0) == "lost"
     task.refresh_from_db()
     assert (task.state, task.attempt, task.infra_requeues, task.reason) == before
+
+
+def test_a_question_that_fails_is_asked_again(estate):
+    calls = []
+
+    def ask():
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("wanted")  # a reply of another shape
+        return {"wanted": False, "age": 0.0}
+
+    lease = asking(ask)
+    try:
+        wait_for(lambda: lease.superseded, timeout=10)
+    finally:
+        lease.close()
