@@ -135,7 +135,7 @@ class ExitReport:
     # last check said. A user failure (retried), whatever the command's exit status.
     unhealthy: str = ""
     # The supervisor stopped the command because its node's lease lapsed: the seconds since it
-    # last saw its node's heartbeat in the database (``supervisor.Lease``).
+    # last saw its node's heartbeat in the database (``launcher.lease.Lease``).
     fenced_s: int | None = None
 
     @classmethod

@@ -119,7 +119,7 @@ def fences(attempt_ids: list[int]) -> dict[int, dict]:
     """Fencing. Per attempt: ``wanted``, False once its task moved on (lost, requeued,
     cancelled: it must stop), and ``age``, the seconds since its node's
     last heartbeat, by this host's clock (the agent's host wrote it): a wanted attempt's
-    lease runs from that heartbeat (``supervisor.Lease``), as the scheduler's ``lost_after``
+    lease runs from that heartbeat (``launcher.lease.Lease``), as the scheduler's ``lost_after``
     does. ``age`` is None where the node never heartbeated."""
     rows = TaskAttempt.objects.filter(pk__in=attempt_ids).values(
         "pk", "number", "outcome", "task__attempt", "task__state", "node__last_heartbeat"
