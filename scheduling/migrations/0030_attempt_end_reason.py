@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0026_service_contract"),
+        ("scheduling", "0029_node_credentials"),
     ]
 
     operations = [
