@@ -18,7 +18,7 @@ from django.contrib import auth
 from django.http import parse_cookie
 
 from scheduling import selectors
-from scheduling.selectors import Replica
+from scheduling.selectors import Upstream
 from scheduling.serviceurl import PREFIX
 from tenants import access
 
@@ -31,7 +31,7 @@ class Route:
     service_id: int
     tenant_name: str
     username: str
-    replicas: list[Replica]
+    replicas: list[Upstream]
     state: str = ""  # the service's task's
 
     @property
@@ -69,7 +69,7 @@ def _signed_in(scope: dict) -> dict:
     return {**scope, "user": user, "session": session}
 
 
-def address(replica: Replica) -> tuple[str, int]:
+def address(replica: Upstream) -> tuple[str, int]:
     """Where to connect for ``replica``: its node's loopback when the node is this host (no
     advertise address), else the node's advertised host at the replica's port. The one function
     that the route through the node agent (many hosts, no open service ports) replaces."""
@@ -86,7 +86,7 @@ def address(replica: Replica) -> tuple[str, int]:
 _turns: dict[int, itertools.count] = {}
 
 
-def rotation(route: Route) -> list[Replica]:
+def rotation(route: Route) -> list[Upstream]:
     """The route's replicas in round-robin order for one request: each request starts at the
     next replica, and the rest follow in case the first does not answer."""
     replicas = sorted(route.replicas, key=lambda r: r.task_id)

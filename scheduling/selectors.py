@@ -393,7 +393,7 @@ def gpu_offers() -> tuple[list[Offer], list[Offer]]:
 
 
 @dataclass(frozen=True)
-class Replica:
+class Upstream:
     """One running copy of a service: its task, the node it runs on (where to reach it) and
     the port its attempt listens on there."""
 
@@ -404,7 +404,7 @@ class Replica:
     health: str
 
 
-def service_replicas(*, tenant_ids: Iterable[int], pk: int) -> tuple[Task, list[Replica]] | None:
+def service_replicas(*, tenant_ids: Iterable[int], pk: int) -> tuple[Task, list[Upstream]] | None:
     """The service ``pk`` of one of ``tenant_ids`` (a replica's id stands for its service) and
     its replicas that may take requests: running, with a port, and healthy when the service has
     a health check (running is enough without one). None when no such task is the caller's:
@@ -439,7 +439,7 @@ def service_replicas(*, tenant_ids: Iterable[int], pk: int) -> tuple[Task, list[
             continue
         seen.add(attempt.task_id)
         replicas.append(
-            Replica(
+            Upstream(
                 task_id=attempt.task_id,
                 node_name=attempt.node.name,
                 advertise_address=attempt.node.advertise_address,

@@ -1,7 +1,7 @@
 """A log disk that fails (full, read-only, removed): what tasks are told, what operators see.
 
 A fault of the log disk is the node's, not a task's: the task runs on and its reason says what
-output was lost (``supervisor.LogRelay``), and the node gets one ``task_log_io`` alert, raised
+output was lost (``logrelay.LogRelay``), and the node gets one ``task_log_io`` alert, raised
 by its agent (``relay``) when a supervisor says so (``messages.LogTrouble``), not one per task.
 Nothing here loads Django's models until an alert is raised.
 """

@@ -22,8 +22,6 @@ never mistakes the attempt for a lost one. It holds no database connection betwe
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import functools
 import logging
 import os
@@ -54,6 +52,7 @@ from nodeagent.launcher import (
 )
 from nodeagent.launcher.cgroups import Limits
 from nodeagent.launcher.lease import Lease
+from nodeagent.launcher.logrelay import LogRelay, fds
 from scheduling import paths
 from scheduling.agentapi.messages import (
     Assignment,
@@ -77,145 +76,10 @@ POLL_S = 0.1
 # cost of more transactions and CPU per task.
 START_GRACE_S = 0.005
 REPORT_TRIES = 120  # with an exit file: a report a second for two minutes, then reconciliation
-PIPE_SIZE = 1 << 20
-CHUNK = 1 << 16
 DRAIN_S = 5.0
 # Ends after which the process may supervise another attempt: anything else (stopped, lost,
 # superseded, reported to the database itself) and it exits, as every supervisor used to.
 REUSABLE_AFTER = ("succeeded", "failed")
-F_SETPIPE_SZ = 1031
-
-
-class LogRelay:
-    """Copies the task's output (one pipe for stdout and stderr) into its log file.
-
-    The task writes to a pipe, never to the log itself: a full disk then costs output, not the
-    task (a Python program whose final flush fails exits with 120). Lost output is counted and
-    marked in the log as soon as writing works again. No fault of the log (it cannot be made,
-    written or closed, or it was removed meanwhile) raises: each is counted for ``note``.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.read_fd, self.write_fd = os.pipe()
-        try:
-            fcntl.fcntl(self.read_fd, F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
-            pass  # the default 64 KiB pipe works, with more wake-ups
-        os.set_blocking(self.read_fd, False)
-        self.dropped = 0  # since the last marker
-        self.dropped_total = 0
-        self.error: OSError | None = None
-        self.removed = False  # the log was unlinked while the task wrote to it
-        # Truncated: a file already there is not this attempt's (a database reset numbers tasks
-        # again, and the same tenant name may be another lab's); one attempt, one relay.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-        try:
-            self.log_fd: int | None = _open_log(path, flags)
-        except OSError as exc:
-            self.log_fd = None
-            self._failed(exc)
-
-    def pump(self, timeout: float, wake: int | None = None) -> bool:
-        """Copy what the task wrote, waiting up to ``timeout`` (or until ``wake``, a file
-        descriptor, is readable); False once every writer is gone."""
-        ready, _, _ = select.select([self.read_fd, *_fds(wake)], [], [], timeout)
-        if self.read_fd not in ready:
-            return True
-        for _ in range(16):  # at most 1 MiB per call, so signals and timeouts are not starved
-            try:
-                chunk = os.read(self.read_fd, CHUNK)
-            except BlockingIOError:
-                return True
-            if not chunk:
-                return False
-            self._write(chunk)
-        return True
-
-    def drain(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and self.pump(0.05):
-            pass
-
-    def close(self) -> None:
-        if self.dropped:
-            self._write(b"")  # one last try at the marker
-        os.close(self.read_fd)
-        if self.log_fd is None:
-            return
-        try:
-            # Written into a file nobody can open any more: an operator's clean-up, or a log
-            # directory removed while the task ran.
-            self.removed = os.fstat(self.log_fd).st_nlink == 0
-        except OSError as exc:
-            self._failed(exc)
-        try:
-            os.close(self.log_fd)  # where a network file system reports a failed write
-        except OSError as exc:
-            self._failed(exc)
-        self.log_fd = None
-
-    def note(self) -> str:
-        """What the task's reason says of its output when not all of it was kept."""
-        if self.dropped_total or self.error is not None:
-            return logfaults.lost(self.error, self.dropped_total)
-        return logfaults.lost(None, 0) if self.removed else ""
-
-    @property
-    def trouble(self) -> str:
-        """The log's fault in the system's words, for the node's alert ("" when none)."""
-        if self.error is not None:
-            return self.error.strerror or str(self.error)
-        return logfaults.REMOVED if self.removed else ""
-
-    def _write(self, data: bytes) -> None:
-        if self.log_fd is None:
-            self.dropped += len(data)
-            self.dropped_total += len(data)
-            return
-        if self.dropped:
-            marker = f"\n[gpuplatform] {self.dropped} bytes of output dropped here: " + (
-                f"{self.error.strerror if self.error else 'write error'}\n"
-            )
-            if not self._write_all(marker.encode()):
-                self.dropped += len(data)
-                self.dropped_total += len(data)
-                return
-            self.dropped = 0
-        if not self._write_all(data):
-            self.dropped += len(data)
-            self.dropped_total += len(data)
-
-    def _write_all(self, data: bytes) -> bool:
-        view = memoryview(data)
-        while view:
-            try:
-                written = os.write(self.log_fd, view)
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                self._failed(exc)
-                return False
-            view = view[written:]
-        return True
-
-    def _failed(self, exc: OSError) -> None:
-        self.error = exc
-
-
-def _open_log(path: Path, flags: int) -> int:
-    """The attempt's log, its task's and tenant's directories made again (``0700``) when they
-    were removed since the launch made them: an operator's clean-up, or a log disk that failed
-    and says why only when one is made (read-only, full)."""
-    try:
-        return os.open(path, flags, 0o640)
-    except FileNotFoundError:
-        for directory in (path.parent.parent, path.parent):
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                pass
-        return os.open(path, flags, 0o640)
 
 
 class Supervisor:
@@ -439,7 +303,7 @@ class Supervisor:
             if open_pipe:
                 open_pipe = self.relay.pump(POLL_S, wake=exited)
             else:
-                select.select(_fds(exited), [], [], POLL_S)
+                select.select(fds(exited), [], [], POLL_S)
             if self.relay.error is not None and not self.trouble_told:
                 self.log_trouble()  # while the task runs on: a long task's must not wait
             code = child.poll()
@@ -614,10 +478,6 @@ def ended_within(exited: int | None, seconds: float) -> bool:
     """Whether the child whose pidfd is ``exited`` exits within ``seconds`` (False without a
     pidfd: the kernel cannot tell without reaping it; and for 0 seconds)."""
     return exited is not None and seconds > 0 and bool(select.select([exited], [], [], seconds)[0])
-
-
-def _fds(fd: int | None) -> list[int]:
-    return [] if fd is None else [fd]
 
 
 def task_limits(resources: dict) -> Limits:

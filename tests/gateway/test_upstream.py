@@ -10,12 +10,12 @@ from gateway import headers, upstream
 from gateway.upstream import Route
 from scheduling import selectors
 from scheduling.models import TaskAttempt
-from scheduling.selectors import Replica
+from scheduling.selectors import Upstream
 from tests.gateway.conftest import run_service
 
 
-def replica(task_id: int = 1, advertise: str = "", port: int = 8100) -> Replica:
-    return Replica(task_id, "node", advertise, port, "")
+def replica(task_id: int = 1, advertise: str = "", port: int = 8100) -> Upstream:
+    return Upstream(task_id, "node", advertise, port, "")
 
 
 def test_only_running_replicas_with_a_port_and_not_unhealthy_take_requests(node, owner, outsider):

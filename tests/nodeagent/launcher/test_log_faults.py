@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from monitoring.models import Alert, AlertKind
-from nodeagent.launcher import supervisor
+from nodeagent.launcher import logrelay, supervisor
 from scheduling import scheduler
 from scheduling.models import Task, TaskAttempt, TaskEvent
 from scheduling.spec import TaskSpec
@@ -151,7 +151,7 @@ def test_a_log_directory_removed_while_its_task_runs_is_named_in_its_reason(
 # --- The supervisor's pieces -------------------------------------------------------------------
 
 
-def copy(relay: supervisor.LogRelay, data: bytes) -> None:
+def copy(relay: logrelay.LogRelay, data: bytes) -> None:
     os.write(relay.write_fd, data)
     os.close(relay.write_fd)
     while relay.pump(1):
@@ -159,7 +159,7 @@ def copy(relay: supervisor.LogRelay, data: bytes) -> None:
 
 
 def test_a_log_whose_directory_is_gone_drops_the_output_and_says_why(tmp_path):
-    relay = supervisor.LogRelay(tmp_path / "gone" / "lab" / "7" / "attempt-1.log")
+    relay = logrelay.LogRelay(tmp_path / "gone" / "lab" / "7" / "attempt-1.log")
     copy(relay, b"hello")
     relay.close()
     assert relay.note() == "output not kept: the log directory is gone (5 bytes dropped)"
@@ -168,7 +168,7 @@ def test_a_log_whose_directory_is_gone_drops_the_output_and_says_why(tmp_path):
 
 def test_a_log_whose_directories_were_removed_since_the_launch_is_made_again(tmp_path):
     log = tmp_path / "lab" / "7" / "attempt-1.log"
-    relay = supervisor.LogRelay(log)
+    relay = logrelay.LogRelay(log)
     copy(relay, b"hello")
     relay.close()
     assert (relay.note(), log.read_bytes()) == ("", b"hello")
@@ -176,7 +176,7 @@ def test_a_log_whose_directories_were_removed_since_the_launch_is_made_again(tmp
 
 
 def test_a_log_that_cannot_be_closed_is_named_and_raises_nothing(tmp_path, monkeypatch):
-    relay = supervisor.LogRelay(tmp_path / "attempt-1.log")
+    relay = logrelay.LogRelay(tmp_path / "attempt-1.log")
     copy(relay, b"hello")
     real_close, log_fd = os.close, relay.log_fd
 
