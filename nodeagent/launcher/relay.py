@@ -163,7 +163,9 @@ class Relay(threading.Thread):
         if troubles:
             self.log_trouble(troubles[-1])
         self.batches += 1
-        self.reports += len(pending)
+        # Reports, not questions: a supervisor asks whether its attempt is still wanted (its
+        # lease) every few seconds while its command runs.
+        self.reports += sum(1 for _, message in pending if message["kind"] != "fence")
         for (conn, _), reply in zip(pending, replies, strict=True):
             try:
                 conn.sendall(json.dumps(reply).encode())

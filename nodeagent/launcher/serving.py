@@ -87,7 +87,7 @@ class HealthWatch:
         self.limit = int(health["failures"])
         self.started = time.monotonic() if started is None else started
         self.next_at = self.started  # the first check at once: a quick service is seen quickly
-        self.state = "starting"
+        self.health = "starting"
         self.failures = 0  # failed checks in a row that count
         self.last: Check | None = None
         self.written_at = 0.0
@@ -97,20 +97,20 @@ class HealthWatch:
         return now >= self.next_at
 
     def tick(self, now: float) -> bool:
-        """Check once; True when the health changed (``state``)."""
+        """Check once; True when the health changed (``health``)."""
         self.next_at = now + self.interval
         self.last = check_once(self.port, self.path, self.timeout, self.host)
-        before = self.state
+        before = self.health
         if self.last.ok:
             self.failures = 0
-            self.state = "healthy"
-        elif self.state == "starting" and now - self.started < self.start_period:
+            self.health = "healthy"
+        elif self.health == "starting" and now - self.started < self.start_period:
             pass  # still loading: a failure does not count yet
         else:
             self.failures += 1
-            self.state = "unhealthy"
+            self.health = "unhealthy"
             self.give_up = self.failures >= self.limit
-        return self.state != before
+        return self.health != before
 
     def detail(self) -> str:
         said = self.last.said if self.last is not None else ""

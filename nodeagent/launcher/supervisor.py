@@ -251,10 +251,10 @@ class Supervisor:
 
             reason = None
             if changed or first:
-                reason = reasons.Reason(f"service_{health.state}", health.reason_params(it.node))
+                reason = reasons.Reason(f"service_{health.health}", health.reason_params(it.node))
             return record_health(
                 attempt_id=it.attempt_id,
-                health=health.state,
+                health=health.health,
                 detail=health.detail(),
                 checked_at=health.last.at,
                 reason=reason,

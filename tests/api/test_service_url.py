@@ -12,8 +12,9 @@ from tests.factories import NodeFactory, TaskFactory
 
 def _running(tenant, node, **fields):
     task = TaskFactory(tenant=tenant, state="running", node=node, **fields)
+    port = 8100 + TaskAttempt.objects.filter(node=node).count()  # one running attempt a port
     TaskAttempt.objects.create(
-        task=task, number=1, node=node, service_port=8100, health="healthy",
+        task=task, number=1, node=node, service_port=port, health="healthy",
         started_at=timezone.now(),
     )  # fmt: skip
     return task

@@ -45,7 +45,7 @@ DATABASE = "gpuplatform"  # each test's own copy of TEMPLATE (Estate.fresh_datab
 TEMPLATE = "gpuplatform_template"
 
 ESTATE_YAML = """\
-heartbeat: {{interval: 1s, offline_after: 10s, lost_after: 20s}}
+heartbeat: {{interval: 1s, offline_after: 10s, fence_after: 5s, lost_after: 45s}}
 scheduling: {{busy_pass_gap_ms: 100}}
 nodes:
 {nodes}

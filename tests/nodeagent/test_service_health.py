@@ -49,11 +49,11 @@ def test_failures_during_start_up_do_not_count_then_it_turns_healthy(server):
     watch = HealthWatch(httpd.server_address[1], HEALTH, started=0.0)
     handler.status = 503
     assert watch.due(0.0) and not watch.tick(0.0)  # still starting: no change
-    assert (watch.state, watch.failures) == ("starting", 0)
+    assert (watch.health, watch.failures) == ("starting", 0)
     assert "GET /health answered 503 at" in watch.detail()
     assert not watch.due(5.0) and watch.due(10.0)
     handler.status = 200
-    assert watch.tick(10.0) and watch.state == "healthy"
+    assert watch.tick(10.0) and watch.health == "healthy"
 
 
 def test_past_start_up_it_is_unhealthy_and_given_up_after_its_failures_in_a_row(server):
@@ -61,13 +61,13 @@ def test_past_start_up_it_is_unhealthy_and_given_up_after_its_failures_in_a_row(
     watch = HealthWatch(httpd.server_address[1], HEALTH, started=0.0)
     watch.tick(0.0)
     handler.status = 500
-    assert watch.tick(10.0) and (watch.state, watch.failures, watch.give_up) == (
+    assert watch.tick(10.0) and (watch.health, watch.failures, watch.give_up) == (
         "unhealthy",
         1,
         False,
     )
     handler.status = 204
-    assert watch.tick(20.0) and (watch.state, watch.failures) == ("healthy", 0)
+    assert watch.tick(20.0) and (watch.health, watch.failures) == ("healthy", 0)
     handler.status = 404
     watch.tick(30.0)
     assert not watch.give_up
@@ -78,8 +78,8 @@ def test_past_start_up_it_is_unhealthy_and_given_up_after_its_failures_in_a_row(
 def test_a_service_that_never_listens_is_unhealthy_once_its_start_up_is_over():
     watch = HealthWatch(closed_port(), {**HEALTH, "start_period": 5}, started=0.0)
     watch.tick(0.0)
-    assert watch.state == "starting"
-    assert watch.tick(10.0) and watch.state == "unhealthy"
+    assert watch.health == "starting"
+    assert watch.tick(10.0) and watch.health == "unhealthy"
     assert "GET /health: Connection refused at" in watch.detail()
 
 

@@ -75,7 +75,7 @@ def test_the_submit_forms_labels_and_fields_line_up(browser_page, browser_server
     fields = page.eval_on_selector_all(
         "#task-form .form-row :is(input, select, textarea)", LEFT_EDGES
     )
-    assert len(labels) == len(fields) == 14
+    assert len(labels) == len(fields) == 18  # the service section's four included
     assert len(set(labels)) == 1, labels
     assert len(set(fields)) == 1, fields
     assert fields[0] > labels[0]

@@ -290,6 +290,7 @@ def test_it_prints_the_url_with_the_address_the_node_reaches_the_server_on(db):
 def test_it_sees_only_django_q2_statistics_in_the_cache(estate, as_node):
     from django.core.cache import cache
 
+    cache.clear()  # what clusters of other tests left (the cache table is not flushed)
     cache.set("throttle_user_1", [1, 2, 3])
     as_node.execute(
         "INSERT INTO gpuplatform_cache (cache_key, value, expires)"

@@ -116,13 +116,13 @@ def test_a_task_reaches_nothing_of_another_tenant_or_the_platform(
     assert (first_root / "notes.txt").stat().st_uid == info.st_uid
     first.refresh_from_db()
     assert first.state == "running"  # its supervisor is alive, not a zombie with no environment
-    # Neither the supervisor nor the node's cluster it was forked from shows a secret in its
-    # environment: the agent gave the cluster files instead (and /proc shows both environments
-    # blank besides: their process titles, gpup-supervisor task=.. attempt=.. and qcluster ..,
-    # took over that memory).
-    cluster = psutil.Process(agent.proc.pid).children(recursive=True)
-    assert any("qcluster" in " ".join(process.cmdline()) for process in cluster)
-    for process in [psutil.Process(attempt_of(first).supervisor_pid), *cluster]:
+    # Neither the supervisor nor the node's spawner it was forked from shows a secret in its
+    # environment: the agent gave the spawner files instead (and /proc shows both environments
+    # blank besides: their process titles, gpup-supervisor task=.. attempt=.. and gpup-spawner
+    # .., took over that memory).
+    children = psutil.Process(agent.proc.pid).children(recursive=True)
+    assert any("spawner" in " ".join(process.cmdline()) for process in children)
+    for process in [psutil.Process(attempt_of(first).supervisor_pid), *children]:
         inherited = process.environ()
         assert not {"DATABASE_URL", "SECRET_KEY"} & set(inherited)
         assert secret not in json.dumps(inherited)
