@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from django.utils.translation import gettext_lazy as _
 from django.views.i18n import JavaScriptCatalog
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -8,7 +9,7 @@ from gpuplatform import api_index, views
 from portal import views as portal_views
 from telemetry.views import prometheus_metrics
 
-admin.site.site_header = "gpuplatform operations"
+admin.site.site_header = _("gpuplatform operations")
 admin.site.site_title = "gpuplatform"
 
 api_patterns = [

@@ -54,7 +54,7 @@ class TaskForm(SpecRefusals, forms.Form):
         label=_("Command"),
         max_length=max_length("command"),
         widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
-        help_text=_("Run by /bin/sh -c in the working directory."),
+        help_text=_("Run by <code>/bin/sh -c</code> in the working directory."),
     )
     gpus = forms.CharField(
         label=_("GPUs"),
@@ -78,7 +78,9 @@ class TaskForm(SpecRefusals, forms.Form):
     priority = forms.CharField(
         label=_("Priority"),
         initial="normal",
-        help_text=_("low, normal, high, or a whole number 0-100."),
+        help_text=_(
+            "<code>low</code>, <code>normal</code>, <code>high</code>, or a whole number 0-100."
+        ),
     )
     task_class = forms.ChoiceField(
         label=_("Class"),
@@ -91,7 +93,7 @@ class TaskForm(SpecRefusals, forms.Form):
         label=_("Environment"),
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
-        help_text=_("One NAME=value a line."),
+        help_text=_("One <code>NAME=value</code> a line."),
     )
     workdir = forms.CharField(
         label=_("Working directory"),
@@ -366,7 +368,10 @@ class YamlForm(SpecRefusals, forms.Form):
         label=_("YAML spec"),
         strip=False,
         widget=forms.Textarea(attrs={"rows": 18, "cols": 80, "spellcheck": "false"}),
-        help_text=_("As gpuctl submit -f takes it: a task, a list, a sweep, or several documents."),
+        help_text=_(
+            "As <code>gpuctl submit -f</code> takes it: a task, a list, a sweep, or several "
+            "documents."
+        ),
     )
 
     def spec_help(self):

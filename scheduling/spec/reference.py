@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from django.utils.html import conditional_escape, escape, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
 from pydantic import BaseModel, RootModel
 
@@ -61,8 +63,8 @@ def max_length(path: str) -> int | None:
 @dataclass(frozen=True)
 class HelpRow:
     key: str  # as written in YAML: resources.gpus
-    description: str  # translated
-    limits: str  # translated, "" if none
+    description: SafeString  # translated, `literal values` (as OpenAPI's Markdown) in <code>
+    limits: SafeString  # translated, literal values in <code>; "" if none
     default: str  # as written in YAML, "" if none
     required: bool
 
@@ -91,8 +93,8 @@ def _rows(model: type[BaseModel], schema: dict[str, Any], prefix: str) -> list[H
         rows.append(
             HelpRow(
                 key=f"{prefix}{key}",
-                description=gettext(field.get("description", "")),
-                limits="; ".join(_limits(field)),
+                description=_marked_up(gettext(field.get("description", ""))),
+                limits=_joined(_limits(field)),
                 default=_literal(field.get("default")),
                 required=key in required,
             )
@@ -100,7 +102,21 @@ def _rows(model: type[BaseModel], schema: dict[str, Any], prefix: str) -> list[H
     return rows
 
 
-def _limits(schema: dict[str, Any]) -> list[str]:
+def _joined(limits: list[str | SafeString]) -> SafeString:
+    """A key's limits in one line of HTML (each escaped unless it is HTML already)."""
+    return mark_safe("; ".join(conditional_escape(text) for text in limits))  # noqa: S308
+
+
+def _marked_up(text: str) -> SafeString:
+    """A description as HTML: what it quotes in backticks (Markdown's code, as the OpenAPI
+    schema shows it) in <code>."""
+    parts = escape(text).split("`")
+    return mark_safe(  # noqa: S308 - every part escaped above
+        "".join(f"<code>{part}</code>" if n % 2 else part for n, part in enumerate(parts))
+    )
+
+
+def _limits(schema: dict[str, Any]) -> list[str | SafeString]:
     """The limits a key's JSON schema states, in words. Where the key takes one value or a
     list (policy.after), the list's limit."""
     branches = schema.get("anyOf", ())
@@ -120,11 +136,13 @@ def _limits(schema: dict[str, Any]) -> list[str]:
     return said
 
 
-def _limits_of(schema: dict[str, Any]) -> list[str]:
-    said = []
+def _limits_of(schema: dict[str, Any]) -> list[str | SafeString]:
+    said: list[str | SafeString] = []
     unit = schema.get("x-unit")
     if "enum" in schema and len(schema["enum"]) > 1:
-        said.append(gettext("one of %(values)s") % {"values": ", ".join(schema["enum"])})
+        # The values are literal (YAML), not words to translate: each in <code>.
+        values = format_html_join(", ", "<code>{}</code>", ((v,) for v in schema["enum"]))
+        said.append(mark_safe(escape(gettext("one of %(values)s")) % {"values": values}))  # noqa: S308
     if "maxLength" in schema:
         said.append(gettext("at most %(n)s characters") % {"n": schema["maxLength"]})
     if "maximum" in schema and unit:

@@ -569,7 +569,7 @@ class TaskInput(_Spec):
     kind: Annotated[
         Literal["task"],
         Says.of(gettext_noop("must be 'task' or 'sweep', got %(got)s"), "literal_error"),
-    ] = Field(default="task", description=gettext_noop("task (the default) or sweep."))
+    ] = Field(default="task", description=gettext_noop("`task` (the default) or `sweep`."))
     name: Name = Field(
         description=gettext_noop(
             "In any script (训练-🚀): no spaces, invisible characters or punctuation but '.', '_' "
@@ -580,24 +580,24 @@ class TaskInput(_Spec):
     priority: Priority = Field(
         default="normal",
         validate_default=True,
-        description=gettext_noop("low, normal, high (10, 50, 90) or a whole number."),
+        description=gettext_noop("`low`, `normal`, `high` (10, 50, 90) or a whole number."),
     )
     task_class: TaskClass = Field(
         default="batch",
         alias="class",
         description=gettext_noop(
-            "batch (may be preempted) or online (a service, never preempted)."
+            "`batch` (may be preempted) or `online` (a service, never preempted)."
         ),
     )
     command: Command = Field(
-        description=gettext_noop("Run by /bin/sh -c in the working directory.")
+        description=gettext_noop("Run by `/bin/sh -c` in the working directory.")
     )
     workdir: Workdir = Field(
         default="",
         description=gettext_noop("The working directory, relative to your tenant's directory."),
     )
     env: Env = Field(
-        default_factory=dict, description=gettext_noop("Environment variables: NAME: value.")
+        default_factory=dict, description=gettext_noop("Environment variables: `NAME: value`.")
     )
     resources: ResourcesInput = Field(default_factory=ResourcesInput)
     policy: PolicyInput = Field(default_factory=PolicyInput)
@@ -643,17 +643,17 @@ class SweepInput(_Spec):
     """``kind: sweep``: one task for each combination of the parameters' values, named
     ``<name>-0``, ``<name>-1``, ... in parameter then value order."""
 
-    kind: Literal["sweep"] = Field(description=gettext_noop("sweep."))
-    name: Name = Field(description=gettext_noop("The tasks are named <name>-0, <name>-1, ..."))
+    kind: Literal["sweep"] = Field(description=gettext_noop("`sweep`."))
+    name: Name = Field(description=gettext_noop("The tasks are named `<name>-0`, `<name>-1`, ..."))
     parameters: Parameters = Field(
         description=gettext_noop(
             "Each parameter's list of values; one task for each combination, "
-            "with {parameter} in command, workdir and env values replaced."
+            "with `{parameter}` in `command`, `workdir` and `env` values replaced."
         ),
         json_schema_extra={"x-maxTasks": MAX_SWEEP_TASKS},
     )
     template: TemplateInput = Field(
-        description=gettext_noop("The tasks' keys, as a task's but without name and kind.")
+        description=gettext_noop("The tasks' keys, as a task's but without `name` and `kind`.")
     )
 
 

@@ -74,14 +74,15 @@ def untranslated(page) -> list[str]:
 PRODUCT_NAMES = frozenset(
     """
 gpuplatform GPU GPUs CUDA YAML JSON API gpuctl NVIDIA GeForce RTX MiB GiB KiB TiB MB GB UTC
-PID pid CPU Bearer Python Django uPlot Prometheus JavaScript English CSV
+CPU Bearer Python Django uPlot Prometheus JavaScript English CSV
 """.split()
 )
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
 # Literal text: URLs and paths (a word of "/api/v1/tasks/3/metrics/" is not prose).
 LITERAL = re.compile(r"\S*/\S*")
-# The visible text outside <code> and <pre> (a spec as submitted is YAML, not prose).
-PROSE_TEXT = VISIBLE_TEXT.replace('"CODE"]', '"CODE", "PRE"]')
+# The visible text outside <code>, <pre> and text boxes (a spec as submitted is YAML, not
+# prose, and so is the YAML editor's example).
+PROSE_TEXT = VISIBLE_TEXT.replace('"CODE"]', '"CODE", "PRE", "TEXTAREA"]')
 
 
 def english_words(page, user_data: list[str] = ()) -> list[str]:

@@ -230,12 +230,6 @@ def user_data() -> list[str]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="left, none of them a reason: the submit page's spec help shows literal values outside "
-    "<code> (submit, low, normal, high, NAME=value) and the dashboard says 'operations'; every "
-    "task page, the overview, tasks, usage, team and tokens pages are clean",
-)
 def test_the_chinese_pages_and_dashboard_show_no_english_words(site, people, node):  # noqa: F811
     """Every Chinese portal page and the dashboard, with tasks that really ran (submitted,
     placed, started, ended with 0 and with 3), shows no English word but product names and
@@ -257,8 +251,10 @@ def test_the_chinese_pages_and_dashboard_show_no_english_words(site, people, nod
         typed = orm(user_data)
         pages = [("overview", "/portal/"), ("tasks", "/portal/tasks/"),
                  *((f"task-{t.name}", f"/portal/tasks/{t.pk}/") for t in tasks),
-                 ("submit", "/portal/submit/"), ("usage", "/portal/usage/"),
-                 ("team", "/portal/team/"), ("tokens", "/portal/tokens/")]  # fmt: skip
+                 ("submit", "/portal/submit/"), ("submit-yaml", "/portal/submit/?mode=yaml"),
+                 ("spec", "/portal/spec/"), ("usage", "/portal/usage/"),
+                 ("team", "/portal/team/"), ("tokens", "/portal/tokens/"),
+                 ("password", "/accounts/password/")]  # fmt: skip
         found = {}
         for name, url in pages:
             page.goto(url)
