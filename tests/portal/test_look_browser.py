@@ -1,7 +1,7 @@
 """How the portal and the admin look at 1280 x 900, in headless Chromium against a real daphne:
 the submit form offers the inventory and lines its labels and fields up, the YAML editor opens
 with an example and a link to the spec reference, the footer starts where the content does,
-the icon is linked and answers, and the admin's GPU and node lists fit the window.
+the icon is linked and answers, and the admin's GPU, node and task lists fit the window.
 Screenshots go to var/screenshots/."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from scheduling.models import Node
 from tests.browser import screenshot
-from tests.factories import QuotaFactory, UserFactory
+from tests.factories import QuotaFactory, TaskFactory, TenantFactory, UserFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -127,7 +127,7 @@ def test_the_portal_and_the_admin_link_an_icon_that_answers(
     assert favicon.status == 200 and favicon.headers["content-type"].startswith("image/svg")
 
 
-def test_the_admin_gpu_and_node_lists_fit_1280_pixels(
+def test_the_admin_gpu_node_and_task_lists_fit_1280_pixels(
     browser_page, browser_server, root, workstation
 ):
     Node.objects.filter(pk=workstation.pk).update(
@@ -136,10 +136,21 @@ def test_the_admin_gpu_and_node_lists_fit_1280_pixels(
         state="draining",
         state_reason="drained by olga: replacing a fan",
     )
+    lab = TenantFactory(name="vision-lab")
+    TaskFactory(
+        tenant=lab,
+        name="resnet50-imagenet-lr-sweep-0",
+        queue="experiments",
+        gpus_min=2,
+        gpus_max=4,
+        gpu_memory_mb=20 * 1024,
+        reason="needs 2-4 x rtx4090-24g on one node in pool default; 0 idle now",
+    )
+    TaskFactory(tenant=lab, name="serve", state="running", node=workstation)
     page = browser_page(root, width=WIDTH, height=HEIGHT)
     cut = {}
-    for name in ("gpu", "node"):
+    for name in ("gpu", "node", "task"):
         page.goto(f"{browser_server}/admin/scheduling/{name}/")
         screenshot(page, f"admin-{name}s-1280")
         cut[name] = page.evaluate(CUT_OFF)
-    assert cut == {"gpu": [], "node": []}
+    assert cut == {"gpu": [], "node": [], "task": []}
