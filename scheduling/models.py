@@ -17,7 +17,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from scheduling import reasons
-from scheduling.policy.model import Wait, wait_record
+from scheduling.policy.model import wait_record
 from scheduling.states import TaskState
 from tenants.models import SLUG_VALIDATOR
 
@@ -351,9 +351,10 @@ class Task(models.Model):
         """``reason_text`` of a task with this reason, the code of its wait and its place in
         line (None when it is not in line), and its reason as data, for callers that read
         columns, not a Task."""
+        text = reasons.render(reason_code, reason_params, reason)
         if place is None:
-            return reasons.render(reason_code, reason_params, reason)
-        return Wait(code, reason).render(*place)
+            return text
+        return reasons.in_line(text, *place)
 
     @property
     def wait_view(self) -> dict | None:

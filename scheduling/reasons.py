@@ -73,6 +73,41 @@ TEMPLATES: dict[str, str] = {
     "node_silent": _n("node %(node)s stopped heartbeating"),
     "node_fenced": _n("node %(node)s lost the database for %(seconds)s s: the attempt was stopped"),
     "gpu_broken": _n("GPU %(gpu)s became %(state)s during the attempt (exit %(exit_code)s)"),
+    # Why a pending task waits, as a scheduling pass decided (``scheduling.wait_reasons``)
+    "in_line": _n("%(ordinal)s of %(line)s in line"),
+    "ordinal_st": _n("%(n)sst"),
+    "ordinal_nd": _n("%(n)snd"),
+    "ordinal_rd": _n("%(n)srd"),
+    "ordinal_th": _n("%(n)sth"),
+    "wait_queue_runs": _n("queue %(queue)s: #%(behind)s runs first"),
+    "wait_queue_behind": _n("queue %(queue)s: waiting behind #%(behind)s"),
+    "wait_backoff": _n("retry backoff until %(at)s"),
+    "wait_capacity": _n("needs %(what)s%(where)s; %(fitting)s"),
+    "what_gpus": _n("%(gpus)s x %(kind)s"),
+    "what_gpu_range": _n("%(gpus)s-%(gpus_max)s x %(kind)s"),
+    "what_shared": _n("%(gpus)s x %(kind)s with %(memory)s free"),
+    "where_node": _n(" on node %(node)s"),
+    "where_one_node": _n(" on one node"),
+    "where_pool": _n(" in pool %(pool)s"),
+    "where_node_pool": _n(" on node %(node)s in pool %(pool)s"),
+    "where_one_node_pool": _n(" on one node in pool %(pool)s"),
+    "fitting_idle": _n("%(count)s idle now"),
+    "fitting_memory": _n("%(count)s with enough memory now"),
+    "wait_reserved": _n("%(needs)s; next to start: GPUs on %(node)s are held for it, %(eta)s"),
+    "eta_at": _n("expected by %(at)s"),
+    "eta_unknown": _n("when they free up"),
+    "wait_quota_gpus": _n("%(scope)s uses %(used)s of its %(limit)s GPUs"),
+    "wait_quota_memory": _n("%(scope)s uses %(used)s of its %(limit)s GPU memory"),
+    "wait_quota_tasks": _n("%(scope)s runs %(used)s of its %(limit)s tasks"),
+    "scope_tenant": _n("tenant %(tenant)s"),
+    "scope_tenant_pool": _n("tenant %(tenant)s in pool %(pool)s"),
+    "wait_preempting": _n("waiting for %(count)s preempted task(s) to stop on %(node)s"),
+    "reclaim": _n(
+        "%(task_class)s holds %(holds)s of its guaranteed %(guarantee)s GPUs: takes borrowed "
+        "GPUs back from %(at)s"
+    ),
+    "class_batch": _n("batch"),
+    "class_online": _n("online"),
 }
 
 
@@ -153,6 +188,20 @@ def render(
     # Translators: what joins the parts of a reason ("exited with 0; output not kept").
     separator = pgettext("reason parts", "; ") if translate else "; "
     return separator.join([text, *(note for note in notes if note)])
+
+
+def in_line(text: str, position: int, line: int) -> str:
+    """A pending task's reason (``text``, in the active language) with its place in line."""
+    ordinal = {"code": f"ordinal_{_suffix(position)}", "params": {"n": position}}
+    place = render("in_line", {"ordinal": ordinal, "line": line})
+    # Translators: what joins the parts of a reason ("exited with 0; output not kept").
+    return pgettext("reason parts", "; ").join([text, place])
+
+
+def _suffix(n: int) -> str:
+    """The English ordinal's suffix of ``n`` (1st, 2nd, 3rd, 11th): one code each, so that
+    each language says its ordinals its own way."""
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
 
 
 def _value(value: Any, translate: bool) -> Any:

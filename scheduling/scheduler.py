@@ -24,7 +24,16 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
-from scheduling import controls, estate, fairshare, forecasts, passes, states, transitions
+from scheduling import (
+    controls,
+    estate,
+    fairshare,
+    forecasts,
+    passes,
+    states,
+    transitions,
+    wait_reasons,
+)
 from scheduling.models import (
     Task,
 )
@@ -468,7 +477,8 @@ _REASONS = """
                 FOR NO KEY UPDATE OF t SKIP LOCKED)
     UPDATE scheduling_task AS t
        SET reason = (%s::text[])[free.n], wait = (%s::jsonb[])[free.n],
-           wait_digest = (%s::bigint[])[free.n], reason_code = '', reason_params = '{}'
+           wait_digest = (%s::bigint[])[free.n], reason_code = (%s::text[])[free.n],
+           reason_params = (%s::jsonb[])[free.n]
       FROM free
      WHERE t.id = free.id
  RETURNING t.id, t.tenant_id, t.reason
@@ -482,7 +492,8 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
 
     ``digests`` holds what each task's row says now (its ``wait_digest``). A pass gives one
     Wait object to all the tasks of a shape it blocked, so the text, the JSON and the digest are
-    made once per distinct wait, not once per task."""
+    made once per distinct wait, not once per task, and so is its reason as data
+    (``wait_reasons``), from which readers render it in their language."""
     if decision.waits:
         waits = decision.waits.items()
     else:  # a policy that gives text only (a baseline, a test's)
@@ -491,6 +502,8 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
         waits = ((task_id, by_text[text]) for task_id, text in texts.items())
     index: dict[int, int] = {}  # id(Wait) -> its place in the arrays below
     reasons: list[str] = []
+    codes: list[str] = []
+    params: list[str] = []
     records: list[str] = []
     digest_of: list[int] = []
     ids: list[int] = []
@@ -502,7 +515,10 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
         if n is None:
             n = index[id(why)] = len(reasons)
             record = json.dumps({"code": why.code, "details": why.details}, sort_keys=True)
+            reason = wait_reasons.of_wait(why)
             reasons.append(why.text)
+            codes.append(reason.code)
+            params.append(json.dumps(reason.params))
             records.append(record)
             digest_of.append(_digest(why.text, record))
         if digests.get(task_id) != digest_of[n]:
@@ -511,7 +527,8 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
     if ids:
         with server_bound_cursor() as cursor:
             cursor.execute(
-                _REASONS, [ids, which, TaskState.PENDING.value, reasons, records, digest_of]
+                _REASONS,
+                [ids, which, TaskState.PENDING.value, reasons, records, digest_of, codes, params],
             )
             # Only the reasons that changed: an unchanged queue costs the pages nothing.
             events.publish(events.REASONS, cursor.fetchall())

@@ -83,7 +83,8 @@ def quota_problem_of(
     scope = f"tenant {name}" + (f" in pool {pool}" if pool else "")
 
     def over(limit: str, text: str, in_use: float, of: int) -> Wait:
-        details = {"limit": limit, "in_use": round(in_use, 3), "of": of, "pool": pool or None}
+        details = {"limit": limit, "in_use": round(in_use, 3), "of": of, "pool": pool or None,
+                   "tenant": name}  # fmt: skip
         return Wait(WAIT_QUOTA, f"{scope} {text}", details)
 
     if limits.gpus is not None and used.gpus + extra.gpus > limits.gpus + 1e-9:

@@ -137,12 +137,14 @@ class Pass(Preempting):
                 if key in self.busy_queues:
                     first = self.busy_queues[key]
                     text = f"queue {task.queue}: #{first} runs first"
-                    self.wait(task, Wait(WAIT_QUEUE, text, {"queue": task.queue, "behind": first}))
+                    details = {"queue": task.queue, "behind": first, "running": True}
+                    self.wait(task, Wait(WAIT_QUEUE, text, details))
                     continue
                 if key in queue_heads:
                     first = queue_heads[key]
                     text = f"queue {task.queue}: waiting behind #{first}"
-                    self.wait(task, Wait(WAIT_QUEUE, text, {"queue": task.queue, "behind": first}))
+                    details = {"queue": task.queue, "behind": first, "running": False}
+                    self.wait(task, Wait(WAIT_QUEUE, text, details))
                     continue
                 queue_heads[key] = task.id
             if task.blocked:
@@ -316,6 +318,7 @@ class Pass(Preempting):
                 eta = "when they free up" if when == INF else f"expected by {format_utc(when)}"
                 details = {
                     **reason.details,
+                    "required_node": reason.details["node"],  # "node" is where it is held
                     "node": reservation.node,
                     "expected_at": None if when == INF else when,
                 }
@@ -411,6 +414,8 @@ class Pass(Preempting):
         noun = "idle" if task.exclusive else "with enough memory"
         details = {
             "gpus": task.gpus_min,
+            "gpus_max": task.gpus_max,
+            "exclusive": task.exclusive,
             "gpu_type": task.gpu_type or None,
             "gpu_memory_mb": task.gpu_memory_mb,
             "node": task.node or None,

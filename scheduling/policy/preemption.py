@@ -192,11 +192,14 @@ class Preempting:
             return why
         self.wake(at)
         guarantee = self.guarantee.get(task.task_class, 0)
+        held = self.held(task.task_class)
         text = (
-            f"{why.text}; {task.task_class} holds {format_num(self.held(task.task_class))} of its "
+            f"{why.text}; {task.task_class} holds {format_num(held)} of its "
             f"guaranteed {guarantee} GPUs: takes borrowed GPUs back from {format_utc(at)}"
         )
-        return Wait(why.code, text, {**why.details, "reclaim_at": at})
+        details = {**why.details, "reclaim_at": at, "task_class": task.task_class,
+                   "class_holds": held, "class_guarantee": guarantee}  # fmt: skip
+        return Wait(why.code, text, details)
 
     def could_preempt(self, task: PendingView) -> bool:
         """Cheap test before the search: is any running task a possible victim?"""

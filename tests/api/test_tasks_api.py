@@ -435,7 +435,9 @@ def test_the_place_in_line_is_read_from_data_not_from_the_reason_text(alice, own
     task = submit(owner, "next")
     others = [submit(owner, f"other-{i}") for i in range(2)]
     wait = {"code": "capacity", "details": {"fitting_now": 0}}
-    Task.objects.filter(pk=task.pk).update(reason="a reason in any words", wait=wait)
+    Task.objects.filter(pk=task.pk).update(
+        reason="a reason in any words", reason_code="", reason_params={}, wait=wait
+    )
     SchedulerState.objects.update_or_create(
         pk=1, defaults={"line": [others[0].pk, others[1].pk, task.pk, 10**9]}
     )

@@ -566,7 +566,13 @@ def test_every_reason_is_rendered_from_its_wait_data():
     assert {data[t.id]["line"] for t in (blocked, over)} == {2}
     assert (data[deps.id]["position"], data[deps.id]["line"]) == (None, None)
     assert data[backoff.id]["details"] == {"not_before": NOW + 30, "seconds_left": 30}
-    assert data[over.id]["details"] == {"limit": "gpus", "in_use": 0.0, "of": 0, "pool": None}
+    assert data[over.id]["details"] == {
+        "limit": "gpus",
+        "in_use": 0.0,
+        "of": 0,
+        "pool": None,
+        "tenant": "capped",
+    }
 
 
 # --- Class guarantees: each class with demand gets its share within reclaim_after -----------------

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from scheduling import passes, scheduler, services, snapshot, transitions
 from scheduling.agentapi import reports
@@ -120,17 +120,24 @@ def test_why_a_task_waits_is_stored_as_data_the_reason_is_rendered_from(lab, wor
     scheduler.schedule_pass()
     for task in (over_quota, *queued):
         task.refresh_from_db()
-    details = {"limit": "gpus", "in_use": 3.0, "of": 3, "pool": None}
+    details = {"limit": "gpus", "in_use": 3.0, "of": 3, "pool": None, "tenant": "vision-lab"}
     # Stored without the place in line, which is the pass's line (SchedulerState.line).
     assert over_quota.wait == {"code": "quota", "details": details}
     assert over_quota.wait_view == {"code": "quota", "position": 1, "line": 2, "details": details}
     assert over_quota.reason_text == "tenant vision-lab uses 3 of its 3 GPUs; 1st of 2 in line"
+    # ... and as a reason of the catalogue, which each reader reads in their language.
+    assert over_quota.reason_code == "wait_quota_gpus"
+    with translation.override("zh-hans"):
+        assert (
+            over_quota.reason_text
+            == "租户 vision-lab 已用 3 块 GPU，配额 3 块；排队第 1 位，共 2 位"
+        )
     # The head of the serial queue is second in line; the next one waits behind it, out of line.
     assert queued[1].wait_view == {
         "code": "queue",
         "position": None,
         "line": None,
-        "details": {"queue": "sft", "behind": queued[0].pk},
+        "details": {"queue": "sft", "behind": queued[0].pk, "running": False},
     }
     # Leaving pending clears it; the next pass writes a fresh one.
     finish(placed[0])
