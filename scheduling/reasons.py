@@ -9,8 +9,10 @@ translation; its Chinese is in ``locale/zh_Hans/LC_MESSAGES/django.po``.
 A reason may end with notes (``params["notes"]``: more reasons, joined with "; "), and a
 parameter may itself be a reason (``{"code": ..., "params": ...}``): "requeued: node a stopped
 heartbeating". Text that has no code (what a node agent says about an attempt's limits or lost
-output, a preemption decided by the policy core) is kept as a ``text`` reason and shown as it
-was written. A row written before the codes existed has no code: it renders as its stored text.
+output, a dependency's or a hold's wait) is kept as a ``text`` reason and shown as it was
+written. Why a pending task waits and why a pass preempts one are made reasons from the
+policy's data by ``scheduling.wait_reasons``. A row written before the codes existed has no
+code: it renders as its stored text.
 """
 
 from __future__ import annotations
@@ -105,6 +107,11 @@ TEMPLATES: dict[str, str] = {
     "reclaim": _n(
         "%(task_class)s holds %(holds)s of its guaranteed %(guarantee)s GPUs: takes borrowed "
         "GPUs back from %(at)s"
+    ),
+    "preempted_for": _n("preempted for #%(task)s (%(task_class)s, priority %(priority)s)"),
+    "preempted_to_reclaim": _n(
+        "preempted for #%(task)s (%(task_class)s, priority %(priority)s): %(reclaimed)s holds "
+        "more than its guaranteed share"
     ),
     "class_batch": _n("batch"),
     "class_online": _n("online"),

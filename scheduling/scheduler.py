@@ -459,7 +459,8 @@ def apply_preemptions(decision: Decision) -> list[int]:
         if task is None:
             continue
         try:
-            controls.task_preempt(task=task, reason=preemption.reason)
+            reason = wait_reasons.of_preemption(preemption)
+            controls.task_preempt(task=task, reason=reason)
         except (transitions.StaleTask, states.IllegalTransition):
             continue
         done.append(task.pk)

@@ -1,6 +1,6 @@
-"""Why a pending task waits, as a reason of ``scheduling.reasons``' catalogue: what a
-scheduling pass stores beside its English text, so that pages, the API and gpuctl say it in
-the reader's language.
+"""Why a pending task waits, and why a pass preempts one, as reasons of ``scheduling.reasons``'
+catalogue: what a scheduling pass stores beside its English text, so that pages, the API and
+gpuctl say it in the reader's language.
 
 The policy core decides a ``Wait``: a code, its English text and the figures behind it
 (``details``). ``of_wait`` turns those figures into a reason whose English is that very text;
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduling import reasons
-from scheduling.policy import Wait
+from scheduling.policy import Preemption, Wait
 from scheduling.policy.books import format_gib, format_num, format_utc
 from scheduling.reasons import Reason
 
@@ -28,6 +28,25 @@ def of_wait(wait: Wait) -> Reason:
     if reason is None or reason.text != wait.text:
         return reasons.of(wait.text)
     return reason
+
+
+def of_preemption(preemption: Preemption) -> Reason:
+    """The reason a victim is preempted with, as ``of_wait`` says a wait."""
+    details = preemption.details
+    try:
+        params = {
+            "task": preemption.for_task_id,
+            "task_class": _data(Reason(f"class_{details['task_class']}")),
+            "priority": details["priority"],
+        }
+        if details["reclaimed"]:
+            params["reclaimed"] = _data(Reason(f"class_{details['reclaimed']}"))
+            reason = Reason("preempted_to_reclaim", params)
+        else:
+            reason = Reason("preempted_for", params)
+    except (KeyError, TypeError, ValueError):
+        return reasons.of(preemption.reason)
+    return reason if reason.text == preemption.reason else reasons.of(preemption.reason)
 
 
 def _reason(code: str, details: dict[str, Any]) -> Reason | None:

@@ -169,6 +169,9 @@ class Preemption:
     task_id: int
     for_task_id: int
     reason: str
+    # What the reason says, as data: the class and priority of the task it makes room for,
+    # and the victim's class where it is taken back as borrowed (``reclaimed``).
+    details: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -270,10 +270,12 @@ class Preempting:
             self.leaving[victim.task_class] += self.share_of(victim)
             self.lenders.clear()
             reason = f"preempted for #{task.id} ({task.task_class}, priority {task.priority})"
+            details = {"task_class": task.task_class, "priority": task.priority, "reclaimed": None}
             if victim.id in reclaims:
                 reason += f": {victim.task_class} holds more than its guaranteed share"
+                details["reclaimed"] = victim.task_class
             self.decision.preemptions.append(
-                Preemption(task_id=victim.id, for_task_id=task.id, reason=reason)
+                Preemption(task_id=victim.id, for_task_id=task.id, reason=reason, details=details)
             )
         count = len(fresh) + len(stopping)
         text = f"waiting for {count} preempted task(s) to stop on {node}"

@@ -10,7 +10,7 @@ from django.utils import translation
 
 from scheduling import reasons
 from scheduling.policy import ONLINE, Limits, PolicySettings, TenantView, schedule
-from scheduling.wait_reasons import of_wait
+from scheduling.wait_reasons import of_preemption, of_wait
 from tests.scheduling.test_policy import NOW, gpus, running, snap, task
 
 RECLAIM = PolicySettings().reclaim_after_s
@@ -83,3 +83,21 @@ def test_the_place_in_line_reads_in_each_language():
     ]  # fmt: skip
     with translation.override("zh-hans"):
         assert reasons.in_line("需要", 2, 5) == "需要；排队第 2 位，共 5 位"
+
+
+def test_a_preemption_is_a_reason_with_its_english_to_the_letter():
+    busy = gpus(per_node=2)
+    victim = running("other", [busy[0], busy[1]], priority=10)
+    by_priority = schedule(snap(busy, [task(priority=90, gpus=2)], [victim])).preemptions
+    cluster = gpus(per_node=4)
+    services = [running("svc", [g], priority=90, task_class=ONLINE, preemptible=False,
+                        started_at=NOW - 86400) for g in cluster]  # fmt: skip
+    batch = task(priority=10, submitted_at=NOW - RECLAIM - 60)
+    reclaimed = schedule(snap(cluster, [batch], services)).preemptions
+    made = [(of_preemption(p), p) for p in [*by_priority, *reclaimed]]
+    assert [reason.code for reason, _ in made] == ["preempted_for", "preempted_to_reclaim"]
+    for reason, preemption in made:
+        assert reason.text == preemption.reason
+        with translation.override("zh-hans"):
+            chinese = reason.rendered
+        assert re.findall(r"[A-Za-z]{3,}", chinese) == [], chinese
