@@ -21,7 +21,8 @@ NODES = "nodes"  # Node objects (or a queryset of them)
 ALERTS = "alerts"  # Alert objects
 PLACEMENTS = "placements"  # (task id, tenant id, node id, [GPU ids]) of new placements
 SCHEDULER = "scheduler"  # a pass's figures, as a mapping
-REASONS = "reasons"  # (task id, tenant id, pending reason) a pass changed
+# (task id, tenant id, pending reason, its code, its parameters) a pass changed
+REASONS = "reasons"
 SAMPLES = "samples"  # keywords node_id, samples, tenants_by_gpu: one node's tick
 TOPICS = (TASKS, GPUS, NODES, ALERTS, PLACEMENTS, SCHEDULER, REASONS, SAMPLES)
 

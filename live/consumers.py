@@ -13,6 +13,7 @@ queueing. A slow browser loses old points; the node agent never waits for it.
 
 from __future__ import annotations
 
+import json
 import time
 
 from channels.db import database_sync_to_async
@@ -107,7 +108,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     def _localized(self, events: list[dict]) -> list[dict]:
         """The events with each task's reason rendered in this reader's language from its
         code and parameters (``scheduling.reasons``); events without a code as they came."""
-        if not any(event.get("reason_code") for event in events):
+        if not any(event.get("reason_code") or event.get("kind") == "reasons" for event in events):
             return events
         with translation.override(self.language):
             return [
@@ -118,6 +119,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                     ),
                 }
                 if event.get("reason_code")
+                else {**event, "reasons": [_rendered(*row) for row in event["reasons"]]}
+                if event.get("kind") == "reasons"
                 else event
                 for event in events
             ]
@@ -130,3 +133,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def _error(self, field: str, message: str) -> None:
         await self.send_json({"type": "error", "field": field, "message": message})
+
+
+def _rendered(task_id: int, reason: str, code: str = "", params: dict | None = None) -> list:
+    """One row of a "reasons" event, [task id, reason], the reason in the active language."""
+    if isinstance(params, str):  # a raw row's jsonb comes as its text (Django's loader)
+        params = json.loads(params)
+    return [task_id, reasons.render(code, params, reason)]

@@ -175,12 +175,12 @@ def publish_scheduler(figures: Mapping) -> None:
     publish([(None, {"kind": "scheduler", **figures, "at": time.time()})])
 
 
-def publish_reasons(rows: Iterable[tuple[int, int, str]]) -> None:
-    """The pending reasons a pass changed, as (task id, tenant id, reason), one event per
-    tenant."""
+def publish_reasons(rows: Iterable[tuple]) -> None:
+    """The pending reasons a pass changed, as (task id, tenant id, reason, its code, its
+    parameters), one event per tenant; each reader's socket renders them in its language."""
     per_tenant: dict[int, list[list]] = defaultdict(list)
-    for task_id, tenant_id, reason in rows:
-        per_tenant[tenant_id].append([task_id, reason])
+    for task_id, tenant_id, reason, *data in rows:
+        per_tenant[tenant_id].append([task_id, reason, *data])
     now = time.time()
     events: list[tuple[int | None, dict]] = []
     for tenant_id, reasons in per_tenant.items():

@@ -482,7 +482,7 @@ _REASONS = """
            reason_params = (%s::jsonb[])[free.n]
       FROM free
      WHERE t.id = free.id
- RETURNING t.id, t.tenant_id, t.reason
+ RETURNING t.id, t.tenant_id, t.reason, t.reason_code, t.reason_params
 """
 
 

@@ -3,6 +3,7 @@ samples are held back for a slow browser, how a reconnecting page catches up."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 
@@ -247,3 +248,25 @@ async def test_each_reader_hears_a_tasks_reason_in_their_own_language(operator, 
         heard[language] = event["reason"]
         await socket.disconnect()
     assert heard == {"en": "cancelled by olga", "zh": "已被 olga 取消"}
+
+
+async def test_each_reader_hears_a_passs_pending_reasons_in_their_own_language(operator, estate):
+    english = await connect(await headers(user=operator))
+    chinese = await connect([*await headers(user=operator), (b"accept-language", b"zh-hans")])
+    task = estate["theirs"]
+    scope = {"code": "scope_tenant", "params": {"tenant": "lab"}}
+    params = {"scope": scope, "used": "3", "limit": 3}
+    text = "tenant lab uses 3 of its 3 GPUs"
+    # As a pass's UPDATE ... RETURNING gives them: the parameters as jsonb's text.
+    row = (task.pk, task.tenant_id, text, "wait_quota_gpus", json.dumps(params))
+    await sync_to_async(events.publish_reasons)([row])
+    heard = {}
+    for language, socket in (("en", english), ("zh", chinese)):
+        message = await socket.receive_json_from(timeout=5)
+        [event] = [e for e in message["events"] if e["kind"] == "reasons"]
+        heard[language] = event["reasons"]
+        await socket.disconnect()
+    assert heard == {
+        "en": [[task.pk, text]],
+        "zh": [[task.pk, "租户 lab 已用 3 块 GPU，配额 3 块"]],
+    }
