@@ -113,6 +113,23 @@ TEMPLATES: dict[str, str] = {
         "preempted for #%(task)s (%(task_class)s, priority %(priority)s): %(reclaimed)s holds "
         "more than its guaranteed share"
     ),
+    "waiting_for_dependencies": _n("waiting for %(tasks)s"),
+    "dependency": _n("%(name)s (#%(id)s, %(state)s)"),
+    **{
+        f"state_{state}": label
+        for state, label in (
+            ("pending", _n("pending")),
+            ("scheduled", _n("scheduled")),
+            ("running", _n("running")),
+            ("paused", _n("paused")),
+            ("preempted", _n("preempted")),
+            ("lost", _n("lost")),
+            ("succeeded", _n("succeeded")),
+            ("failed", _n("failed")),
+            ("cancelled", _n("cancelled")),
+            ("timed_out", _n("timed_out")),
+        )
+    },  # fmt: skip
     "class_batch": _n("batch"),
     "class_online": _n("online"),
 }
@@ -212,9 +229,14 @@ def _suffix(n: int) -> str:
 
 
 def _value(value: Any, translate: bool) -> Any:
-    """A parameter as it goes into its template: a reason in it rendered."""
+    """A parameter as it goes into its template: a reason in it rendered, a list of reasons
+    rendered and listed."""
     if isinstance(value, Mapping) and "code" in value:
         return render(
             value["code"], value.get("params"), value.get("text", ""), translate=translate
         )
+    if isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
+        # Translators: what separates the items of a list in a reason ("a (#1), b (#2)").
+        separator = pgettext("reason list", ", ") if translate else ", "
+        return separator.join(str(_value(item, translate)) for item in value)
     return value

@@ -10,6 +10,7 @@ not know) stays a ``text`` reason, shown as written, as before.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from scheduling import reasons
@@ -21,7 +22,7 @@ from scheduling.reasons import Reason
 def of_wait(wait: Wait) -> Reason:
     """The reason of ``wait`` (without its place in line, as the pass stores it)."""
     try:
-        reason = _reason(wait.code, wait.details)
+        reason = _reason(wait.code, wait.details, wait.text)
     except (KeyError, TypeError, ValueError):
         reason = None
     # The English stays exactly what the policy wrote (the API's, the logs'), or no code.
@@ -49,7 +50,7 @@ def of_preemption(preemption: Preemption) -> Reason:
     return reason if reason.text == preemption.reason else reasons.of(preemption.reason)
 
 
-def _reason(code: str, details: dict[str, Any]) -> Reason | None:
+def _reason(code: str, details: dict[str, Any], text: str = "") -> Reason | None:
     if code == "queue":
         which = "wait_queue_runs" if details["running"] else "wait_queue_behind"
         reason = Reason(which, {"queue": details["queue"], "behind": details["behind"]})
@@ -68,7 +69,9 @@ def _reason(code: str, details: dict[str, Any]) -> Reason | None:
     elif code == "preempting":
         params = {"count": len(details["victims"]), "node": details["node"]}
         reason = Reason("wait_preempting", params)
-    else:  # dependencies, held, other: text decided outside the core, as written
+    elif code == "dependencies":
+        reason = _dependencies(text)
+    else:  # held, other: words decided outside the core, as written
         return None
     if "reclaim_at" in details:  # a class that lent GPUs, not yet allowed to take them back
         task_class = Reason(f"class_{details['task_class']}")
@@ -83,6 +86,27 @@ def _reason(code: str, details: dict[str, Any]) -> Reason | None:
         )
         reason = reason.noted(note)
     return reason
+
+
+# What the snapshot writes of a task's dependencies not yet succeeded (``snapshot``'s
+# ``_dependency_blocks``): "waiting for prep (#3, running), data (#4, pending)". Names hold no
+# spaces, so each item reads back whole; ``of_wait`` checks the English it makes again.
+_DEPENDENCY = re.compile(r"(\S+) \(#(\d+), (\w+)\)")
+
+
+def _dependencies(text: str) -> Reason | None:
+    if not text.startswith("waiting for "):
+        return None
+    tasks = [
+        _data(
+            Reason(
+                "dependency",
+                {"name": name, "id": int(pk), "state": _data(Reason(f"state_{state}"))},
+            )
+        )
+        for name, pk, state in _DEPENDENCY.findall(text)
+    ]
+    return Reason("waiting_for_dependencies", {"tasks": tasks}) if tasks else None
 
 
 def _capacity(details: dict[str, Any]) -> Reason:

@@ -68,7 +68,7 @@ def test_every_wait_of_the_policy_is_a_reason_with_its_english_to_the_letter():
 def test_a_wait_it_cannot_say_stays_text_as_written():
     from scheduling.policy import Wait
 
-    for why in (Wait("dependencies", "waiting for prep (#3, running)"), Wait("other", "why not"),
+    for why in (Wait("held", "held by olga: disk full"), Wait("other", "why not"),
                 Wait("capacity", "needs something", {"gpus": 1})):  # fmt: skip
         assert of_wait(why) == reasons.of(why.text)
 
@@ -101,3 +101,13 @@ def test_a_preemption_is_a_reason_with_its_english_to_the_letter():
         with translation.override("zh-hans"):
             chinese = reason.rendered
         assert re.findall(r"[A-Za-z]{3,}", chinese) == [], chinese
+
+
+def test_a_tasks_dependencies_are_listed_each_with_its_state_in_each_language():
+    from scheduling.policy import Wait
+
+    text = "waiting for prep-data (#3, running), 训练 (#4, timed_out)"
+    reason = of_wait(Wait("dependencies", text))
+    assert (reason.code, reason.text) == ("waiting_for_dependencies", text)
+    with translation.override("zh-hans"):
+        assert reason.rendered == "等待 prep-data（#3，运行中）、训练（#4，已超时）"
