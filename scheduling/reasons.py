@@ -130,6 +130,33 @@ TEMPLATES: dict[str, str] = {
             ("timed_out", _n("timed_out")),
         )
     },  # fmt: skip
+    "supervisor_gone_before_start": _n(
+        "supervisor of attempt %(attempt)s on %(node)s is gone before it reported a start: the "
+        "launch never came up"
+    ),
+    "supervisor_gone": _n(
+        "supervisor of attempt %(attempt)s on %(node)s is gone (killed, or it crashed) without "
+        "recording how the task ended: the task's output pipe went with it, so the task was "
+        "stopped instead of adopted"
+    ),
+    # What a node agent says of an attempt's end (``scheduling.agent_notes``)
+    "out_of_memory": _n("killed by the kernel: out of memory (over resources.memory)"),
+    "exited_after_limit": _n("exited with %(exit_code)s after it %(hit)s"),
+    "limit_pids": _n("hit the process limit (resources.pids: %(pids)s; %(refused)s forks refused)"),
+    "limit_cpus": _n(
+        "held back by the CPU limit (resources.cpus: %(cpus)s; throttled in %(throttled)s of "
+        "%(periods)s periods)"
+    ),
+    "output_not_kept": _n("output not kept: %(why)s (%(dropped)s bytes dropped)"),
+    "output_removed": _n("output not kept: %(why)s"),
+    "output_incomplete": _n("output may be incomplete: %(why)s"),
+    "log_full": _n("the log disk is full"),
+    "log_full_quota": _n("the log disk is full (quota)"),
+    "log_read_only": _n("the log disk is read-only"),
+    "log_refused": _n("the log directory refuses writes"),
+    "log_gone": _n("the log directory is gone"),
+    "log_removed": _n("the log was removed while the task ran"),
+    "log_error": _n("the log cannot be written (%(error)s)"),
     "class_batch": _n("batch"),
     "class_online": _n("online"),
 }

@@ -28,7 +28,7 @@ from gpuplatform.db import Query, server_bound_cursor
 from gpuplatform.procid import ProcessId
 from nodeagent.launcher import cgroups, procs, supervisor, tracking, unitcgroup, wire
 from nodeagent.launcher.environ import platform_environment
-from scheduling import paths
+from scheduling import paths, reasons
 from scheduling.agentapi.messages import Assignment
 from scheduling.agentapi.reports import attempt_finished
 from scheduling.controls import requeue_lost
@@ -371,16 +371,13 @@ def reconcile_attempt(attempt: TaskAttempt) -> str:
     return "lost"
 
 
-def not_adopted_reason(attempt: TaskAttempt) -> str:
+def not_adopted_reason(attempt: TaskAttempt) -> reasons.Reason:
     """Why an attempt left running on its node could not be adopted: the supervisor holds
     the task's output pipe and records its end, so an attempt without one is stopped."""
-    where = f"supervisor of attempt {attempt.number} on {attempt.node.name}"
+    where = {"attempt": attempt.number, "node": attempt.node.name}
     if attempt.supervisor_pid is None:
-        return f"{where} is gone before it reported a start: the launch never came up"
-    return (
-        f"{where} is gone (killed, or it crashed) without recording how the task ended: the "
-        "task's output pipe went with it, so the task was stopped instead of adopted"
-    )
+        return reasons.Reason("supervisor_gone_before_start", where)
+    return reasons.Reason("supervisor_gone", where)
 
 
 def _unkillable(attempt: TaskAttempt) -> None:

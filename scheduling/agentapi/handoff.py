@@ -42,6 +42,7 @@ the list is left, so the next list is ready before this one runs out.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -51,7 +52,7 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import Query, fetch_together, server_bound_cursor
-from scheduling import passes, scheduler, transitions
+from scheduling import agent_notes, passes, scheduler, transitions
 from scheduling.agentapi.messages import Assignment, ExitReport
 from scheduling.nodecredentials import node_scope
 from scheduling.policy import Placement, hand_on
@@ -304,12 +305,20 @@ def _record_alone(plain: list[ExitReport]) -> list[tuple]:
     return [row[:8] for row in rows]
 
 
+def _notes_data(note: str) -> str:
+    """A note's reasons as ``reason_params``' "notes" (JSON), ``{}`` for none."""
+    notes = [reason.as_data() for reason in agent_notes.of_note(note)]
+    return json.dumps({"notes": notes} if notes else {})
+
+
 def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
     """``_SUCCEEDED``'s parameters for these plain ends, stamped ``now``."""
     return {
         "tasks": [r.task_id for r in plain],
         "numbers": [r.attempt_no for r in plain],
         "notes": [r.note for r in plain],
+        # The notes as data (``agent_notes``): the parameters' "notes", or nothing.
+        "notes_data": [_notes_data(r.note) for r in plain],
         "now": now,
         "claim": claim,
     }
@@ -329,17 +338,15 @@ _SUCCEEDING = transitions.moved(
     where="k.id = a.task_id",
     reason="concat_ws('; ', 'exited with 0', NULLIF(a.note, ''))",
     code="'exited'",
-    # The node agent's note (limits hit, output lost) is English text: a reason of its own.
-    params="""jsonb_build_object('exit_code', 0)
-              || CASE WHEN COALESCE(a.note, '') = '' THEN '{}'::jsonb
-              ELSE jsonb_build_object('notes', jsonb_build_array(jsonb_build_object(
-                   'code', 'text', 'params', jsonb_build_object('text', a.note)))) END""",
+    # The node agent's note (limits hit, output lost) as reasons (``agent_notes``).
+    params="jsonb_build_object('exit_code', 0) || a.notes_data",
     sets="exit_code = 0",
     returning="a.id AS attempt_id, k.tenant_id, k.name, k.reason, k.node_id",
 )
 _SUCCEEDED = f"""
-    WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[])
-                          AS r(task_id, number, note)),
+    WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[],
+                                    %(notes_data)s::jsonb[])
+                          AS r(task_id, number, note, notes_data)),
     locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
                 WHERE k.attempt = r.number AND k.state = 'running'
                 -- NO KEY: other transactions' foreign keys to these tasks (a pass's commit)
@@ -350,7 +357,7 @@ _SUCCEEDED = f"""
             FROM locked, r
            WHERE a.task_id = locked.id AND a.number = locked.attempt AND r.task_id = locked.id
              AND a.outcome = '' AND a.stop_requested = ''
-       RETURNING a.id, a.task_id, r.note),
+       RETURNING a.id, a.task_id, r.note, r.notes_data),
     {_SUCCEEDING},
     {passes.claim_cte("%(claim)s AND EXISTS (SELECT 1 FROM k)")}
     SELECT attempt_id, id, tenant_id, name, reason, node_id, event_code, event_params,

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from gpuplatform import events
 from gpuplatform.db import server_bound_cursor
-from scheduling import controls, reasons, transitions
+from scheduling import agent_notes, controls, reasons, transitions
 from scheduling.agentapi import handoff
 from scheduling.agentapi.handoff import HandOff
 from scheduling.agentapi.messages import ExitReport, StartReport
@@ -286,8 +286,9 @@ def _outcome(attempt: TaskAttempt, exit_code: int | None, timed_out: bool, probl
 
 
 def _noted(reason: reasons.Reason | str, note: str) -> reasons.Reason:
-    """``reason`` ending with the node agent's ``note`` (English text, kept as written)."""
-    return reasons.of(reason).noted(note)
+    """``reason`` ending with the node agent's ``note`` (its English read back as reasons,
+    ``agent_notes``)."""
+    return reasons.of(reason).noted(*agent_notes.of_note(note))
 
 
 def _cancelled(task: Task) -> reasons.Reason | str:
@@ -343,12 +344,16 @@ def _fail_or_retry(
     note: str = "",
     unhealthy: str = "",
 ) -> None:
-    what = problem or (
-        reasons.Reason("timed_out", {"seconds": task.timeout_s})
-        if outcome == "timed_out"
-        else reasons.Reason("service_restarted", {"detail": unhealthy})
-        if unhealthy
-        else reasons.Reason("exited", {"exit_code": exit_code})
+    what = (
+        agent_notes.of_problem(problem)
+        if problem
+        else (
+            reasons.Reason("timed_out", {"seconds": task.timeout_s})
+            if outcome == "timed_out"
+            else reasons.Reason("service_restarted", {"detail": unhealthy})
+            if unhealthy
+            else reasons.Reason("exited", {"exit_code": exit_code})
+        )
     )
     what = _noted(what, note)
     failures = TaskAttempt.objects.filter(task=task, outcome__in=USER_FAILURES).count()
