@@ -142,14 +142,15 @@ def task_preempt(*, task: Task, reason: reasons.Reason | str) -> None:
     stop_attempt(task)
 
 
-def task_stop_for_violation(*, task: Task, reason: str) -> bool:
+def task_stop_for_violation(*, task: Task, reason: reasons.Reason | str) -> bool:
     """Stop a task that broke a limit; it fails with ``reason`` (no retry: it would again)."""
+    text, code, params = reasons.stored(reason)
     with transaction.atomic():
         attempt = current_attempt(task)
         if attempt is None or attempt.outcome or attempt.stop_requested:
             return False
         TaskAttempt.objects.filter(pk=attempt.pk).update(stop_requested=StopRequest.VIOLATION)
-        Task.objects.filter(pk=task.pk).update(reason=reason, reason_code="", reason_params={})
+        Task.objects.filter(pk=task.pk).update(reason=text, reason_code=code, reason_params=params)
         stop_attempt(task)
     return True
 

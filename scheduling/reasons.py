@@ -139,6 +139,13 @@ TEMPLATES: dict[str, str] = {
         "recording how the task ended: the task's output pipe went with it, so the task was "
         "stopped instead of adopted"
     ),
+    "gpu_memory_overuse": _n(
+        "task #%(task)s uses %(used_mb)s MiB of GPU memory on %(gpu)s, reserved %(reserved_mb)s MiB"
+    ),
+    "idle_reclaimed": _n(
+        "reclaimed: GPU %(gpu)s of %(node)s stayed at or under %(threshold)s %% utilisation for "
+        "%(minutes)s min (idle GPU policy)"
+    ),
     # What a node agent says of an attempt's end (``scheduling.agent_notes``)
     "out_of_memory": _n("killed by the kernel: out of memory (over resources.memory)"),
     "exited_after_limit": _n("exited with %(exit_code)s after it %(hit)s"),

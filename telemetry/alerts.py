@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from monitoring import services as alert_services
 from monitoring.models import Alert, AlertKind, Severity
-from scheduling import controls, estate
+from scheduling import controls, estate, reasons
 from scheduling.models import GPU, Allocation, Node, Task
 from scheduling.states import TaskState
 from telemetry import policies
@@ -139,11 +139,12 @@ def _warn_idle(allocation: Allocation, config) -> Alert:
 
 
 def _reclaim(task: Task, gpu: GPU, config) -> int:
-    reason = (
-        f"reclaimed: GPU {gpu.index} of {gpu.node.name} stayed at or under {config.threshold} % "
-        f"utilisation for {(config.window_s + config.grace_s) // 60} min (idle GPU policy)"
-    )
+    reason = reasons.Reason(
+        "idle_reclaimed",
+        {"gpu": gpu.index, "node": gpu.node.name, "threshold": config.threshold,
+         "minutes": (config.window_s + config.grace_s) // 60},
+    )  # fmt: skip
     if controls.task_stop_for_violation(task=task, reason=reason):
-        logger.warning("task %s: %s", task.pk, reason)
+        logger.warning("task %s: %s", task.pk, reason.text)
         return 1
     return 0

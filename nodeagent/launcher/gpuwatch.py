@@ -15,7 +15,7 @@ from monitoring import services as alerts
 from monitoring.models import AlertKind, Severity
 from nodeagent.gpumem import gpu_memory_report, owners_from_tree
 from nodeagent.inventory import GpuBackend
-from scheduling import controls, estate, passes
+from scheduling import controls, estate, passes, reasons
 from scheduling.models import GPU, Allocation, Node, Task, TaskAttempt
 from scheduling.states import HOLDS_GPUS
 
@@ -49,10 +49,12 @@ def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
         gpu, task = gpus.get(overuse.gpu_uuid), Task.objects.filter(pk=overuse.task_id).first()
         if gpu is None or task is None:
             continue
-        message = (
-            f"task #{task.pk} uses {overuse.used_mb} MiB of GPU memory on {gpu}, "
-            f"reserved {overuse.reserved_mb} MiB"
-        )
+        why = reasons.Reason(
+            "gpu_memory_overuse",
+            {"task": task.pk, "used_mb": overuse.used_mb, "gpu": str(gpu),
+             "reserved_mb": overuse.reserved_mb},
+        )  # fmt: skip
+        message = why.text
         alerts.alert_raise(
             kind=AlertKind.GPU_MEMORY_OVERUSE,
             severity=Severity.WARNING,
@@ -61,7 +63,7 @@ def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
             task=task,
         )
         keep.add((gpu.pk, task.pk))
-        if policy == "kill" and controls.task_stop_for_violation(task=task, reason=message):
+        if policy == "kill" and controls.task_stop_for_violation(task=task, reason=why):
             logger.warning("stopping %s: %s", task, message)
     alerts.alerts_resolve_except(kind=AlertKind.GPU_MEMORY_OVERUSE, keep=keep, node=node)
     return {"foreign_changed": changed, "overuses": len(report.overuses)}

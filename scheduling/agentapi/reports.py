@@ -216,8 +216,8 @@ def attempt_finished(
         if attempt.outcome:
             return attempt.outcome
         task = Task.objects.select_for_update().get(pk=task_id)
-        if attempt.stop_requested == StopRequest.VIOLATION:
-            problem = problem or task.reason
+        if attempt.stop_requested == StopRequest.VIOLATION and not problem:
+            problem = _violation(task)
         outcome = _outcome(attempt, exit_code, timed_out, problem or unhealthy)
         broken = _broken_gpu(attempt) if outcome == "failed" and not problem else None
         if broken is not None:
@@ -271,6 +271,15 @@ def _broken_gpu(attempt: TaskAttempt) -> GPU | None:
         .select_related("node")
         .first()
     )
+
+
+def _violation(task: Task) -> reasons.Reason | str:
+    """Why a task was stopped for breaking a limit (``task_stop_for_violation``): its reason,
+    as data where it is."""
+    try:
+        return reasons.Reason(task.reason_code, task.reason_params)
+    except ValueError:  # no code, or one this version does not know
+        return task.reason
 
 
 def _outcome(attempt: TaskAttempt, exit_code: int | None, timed_out: bool, problem: str) -> str:
@@ -340,12 +349,14 @@ def _fail_or_retry(
     task: Task,
     outcome: str,
     exit_code: int | None,
-    problem: str,
+    problem: reasons.Reason | str,
     note: str = "",
     unhealthy: str = "",
 ) -> None:
+    if isinstance(problem, str):
+        problem = agent_notes.of_problem(problem) if problem else ""
     what = (
-        agent_notes.of_problem(problem)
+        problem
         if problem
         else (
             reasons.Reason("timed_out", {"seconds": task.timeout_s})

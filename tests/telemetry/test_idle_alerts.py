@@ -7,10 +7,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from monitoring.models import Alert
 from nodeagent.sampler import Sampler
+from scheduling.agentapi import reports
 from scheduling.config import parse_config
 from scheduling.models import TaskAttempt
 from telemetry import alerts, jobs, services
@@ -61,7 +62,15 @@ def test_an_idle_allocated_gpu_warns_after_its_window_then_is_reclaimed(
     assert alerts.check_idle(now=now) == {"idle": 1, "reclaimed": 1}
     running.refresh_from_db()
     assert running.reason.startswith("reclaimed: GPU 0 of workstation-1 stayed at or under 5 %")
+    # As data too, which each reader reads in their language.
+    assert running.reason_code == "idle_reclaimed"
+    with translation.override("zh-hans"):
+        assert running.reason_text.startswith("已收回：workstation-1 的 GPU 0 利用率")
     assert TaskAttempt.objects.get(task=running).stop_requested == "violation"
+    # Its supervisor reports the stop: it fails with the same reason, still as data.
+    assert reports.attempt_finished(running.pk, running.attempt, 143) == "failed"
+    running.refresh_from_db()
+    assert (running.state, running.reason_code) == ("failed", "idle_reclaimed")
 
 
 def test_a_busy_gpu_raises_nothing_and_a_busy_minute_resolves_the_alert(
