@@ -64,7 +64,7 @@ def _row(values: tuple, place: tuple[int, int] | None, written: dict) -> dict:
         "id": pk,
         "name": name,
         "state": str(state),
-        "reason": Task.reason_in_line(reason, wait_code or "", place, reason_code, reason_params),
+        "reason": Task.reason_in_line(reason, place, reason_code, reason_params),
         "reason_code": reason_code,
         "reason_params": reason_params,
         "queue": queue,

@@ -331,9 +331,7 @@ class Task(models.Model):
         there."""
         if not self.wait:  # not assessed by a pass (yet): no place to look up
             return self.reason_rendered
-        return Task.reason_in_line(
-            self.reason, self.wait.get("code", ""), self.place, self.reason_code, self.reason_params
-        )
+        return Task.reason_in_line(self.reason, self.place, self.reason_code, self.reason_params)
 
     @property
     def reason_rendered(self) -> str:
@@ -343,14 +341,12 @@ class Task(models.Model):
     @staticmethod
     def reason_in_line(
         reason: str,
-        code: str,
         place: tuple[int, int] | None,
         reason_code: str = "",
         reason_params: dict | None = None,
     ) -> str:
-        """``reason_text`` of a task with this reason, the code of its wait and its place in
-        line (None when it is not in line), and its reason as data, for callers that read
-        columns, not a Task."""
+        """``reason_text`` of a task with this reason (its English and as data) and its place
+        in line (None when it is not in line), for callers that read columns, not a Task."""
         text = reasons.render(reason_code, reason_params, reason)
         if place is None:
             return text
