@@ -521,7 +521,9 @@ def update_reasons(decision: Decision, digests: dict[int, int]) -> int:
             codes.append(reason.code)
             params.append(json.dumps(reason.params))
             records.append(record)
-            digest_of.append(_digest(why.text, record))
+            # Of everything the row stores: a row written before its reason had a code (the
+            # same text and wait) is written again, with it.
+            digest_of.append(_digest(why.text, f"{record}\0{reason.code}\0{params[-1]}"))
         if digests.get(task_id) != digest_of[n]:
             ids.append(task_id)
             which.append(n + 1)  # SQL arrays count from 1
@@ -597,6 +599,7 @@ def record_pass(
 
 
 def _digest(reason: str, record: str) -> int:
-    """A signed 64-bit digest of a stored (reason, wait): what bigint holds."""
+    """A signed 64-bit digest of a stored (reason, wait and reason as data): what bigint
+    holds."""
     raw = hashlib.blake2b(f"{reason}\0{record}".encode(), digest_size=8).digest()
     return int.from_bytes(raw, "big", signed=True) or 1  # 0 means "not written by a pass"

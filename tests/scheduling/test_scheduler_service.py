@@ -440,3 +440,24 @@ def test_a_batch_costs_the_same_statements_however_many_tasks_it_holds(lab, work
     # The estate is read once, and the tasks and their events are inserted in one statement
     # each (the quota's queue cap is absent here: no lock, no count).
     assert queries(1) == queries(10) == queries(100)
+
+
+def test_a_reason_written_before_it_had_a_code_is_written_again_with_it(lab, workstation):
+    import json
+
+    Quota.objects.create(tenant=lab, max_gpus=1)
+    submit(lab, "runs")
+    task = submit(lab, "waits")
+    scheduler.schedule_pass()
+    task.refresh_from_db()
+    code = task.reason_code
+    # As a pass before the codes left it: the same text and wait, no code, its digest of both.
+    record = json.dumps(task.wait, sort_keys=True)
+    Task.objects.filter(pk=task.pk).update(
+        reason_code="", reason_params={}, wait_digest=scheduler._digest(task.reason, record)
+    )
+    scheduler.schedule_pass()
+    task.refresh_from_db()
+    assert (task.reason_code, code) == ("wait_quota_gpus", "wait_quota_gpus")
+    with translation.override("zh-hans"):
+        assert task.reason_text.startswith("租户 vision-lab 已用 1 块 GPU")
