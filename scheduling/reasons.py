@@ -164,6 +164,8 @@ TEMPLATES: dict[str, str] = {
     "log_gone": _n("the log directory is gone"),
     "log_removed": _n("the log was removed while the task ran"),
     "log_error": _n("the log cannot be written (%(error)s)"),
+    # A GPU's state (translated, as everywhere, with the context "state": ``CONTEXTS``)
+    **{f"gpu_state_{state}": state for state in ("available", "draining", "offline", "failed")},
     "class_batch": _n("batch"),
     "class_online": _n("online"),
 }
@@ -239,13 +241,25 @@ def render(
     params = params or {}
     values = {name: _value(value, translate) for name, value in params.items() if name != "notes"}
     try:
-        text = (gettext(template) if translate and code != TEXT else template) % values
+        text = (_translated(code, template) if translate and code != TEXT else template) % values
     except (KeyError, TypeError, ValueError):
         return fallback
     notes = [_value(note, translate) for note in params.get("notes") or ()]
     # Translators: what joins the parts of a reason ("exited with 0; output not kept").
     separator = pgettext("reason parts", "; ") if translate else "; "
     return separator.join([text, *(note for note in notes if note)])
+
+
+# Codes whose template is translated in a context of the catalogue (pgettext), as the same
+# words are elsewhere.
+CONTEXTS = {
+    f"gpu_state_{state}": "state" for state in ("available", "draining", "offline", "failed")
+}
+
+
+def _translated(code: str, template: str) -> str:
+    context = CONTEXTS.get(code)
+    return pgettext(context, template) if context else gettext(template)
 
 
 def in_line(text: str, position: int, line: int) -> str:

@@ -230,7 +230,11 @@ def attempt_finished(
                     task,
                     reasons.Reason(
                         "gpu_broken",
-                        {"gpu": str(broken), "state": broken.state, "exit_code": exit_code},
+                        {
+                            "gpu": str(broken),
+                            "state": reasons.Reason(f"gpu_state_{broken.state}").as_data(),
+                            "exit_code": exit_code,
+                        },
                     ),
                 )
             else:

@@ -55,7 +55,9 @@ def test_every_code_has_its_chinese():
     missing = [
         template
         for code, template in reasons.TEMPLATES.items()
-        if code != reasons.TEXT and template not in chinese
+        if code != reasons.TEXT
+        # A template translated in a context is found under "context\x04template".
+        and "\x04".join([*filter(None, [reasons.CONTEXTS.get(code)]), template]) not in chinese
     ]
     assert missing == []
 
@@ -182,3 +184,12 @@ def test_the_chinese_dashboard_and_admin_show_a_chinese_reason(client, owner, wo
     assert "waiting for the scheduler" not in page
     admin = client.get("/admin/scheduling/taskevent/", HTTP_ACCEPT_LANGUAGE="zh-hans")
     assert "已退出，退出码 4" in admin.content.decode()
+
+
+def test_a_broken_gpus_state_reads_as_its_state_does_everywhere():
+    state = reasons.Reason("gpu_state_failed").as_data()
+    reason = reasons.Reason("gpu_broken", {"gpu": "workstation-1 GPU 0", "state": state,
+                                           "exit_code": 1})  # fmt: skip
+    assert reason.text == "GPU workstation-1 GPU 0 became failed during the attempt (exit 1)"
+    with translation.override("zh-hans"):
+        assert "故障" in reason.rendered and "failed" not in reason.rendered
