@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import translation
 from django.utils.translation import gettext as _
 
-from gateway import headers, upstream
+from gateway import headers, tunnel, upstream
 from gateway.upstream import Route
 from gpuplatform.language import scope_language
 from scheduling.states import TERMINAL
@@ -39,9 +39,10 @@ class Clients:
     def get(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                transport=tunnel.transport(tunnel.BACKEND, limits=limits),
                 follow_redirects=False,
                 trust_env=False,
             )
@@ -166,10 +167,14 @@ class ServiceProxy:
             host, port = upstream.address(replica)
             raw = target + (b"?" + query if query else b"")
             url = httpx.URL(scheme="http", host=host, port=port, raw_path=raw)
+            # The client's Host goes on; without one, not the name of the node's tunnels.
+            own = []
+            if tunnel.through_node(replica) and all(n != "host" for n, _ in sent_headers):
+                own = [("host", f"127.0.0.1:{replica.port}")]
             request = client.build_request(
                 scope["method"],
                 url,
-                headers=sent_headers,
+                headers=[*own, *sent_headers],
                 content=whole if whole is not None else body.stream(),
             )
             try:

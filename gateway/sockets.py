@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from gateway import headers, upstream
+from gateway import headers, tunnel, upstream
 from gateway.upstream import Route
 
 CLOSE_NOT_FOUND = 4404  # as gpuplatform.routing's catch-all
@@ -42,15 +42,23 @@ async def _open(scope, route: Route) -> ClientConnection | None:
     if not HOST.match(host):
         host = ""  # none, or an odd one: the service's own address stands in
     for replica in upstream.rotation(route):
-        address, port = upstream.address(replica)
-        uri = f"ws://{host or f'{address}:{port}'}{resource}"
+        where: dict = {}
         try:
+            if tunnel.through_node(replica):  # the node's agent relays to the service's port
+                where["sock"] = await tunnel.open_socket(replica, timeout=OPEN_TIMEOUT_S)
+                address, port = "127.0.0.1", replica.port
+            else:
+                address, port = upstream.address(replica)
+                where.update(host=address, port=port)
+            uri = f"ws://{host or f'{address}:{port}'}{resource}"
             return await connect(
-                uri, host=address, port=port, origin=origin, additional_headers=sent,
+                uri, **where, origin=origin, additional_headers=sent,
                 subprotocols=scope.get("subprotocols") or None, open_timeout=OPEN_TIMEOUT_S,
                 ping_interval=None, max_size=None, compression=None, user_agent_header=None,
             )  # fmt: skip
         except (OSError, WebSocketException, TimeoutError):
+            if "sock" in where:
+                where["sock"].close()
             continue
     return None
 

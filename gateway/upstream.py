@@ -3,7 +3,7 @@
 ``resolve`` asks the tenancy choke point (``tenants.access.caller_for``) who sent a request or
 a websocket handshake, then the selectors for the service among that caller's tenants: someone
 else's service, like a task that does not exist, is None (404). ``address`` is the one place
-that says where a replica is reached; the multi-host route (through the node agent) replaces it.
+that says where a replica is reached: on this host's loopback, or through its node's agent.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib import auth
 from django.http import parse_cookie
 
+from gateway import tunnel
 from scheduling import selectors
 from scheduling.selectors import Upstream
 from scheduling.serviceurl import PREFIX
@@ -70,17 +71,13 @@ def _signed_in(scope: dict) -> dict:
 
 
 def address(replica: Upstream) -> tuple[str, int]:
-    """Where to connect for ``replica``: its node's loopback when the node is this host (no
-    advertise address), else the node's advertised host at the replica's port. The one function
-    that the route through the node agent (many hosts, no open service ports) replaces."""
-    if not replica.advertise_address:
+    """Where the gateway's HTTP client connects for ``replica``: its node's loopback when the
+    node is this host (no advertise address); else the name under which the tunnels through
+    the node's agent to the replica's port are pooled (``gateway.tunnel``): a service's port
+    is never reached over the network."""
+    if not tunnel.through_node(replica):
         return "127.0.0.1", replica.port
-    host = replica.advertise_address
-    if host.startswith("["):  # [v6 address]:port
-        host = host[1 : host.index("]")]
-    elif host.count(":") == 1:
-        host = host.partition(":")[0]
-    return host, replica.port
+    return tunnel.BACKEND.remember(replica)
 
 
 _turns: dict[int, itertools.count] = {}

@@ -25,6 +25,7 @@ from django.utils.crypto import salted_hmac
 
 SCHEME = "GpupNode"
 PROOF_HEADER = "X-Gpup-Proof"
+TUNNEL_PROTOCOL = "gpup-tunnel"  # the Upgrade that turns a request into a tunnel to a service
 DEFAULT_PORT = 8470
 SIGNATURE_TTL_S = 60  # the clocks of the control plane and the nodes may differ by less
 CONNECT_TIMEOUT_S = 1.0
@@ -138,12 +139,12 @@ def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer
         )
     if reply.status == 401 or reply.status >= 500:
         raise NodeUnreachable(
-            f"node {node} at {address} refused: {reply.status} {_error_of(reply.data)}"
+            f"node {node} at {address} refused: {reply.status} {error_of(reply.data)}"
         )
     return Answer(reply.status, dict(reply.headers), reply.data)
 
 
-def _error_of(body: bytes) -> str:
+def error_of(body: bytes) -> str:
     try:
         return str(json.loads(body).get("error", ""))[:200]
     except (ValueError, AttributeError):

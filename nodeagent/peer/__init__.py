@@ -1,4 +1,5 @@
-"""The node agent's HTTP server for the control plane (``server``) and its routes (``logs``).
+"""The node agent's HTTP server for the control plane (``server``) and its routes (``logs``,
+``services``).
 
 The control plane reaches a node here for what only the node's host holds; every request is
 signed for this node (``scheduling.nodelink``). A new route is a function taking a ``Request``
@@ -13,6 +14,7 @@ import socket
 
 from nodeagent.peer.logs import serve_log
 from nodeagent.peer.server import PeerServer, Router
+from nodeagent.peer.services import serve_service
 from scheduling import nodelink
 
 logger = logging.getLogger(__name__)
@@ -24,6 +26,7 @@ def router() -> Router:
     """Every route the node serves."""
     routes = Router()
     routes.add("GET", "logs", serve_log)
+    routes.add("GET", "services", serve_service)
     return routes
 
 

@@ -3,13 +3,16 @@
 The standard library's ThreadingHTTPServer is enough here: a handful of requests a second per
 open log tail, answered from local files. (Twisted, which daphne brings, would add its weight to
 every node agent for this.) Each request is checked against this node's key before its route
-runs; a request without a valid signature answers 401 and reaches no route.
+runs; a request without a valid signature answers 401 and reaches no route. A route may answer
+with a tunnel (``Reply.tunnel``): the connection is then spliced with a loopback port on its
+thread until both sides end (``splice``), one thread per open tunnel.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import selectors
 import socket
 import threading
 from collections.abc import Callable
@@ -21,12 +24,16 @@ from scheduling import nodelink
 
 logger = logging.getLogger(__name__)
 
+SPLICE_CHUNK = 64 * 1024
+
 
 @dataclass(frozen=True)
 class Request:
     method: str
     path: str  # without the query
     params: dict[str, str]  # the last value of each query parameter
+    headers: dict[str, str] = field(default_factory=dict)  # names in lower case
+    node: str = ""  # this node's name
 
 
 @dataclass
@@ -34,6 +41,7 @@ class Reply:
     status: int
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
+    tunnel: tuple[str, int] | None = None  # 101: splice the connection with this address
 
     @classmethod
     def error(cls, status: int, message: str) -> Reply:
@@ -84,10 +92,16 @@ class _Handler(BaseHTTPRequestHandler):
             parts = urlsplit(self.path)
             params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
             try:
-                reply = self.server.router.dispatch(Request(method, parts.path, params))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                request = Request(method, parts.path, params, headers, node)
+                reply = self.server.router.dispatch(request)
             except Exception:
                 logger.exception("node %s: %s %s failed", node, method, parts.path)
                 reply = Reply.error(500, "the node agent failed to answer: see its log")
+        if reply.tunnel is not None:
+            reply = self._tunnel(node, signed, reply.tunnel)
+            if reply is None:
+                return
         self.send_response(reply.status)
         for name, value in reply.headers.items():
             self.send_header(name, value)
@@ -98,8 +112,52 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(reply.body)
 
+    def _tunnel(self, node: str, signed: str, address: tuple[str, int]) -> Reply | None:
+        """Answer 101 and splice this connection with ``address`` until both are done (None);
+        a 502 Reply when nothing listens there."""
+        try:
+            upstream = socket.create_connection(address, timeout=nodelink.CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            return Reply.error(502, f"nothing answers at port {address[1]}: {exc.strerror}")
+        with upstream:
+            self.send_response(101)
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Upgrade", nodelink.TUNNEL_PROTOCOL)
+            self.send_header(nodelink.PROOF_HEADER, nodelink.proof(node, signed, 101, b""))
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True
+            splice(self.connection, upstream)
+        return None
+
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         logger.debug("node %s peer: %s", self.server.node_name, format % args)
+
+
+def splice(a: socket.socket, b: socket.socket) -> None:
+    """Relay bytes both ways between ``a`` and ``b`` until each side has ended what it sends
+    (an end is passed on as a half-close) or either fails. Blocking sends: a slow reader holds
+    back its writer, as a direct connection would."""
+    peers = {a: b, b: a}
+    open_ = {a, b}  # the sockets still sending
+    for sock in peers:
+        sock.settimeout(None)  # a websocket may stay quiet for hours
+    with selectors.DefaultSelector() as selector:
+        for sock in peers:
+            selector.register(sock, selectors.EVENT_READ)
+        while open_:
+            for key, _ in selector.select():
+                sock = key.fileobj
+                try:
+                    data = sock.recv(SPLICE_CHUNK)
+                    if data:
+                        peers[sock].sendall(data)
+                        continue
+                    peers[sock].shutdown(socket.SHUT_WR)
+                except OSError:
+                    return
+                selector.unregister(sock)
+                open_.discard(sock)
 
 
 class _Server(ThreadingHTTPServer):

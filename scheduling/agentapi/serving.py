@@ -110,3 +110,11 @@ def record_health(
         )
         events.publish(events.TASKS, [task])
     return True
+
+
+def holds_port(*, node: str, task_id: int, port: int) -> bool:
+    """Whether ``task_id``'s attempt that runs on ``node`` now (not ended) holds ``port``: what
+    the node agent asks before it relays a connection to that port (``nodeagent.peer``)."""
+    return TaskAttempt.objects.filter(
+        node__name=node, task_id=task_id, service_port=port, ended_at__isnull=True
+    ).exists()

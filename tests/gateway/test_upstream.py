@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.utils import timezone
 
-from gateway import headers, upstream
+from gateway import headers, tunnel, upstream
 from gateway.upstream import Route
 from scheduling import selectors
 from scheduling.models import TaskAttempt
@@ -33,11 +33,12 @@ def test_only_running_replicas_with_a_port_and_not_unhealthy_take_requests(node,
     assert selectors.service_replicas(tenant_ids=[owner.tenant.pk], pk=10**9) is None
 
 
-def test_a_replica_is_reached_on_loopback_or_at_its_nodes_advertised_host():
+def test_a_replica_is_reached_on_loopback_or_through_its_nodes_agent():
     assert upstream.address(replica()) == ("127.0.0.1", 8100)
-    assert upstream.address(replica(advertise="gpu-2.lab:9443")) == ("gpu-2.lab", 8100)
-    assert upstream.address(replica(advertise="10.0.0.7")) == ("10.0.0.7", 8100)
-    assert upstream.address(replica(advertise="[fd00::7]:9443")) == ("fd00::7", 8100)
+    for advertise in ("gpu-2.lab:9443", "10.0.0.7", "[fd00::7]:9443"):
+        remote = replica(task_id=5, advertise=advertise)
+        assert upstream.address(remote) == ("task-5.node-tunnel.invalid", 8100)
+        assert tunnel.BACKEND.replicas[("task-5.node-tunnel.invalid", 8100)] == remote
 
 
 def test_each_request_starts_at_the_next_replica_and_the_others_follow():
