@@ -6,6 +6,7 @@ import contextlib
 
 from django.db import transaction
 from django.db.models import Manager, QuerySet
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.openapi import AutoSchema
@@ -27,7 +28,7 @@ from gpuplatform import query
 from gpuplatform.api import IsOperator, IsTenantMember, errors_response, request_tenant
 from gpuplatform.api_defaults import Page
 from gpuplatform.query import BIGINT_MAX, INT_MAX, WholeNumber
-from scheduling import controls, idempotency, logs, selectors, services, serviceurl
+from scheduling import controls, idempotency, logs, logwait, selectors, services, serviceurl
 from scheduling.api_rows import gpus_range, submitted_data, task_rows
 from scheduling.api_service import ServiceOut, service_data
 from scheduling.models import (
@@ -563,10 +564,12 @@ class LogQuery(serializers.Serializer):
     offset = WholeNumber(required=False, help_text="byte offset to read from")
     tail = WholeNumber(maximum=INT_MAX, required=False, help_text="only the last N lines")
     limit = WholeNumber(required=False, help_text=f"bytes, at most {logs.MAX_READ}")
+    wait = WholeNumber(maximum=logs.MAX_WAIT_S, required=False, help_text=logwait.HELP)
 
 
 class TaskLog(TaskInPath, APIView):
     """Read an attempt's output: from a byte offset (follow with `next_offset`), or its tail.
+    With `wait`, a read with nothing new yet answers when bytes come or the attempt ends.
     503 with `unavailable: true` and the reason when the node holding the log cannot be
     reached."""
 
@@ -576,6 +579,7 @@ class TaskLog(TaskInPath, APIView):
     def get(self, request: Request, pk: int) -> Response:
         task = get_task_for(request, pk)
         params = query.parse(LogQuery, request.query_params)
+        wait = params.pop("wait", 0)
         try:
             chunk = logs.read(task, **params)
         except logs.NoLog as exc:
@@ -586,6 +590,9 @@ class TaskLog(TaskInPath, APIView):
             answer.data["unavailable"] = True
             answer["Retry-After"] = "1"
             return answer
+        if wait and "offset" in params and logwait.nothing_new(chunk):  # wait off the thread
+            body = logwait.later(task, params, chunk, wait, lambda c: LogOut(c).data)
+            return StreamingHttpResponse(body, content_type="application/json")
         return Response(LogOut(chunk).data)
 
 

@@ -9,6 +9,7 @@ read fail with ``LogUnavailable`` and its reason: never an empty log passed off 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ MAX_READ = 1024 * 1024
 TAIL_WINDOW = 256 * 1024
 OFFSET_HEADER = "X-Log-Offset"
 SIZE_HEADER = "X-Log-Size"
+MAX_WAIT_S = 30  # the longest a read may wait for new bytes (``wait``)
+WAIT_STEP_S = 0.05  # how often a waiting read looks at the file's size
 
 
 class NoLog(Exception):
@@ -73,6 +76,21 @@ def read_range(
     return start, _read(path, start, limit), size
 
 
+def wait_local(path: Path, offset: int, timeout: float) -> None:
+    """Return once the local log at ``path`` is longer than ``offset``, or after ``timeout``
+    seconds (a node agent's waiting read, on its own thread)."""
+    deadline = time.monotonic() + timeout
+    while _size(path) <= offset and time.monotonic() < deadline:
+        time.sleep(WAIT_STEP_S)
+
+
+def _size(path: Path | str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def fetch(
     where: Where, *, offset: int | None = None, tail: int | None = None, limit: int | None = None
 ) -> tuple[int, bytes, int]:
@@ -94,10 +112,7 @@ def fetch(
 def size_of(where: Where) -> int:
     """The log's size in bytes, wherever it is."""
     if where.local:
-        try:
-            return os.path.getsize(where.path)
-        except OSError:
-            return 0
+        return _size(where.path)
     return fetch(where, offset=0, limit=1)[2]
 
 
@@ -110,12 +125,7 @@ def read(
     limit: int | None = None,
 ) -> dict:
     number = attempt or task.attempt
-    row = (
-        TaskAttempt.objects.filter(task=task, number=number)
-        .select_related("node")
-        .only("number", "log_path", "outcome", "node__name", "node__advertise_address")
-        .first()
-    )
+    row = attempt_row(task, number)
     if row is None or not row.log_path:
         raise NoLog(f"no log for attempt {number}" if number else "the task has not started yet")
     start, data, size = fetch(Where.of(row), offset=offset, tail=tail, limit=limit)
@@ -135,3 +145,17 @@ def _read(path: Path, start: int, length: int) -> bytes:
     with open(path, "rb") as handle:
         handle.seek(start, os.SEEK_SET)
         return handle.read(length)
+
+
+def attempt_row(task: Task, number: int) -> TaskAttempt | None:
+    """Attempt ``number`` of ``task`` (a task the caller may read), with where its log is."""
+    return (
+        TaskAttempt.objects.filter(task=task, number=number)
+        .select_related("node")
+        .only("number", "log_path", "outcome", "node__name", "node__advertise_address")
+        .first()
+    )
+
+
+def attempt_ended(attempt_id: int) -> bool:
+    return TaskAttempt.objects.filter(pk=attempt_id).exclude(outcome="").exists()

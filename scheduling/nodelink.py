@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
 
+import httpx
 import urllib3
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -112,18 +113,37 @@ _pool = urllib3.PoolManager(
 )
 
 
-def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer:
-    """``GET path?params`` from ``node`` at ``address``, signed; NodeUnreachable when the
-    node does not answer, refuses the signature (401) or fails (5xx); a route's own 4xx is
-    returned."""
+def _request(node: str, address: str, path: str, params: dict[str, object]) -> tuple[str, str]:
+    """(url, Authorization) of a signed ``GET path?params`` to ``node`` at ``address``."""
     query = urlencode(sorted((k, str(v)) for k, v in params.items() if v is not None))
     target = f"{path}?{query}" if query else path
     try:
         host, port = parse_address(address)
     except ImproperlyConfigured as exc:
         raise NodeUnreachable(f"node {node} advertises a bad address {address!r}") from exc
-    url = f"http://{format_address(host, port)}{target}"
-    signed = authorization(node, "GET", target)
+    return f"http://{format_address(host, port)}{target}", authorization(node, "GET", target)
+
+
+def _believed(node: str, address: str, signed: str, answer: Answer) -> Answer:
+    """``answer`` when the node's proof is on it and it is not a refusal or failure."""
+    expected = proof(node, signed, answer.status, answer.body)
+    if not hmac.compare_digest(answer.headers.get(PROOF_HEADER, ""), expected):
+        raise NodeUnreachable(
+            f"node {node} at {address} is unreachable: what answers there ({answer.status}) "
+            f"is not node {node}'s agent"
+        )
+    if answer.status == 401 or answer.status >= 500:
+        raise NodeUnreachable(
+            f"node {node} at {address} refused: {answer.status} {error_of(answer.body)}"
+        )
+    return answer
+
+
+def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer:
+    """``GET path?params`` from ``node`` at ``address``, signed; NodeUnreachable when the
+    node does not answer, refuses the signature (401) or fails (5xx); a route's own 4xx is
+    returned."""
+    url, signed = _request(node, address, path, params)
     try:
         reply = _pool.request("GET", url, headers={"Authorization": signed}, redirect=False)
     except urllib3.exceptions.HTTPError as exc:
@@ -131,17 +151,24 @@ def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer
         if reason.startswith("HTTPConnection("):  # the pool's name for the connection
             reason = reason.partition("): ")[2] or reason
         raise NodeUnreachable(f"node {node} at {address} is unreachable: {reason}") from None
-    expected = proof(node, signed, reply.status, reply.data)
-    if not hmac.compare_digest(reply.headers.get(PROOF_HEADER, ""), expected):
-        raise NodeUnreachable(
-            f"node {node} at {address} is unreachable: what answers there ({reply.status}) "
-            f"is not node {node}'s agent"
-        )
-    if reply.status == 401 or reply.status >= 500:
-        raise NodeUnreachable(
-            f"node {node} at {address} refused: {reply.status} {error_of(reply.data)}"
-        )
-    return Answer(reply.status, dict(reply.headers), reply.data)
+    answer = Answer(reply.status, dict(reply.headers), reply.data)
+    return _believed(node, address, signed, answer)
+
+
+async def aget(
+    node: str, address: str, path: str, params: dict[str, object], *, read_timeout: float
+) -> Answer:
+    """``get`` for the event loop (a long-poll waits there, holding no thread), with a read
+    timeout of its own: a waiting route answers only when it has something or its wait ends."""
+    url, signed = _request(node, address, path, params)
+    timeout = httpx.Timeout(read_timeout, connect=CONNECT_TIMEOUT_S)
+    try:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+            reply = await client.get(url, headers={"Authorization": signed})
+    except httpx.HTTPError as exc:
+        raise NodeUnreachable(f"node {node} at {address} is unreachable: {exc}") from None
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reply.headers.raw}
+    return _believed(node, address, signed, Answer(reply.status_code, headers, reply.content))
 
 
 def error_of(body: bytes) -> str:

@@ -12,6 +12,10 @@ from gpuctl.client import ApiError, Client, CliError
 from gpuctl.context import TERMINAL, Context
 
 LOG_POLL_S = 1.0
+# -f asks the server to hold a read with nothing new this long (``wait``): a new line comes at
+# once. Reads that do bring bytes are spaced LOG_GAP_S apart, within the API's request rate.
+LOG_WAIT_S = 20
+LOG_GAP_S = 0.2
 WAIT_POLL_S = 2.0
 
 
@@ -57,6 +61,7 @@ def cmd_logs(ctx: Context) -> int:
     done_attempt = 0  # the last attempt printed to its end (-f goes on to the next one)
     offset = 0
     waiting_said = False
+    asked = 0.0  # when the last read from an offset was sent
     while True:
         if streaming is None:
             chunk = None
@@ -86,6 +91,9 @@ def cmd_logs(ctx: Context) -> int:
             streaming = chunk["attempt"]
         else:
             params = {"attempt": streaming, "offset": offset}
+            if args.follow:
+                params["wait"] = max(1, min(LOG_WAIT_S, int(client.timeout) - 5))
+            asked = time.monotonic()
             chunk = read_log(client, number, params, follow=args.follow)
             if chunk is None:  # the log went away (cleaned up): nothing more to read
                 return EXIT_OK
@@ -99,8 +107,10 @@ def cmd_logs(ctx: Context) -> int:
             done_attempt, streaming, offset = streaming, None, 0
         elif at_end and not args.follow:
             return EXIT_OK
-        if at_end:
+        if at_end and streaming is None:  # between attempts
             time.sleep(LOG_POLL_S)
+        elif at_end:  # the next read waits at the server: only space it from this one
+            time.sleep(max(0.0, LOG_GAP_S - (time.monotonic() - asked)))
 
 
 def no_log_message(number: int, attempt: int | None, task: dict) -> str:

@@ -3,6 +3,8 @@
 The control plane names the log by the path this node recorded for the attempt; the route
 serves only regular files under this node's TASK_LOG_DIR. The body is the raw bytes; the
 headers say where they start and how large the log is. A log not written yet answers 404.
+With ``wait`` (seconds) and an offset, the answer waits until the log is longer than the
+offset, at most that long: the web's long-poll of a live tail (``scheduling.logs``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ def serve_log(request: Request) -> Reply:
         offset = _whole(request.params, "offset")
         tail = _whole(request.params, "tail")
         limit = _whole(request.params, "limit")
+        wait = _whole(request.params, "wait")
     except ValueError as exc:
         return Reply.error(400, str(exc))
     path = Path(request.params.get("path", "")).resolve()
     root = Path(settings.TASK_LOG_DIR).resolve()
     if not path.is_relative_to(root) or path == root:
         return Reply.error(403, "path: not a log of this node")
+    if wait and offset is not None:
+        logs.wait_local(path, offset, min(wait, logs.MAX_WAIT_S))
     if not path.is_file():
         return Reply.error(404, "path: no such log (yet)")
     start, data, size = logs.read_range(path, offset=offset, tail=tail, limit=limit)

@@ -3,6 +3,7 @@ logs route serves only this node's logs."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import threading
 import time
@@ -12,7 +13,7 @@ from urllib.parse import quote
 import pytest
 
 from nodeagent import peer
-from scheduling import logs, nodelink
+from scheduling import logs, logwait, nodelink
 
 
 @pytest.fixture
@@ -151,3 +152,26 @@ def test_an_address_that_is_not_this_hosts_is_advertised_and_served_on_every_int
         assert answer.status == 404  # reached, and signed by node-b
     finally:
         server.stop()
+
+
+def test_a_waiting_read_answers_when_the_log_grows_and_the_web_hears_it(node_logs):
+    """``wait`` holds the read at the node until bytes come past the offset; the web's
+    long-poll asks the agent so, from its event loop (``logwait.grew_at_node``)."""
+    server, log = node_logs
+    timer = threading.Timer(0.3, lambda: log.open("ab").write(b"four\n"))
+    timer.start()
+    began = time.monotonic()
+    params = {"path": log, "offset": 14, "wait": 10}
+    answer = nodelink.get("node-b", server.address, "/logs/", params)
+    timer.join()
+    print(f"the node's waiting read answered {time.monotonic() - began:.3f} s after it was asked")
+    assert answer.status == 200 and answer.body == b"four\n"
+    where = logs.Where(str(log), "node-b", server.address)
+    assert asyncio.run(logwait.grew_at_node(where, 19, 1)) is False  # nothing more came
+    timer = threading.Timer(0.3, lambda: log.open("ab").write(b"five\n"))
+    timer.start()
+    assert asyncio.run(logwait.grew_at_node(where, 19, 10)) is True
+    timer.join()
+    # Signed for another node, the agent refuses: the web's read then says why.
+    other = logs.Where(str(log), "node-c", server.address)
+    assert asyncio.run(logwait.grew_at_node(other, 19, 1)) is True
