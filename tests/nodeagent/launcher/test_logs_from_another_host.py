@@ -5,6 +5,7 @@ once that agent is gone the API says the log cannot be read, never that it is em
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -137,3 +138,34 @@ def test_a_log_whose_node_cannot_be_reached_is_said_to_be_unavailable(node_b, ap
     body = answer.json()
     assert body["unavailable"] is True
     assert "node node-b" in body["detail"] and "unreachable" in body["detail"]
+
+
+def _body(answer) -> dict:
+    """The JSON of an answer, streamed (a long-poll that waited: the test client runs its
+    async body to its end) or not."""
+    if answer.streaming:
+        with pytest.warns(Warning, match="asynchronous iterators"):
+            return json.loads(b"".join(answer))
+    return answer.json()
+
+
+def test_a_long_poll_of_another_hosts_log_answers_when_the_line_comes(node_b, api, owner):
+    """``wait``: the web asks node-b's agent to wait for the log to grow; one read brings the
+    line the task writes seconds later, and the end once the attempt is over."""
+    task = submit(owner.tenant, "echo start; sleep 2; echo later; sleep 1")
+    url = f"{API}tasks/{task.pk}/log/"
+    deadline = time.monotonic() + 60
+    first = {"text": ""}
+    while first["text"] != "start\n" and time.monotonic() < deadline:
+        first = _body(api.get(url, {"offset": 0, "wait": 5}))
+    assert first["text"] == "start\n" and not first["finished"]
+    began = time.monotonic()
+    later = _body(api.get(url, {"offset": first["next_offset"], "wait": 20}))
+    print(f"\nthe long-poll of node-b's log answered after {time.monotonic() - began:.2f} s")
+    assert later["text"] == "later\n", later
+    offset, finished = later["next_offset"], later["finished"]
+    while not finished and time.monotonic() < deadline:
+        end = _body(api.get(url, {"offset": offset, "wait": 20}))
+        assert end["text"] == ""
+        finished = end["finished"]
+    assert finished
