@@ -11,6 +11,7 @@ form, the signing and the client.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -139,6 +140,16 @@ def _believed(node: str, address: str, signed: str, answer: Answer) -> Answer:
     return answer
 
 
+_async: dict[str, object] = {}  # the event loop's client, kept: its connections are reused
+
+
+def _async_client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    if _async.get("loop") is not loop:
+        _async.update(loop=loop, client=httpx.AsyncClient(trust_env=False))
+    return _async["client"]
+
+
 def get(node: str, address: str, path: str, params: dict[str, object]) -> Answer:
     """``GET path?params`` from ``node`` at ``address``, signed; NodeUnreachable when the
     node does not answer, refuses the signature (401) or fails (5xx); a route's own 4xx is
@@ -163,8 +174,7 @@ async def aget(
     url, signed = _request(node, address, path, params)
     timeout = httpx.Timeout(read_timeout, connect=CONNECT_TIMEOUT_S)
     try:
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
-            reply = await client.get(url, headers={"Authorization": signed})
+        reply = await _async_client().get(url, headers={"Authorization": signed}, timeout=timeout)
     except httpx.HTTPError as exc:
         raise NodeUnreachable(f"node {node} at {address} is unreachable: {exc}") from None
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reply.headers.raw}
