@@ -112,8 +112,8 @@ class TaskForm(SpecRefusals, forms.Form):
         label=_("Service port"),
         required=False,
         help_text=_(
-            "auto (a free port on the node, given to the task as $PORT) or a number. "
-            "Empty: not a service. A service runs as class online."
+            "<code>auto</code> (a free port on the node, given to the task as <code>$PORT</code>) "
+            "or a number. Empty: not a service. A service runs as class <code>online</code>."
         ),
     )
     health_path = forms.CharField(

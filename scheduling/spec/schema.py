@@ -604,7 +604,7 @@ class TaskInput(_Spec):
     service: ServiceInput = Field(
         default=None,
         description=gettext_noop(
-            "Makes the task a service (class online unless given): port, health, replicas."
+            "Makes the task a service (class `online` unless given): port, health, replicas."
         ),
     )
 

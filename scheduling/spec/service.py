@@ -128,7 +128,7 @@ class ServiceInput(_Spec):
         default="auto",
         validate_default=True,
         description=gettext_noop(
-            "auto (a free port on the node, given to the task as $PORT) or a number."
+            "`auto` (a free port on the node, given to the task as `$PORT`) or a number."
         ),
     )
     health: Annotated[HealthInput, BeforeValidator(_health_path)] = Field(
