@@ -11,10 +11,10 @@ import sys
 import warnings
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from gpuplatform import connections, env
+from gpuplatform.dburl import parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env.string("GPUPLATFORM_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -123,7 +123,7 @@ if not DATABASE_URL:
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     DATABASE_URL = embedded_database_url(VAR_DIR)
 try:
-    _default_db = dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+    _default_db = parse_database_url(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from exc
 if _default_db["ENGINE"] != "django.db.backends.postgresql":

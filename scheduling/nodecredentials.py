@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
-from gpuplatform.dburl import database_host
+from gpuplatform.dburl import database_host, hosts_netloc, query
 from scheduling.models import NodeCredential
 
 GROUP = "gpup_nodes"
@@ -133,10 +133,9 @@ def database_url(issued: Issued, *, host: str | None = None, port: str | None = 
             "the node reaches the server on"
         )
     port = port or str(db.get("PORT") or "")
-    netloc = f"{quote(issued.role, safe='')}:{quote(issued.password, safe='')}@{host}"
-    if port:
-        netloc += f":{port}"
-    return f"postgres://{netloc}/{quote(db['NAME'], safe='')}"
+    netloc = f"{quote(issued.role, safe='')}:{quote(issued.password, safe='')}@"
+    netloc += hosts_netloc(host, port)
+    return f"postgres://{netloc}/{quote(db['NAME'], safe='')}{query(db)}"
 
 
 def node_scope() -> str | None:
