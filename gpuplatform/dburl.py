@@ -11,12 +11,14 @@ before it parses and put back as libpq's comma-separated ``host`` and ``port``.
 from __future__ import annotations
 
 import re
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import dj_database_url
 from django.db import connection
 
 # scheme://[userinfo@]netloc[/...]: the netloc is what lies between them.
+# libpq parameters a URL may carry that a child process must get too.
+URL_PARAMETERS = ("target_session_attrs", "connect_timeout", "sslmode")
 _NETLOC = re.compile(
     r"^(?P<head>[a-z][a-z0-9+.-]*://(?:[^@/?#]*@)?)(?P<netloc>[^/?#]*)(?P<tail>.*)$"
 )
@@ -78,6 +80,10 @@ def hosts_netloc(host: str, port: object) -> str:
 
 
 def query(db: dict) -> str:
-    """The URL's query that keeps a multi-host connection on the primary, if it asks that."""
-    attrs = db.get("OPTIONS", {}).get("target_session_attrs")
-    return f"?target_session_attrs={quote(attrs)}" if attrs else ""
+    """The URL's query: the libpq parameters of the connection's settings that say where and
+    how to connect (which of several hosts: the primary; how long to try each one)."""
+    options = db.get("OPTIONS", {})
+    given = [
+        (name, options[name]) for name in URL_PARAMETERS if options.get(name) not in (None, "")
+    ]
+    return ("?" + urlencode(given)) if given else ""

@@ -14,7 +14,7 @@ from gpuplatform.dburl import current_database_url, parse_database_url
         # pgserver's form for the embedded server: the socket directory as a query parameter
         "postgresql://postgres:@/gpuplatform?host=/work/var/pgdata",
         # libpq's list of hosts, as a standby to fail over to is given
-        "postgres://u:p@10.0.0.1:5432,10.0.0.2:5433/x?target_session_attrs=read-write",
+        "postgres://u:p@10.0.0.1:5432,10.0.0.2:5433/x?target_session_attrs=read-write&connect_timeout=3",
     ],
 )
 def test_the_url_round_trips_through_the_settings_parser(monkeypatch, url):
@@ -23,7 +23,9 @@ def test_the_url_round_trips_through_the_settings_parser(monkeypatch, url):
     monkeypatch.setattr(wrapper, "settings_dict", {**wrapper.settings_dict, **parsed})
     again = parse_database_url(current_database_url())
     for key in ("NAME", "USER", "PASSWORD", "PORT"):
-        assert (again[key] or "") == (parsed[key] or "")
+        assert str(again[key] or "") == str(parsed[key] or "")
+    for name in ("target_session_attrs", "connect_timeout"):
+        assert again.get("OPTIONS", {}).get(name) == parsed.get("OPTIONS", {}).get(name)
     assert (again["HOST"] or again.get("OPTIONS", {}).get("host")) == (
         parsed["HOST"] or parsed.get("OPTIONS", {}).get("host")
     )

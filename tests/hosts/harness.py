@@ -45,7 +45,7 @@ DATABASE = "gpuplatform"  # each test's own copy of TEMPLATE (Estate.fresh_datab
 TEMPLATE = "gpuplatform_template"
 
 ESTATE_YAML = """\
-heartbeat: {{interval: 1s, offline_after: 10s, fence_after: 5s, lost_after: 45s}}
+heartbeat: {{interval: 1s, offline_after: 10s, fence_after: 5s, lost_after: 20s}}
 scheduling: {{busy_pass_gap_ms: 100}}
 nodes:
 {nodes}
@@ -99,6 +99,8 @@ class Host:
             PYTHONUNBUFFERED="1",
             LOG_LEVEL="INFO",
             ALLOWED_HOSTS=self.estate.hosts_allowed,
+            # lost_after (20 s) must exceed fence_after (5 s) + this + a margin (5 s)
+            TASK_STOP_GRACE="5",
         )
         environ.update(extra)
         return environ

@@ -86,6 +86,14 @@ class Network:
         ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
 
+    def add_bridge_address(self) -> str:
+        """One more address of the machine itself on the bridge (after the gateway's: ``.2``,
+        ``.3``...), for a second server such as a standby; it goes with the bridge."""
+        listed = ip("-o", "-4", "addr", "show", "dev", self.bridge).stdout
+        address = str(self.subnet.network_address + 1 + listed.count(" inet "))
+        ip("addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", self.bridge)
+        return address
+
     def add_host(self, name: str) -> str:
         """A namespace for host ``name`` with its link on the bridge; returns its address."""
         index = len(self.namespaces) + 1

@@ -57,6 +57,7 @@ class PrivatePostgres:
         self.root = root
         self.address = address
         self.data = root / "pgdata"
+        self.log_file = root / "postgres.log"
         self.password = secrets.token_urlsafe(16)
         self.process: subprocess.Popen | None = None
         owner = pwd.getpwnam("postgres")
@@ -74,24 +75,29 @@ class PrivatePostgres:
         pwfile.unlink()
         with open(self.data / "pg_hba.conf", "a") as hba:
             hba.write(f"host all all {address}/24 scram-sha-256\n")
+            # a standby on the bridge (StandbyPostgres) streams from this one
+            hba.write(f"host replication postgres {address}/24 scram-sha-256\n")
+        self.options: list[str] = []  # more ``-c name=value`` for the server
 
     def _as_postgres(self, *argv: str) -> None:
-        subprocess.run(  # noqa: S603 - fixed argv
+        done = subprocess.run(  # noqa: S603 - fixed argv
             ["runuser", "-u", "postgres", "--", *argv],
-            check=True, capture_output=True, timeout=120, cwd=self.root,
+            capture_output=True, timeout=120, cwd=self.root, check=False,
         )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(argv[0]).name} failed:\n{done.stderr.decode()}")
 
     def url(self, database: str = "gpuplatform") -> str:
         return f"postgres://postgres:{self.password}@{self.address}:{PORT}/{database}"
 
     def start(self) -> None:
-        log = open(self.root / "postgres.log", "ab")  # noqa: SIM115 - kept for the server's life
+        log = open(self.log_file, "ab")  # noqa: SIM115 - kept for the server's life
         self.process = subprocess.Popen(  # noqa: S603 - fixed argv
             ["runuser", "-u", "postgres", "--", str(self.bin / "postgres"), "-D", str(self.data),
              "-c", f"listen_addresses={self.address}", "-p", str(PORT),
              "-c", f"unix_socket_directories={self.sockets}", "-c", "fsync=off",
              "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-             "-c", "max_connections=300"],
+             "-c", "max_connections=300", *self.options],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
         )  # fmt: skip
         log.close()
@@ -104,13 +110,21 @@ class PrivatePostgres:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(
                         "the harness's PostgreSQL did not start:\n"
-                        + (self.root / "postgres.log").read_text(errors="replace")
+                        + self.log_file.read_text(errors="replace")
                     ) from None
                 time.sleep(0.2)
 
     def create_database(self, name: str = "gpuplatform") -> None:
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
+
+    def kill(self) -> None:
+        """The server's machine dies: SIGKILL to the postmaster and every backend at once (its
+        clients' connections are reset by the kernel, as the machine's would be when it is
+        reachable again, or time out)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
 
     def stop(self) -> None:
         """Stop the server (fast shutdown, then SIGKILL) and remove its data."""
@@ -125,3 +139,36 @@ class PrivatePostgres:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         shutil.rmtree(self.data, ignore_errors=True)
+
+
+class StandbyPostgres(PrivatePostgres):
+    """A streaming standby of ``primary`` (``pg_basebackup -R``: its data, and how to follow
+    it), listening on ``address``; ``promote`` makes it a primary (``pg_ctl promote``)."""
+
+    def __init__(self, primary: PrivatePostgres, address: str, name: str = "standby") -> None:
+        self.bin = primary.bin
+        self.root = primary.root
+        self.address = address
+        self.password = primary.password
+        self.process = None
+        self.data = self.root / f"pgdata-{name}"
+        self.log_file = self.root / f"postgres-{name}.log"
+        self.sockets = self.root / f"pgsockets-{name}"
+        owner = pwd.getpwnam("postgres")
+        for path in (self.data, self.sockets):
+            path.mkdir(mode=0o700)
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+        source = (
+            f"host={primary.address} port={PORT} user=postgres password={primary.password} "
+            f"application_name={name}"
+        )
+        self._as_postgres(
+            str(self.bin / "pg_basebackup"), "-D", str(self.data), "-d", source, "-R",
+            "--wal-method=stream", "--checkpoint=fast", "--no-sync",
+        )  # fmt: skip
+        # Not the primary's synchronous_standby_names (copied with its data): a promoted
+        # standby with none of its own must not wait for one.
+        self.options = ["-c", "synchronous_standby_names="]
+
+    def promote(self) -> None:
+        self._as_postgres(str(self.bin / "pg_ctl"), "promote", "-w", "-D", str(self.data))
