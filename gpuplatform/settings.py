@@ -387,7 +387,9 @@ if CHANNEL_LAYER == "memory":
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            # channels_postgres's layer, with a listener that reconnects when its connection
+            # dies (a restart, a fail-over): gpuplatform/channel_layer.py
+            "BACKEND": "gpuplatform.channel_layer.PostgresChannelLayer",
             # TIME_ZONE must be present or the constructor raises KeyError (NOTES.md).
             "CONFIG": {
                 **_default_db,
