@@ -34,6 +34,11 @@ API_PREFIX = "/api/v1/"
 DEFAULT_TIMEOUT = 30.0  # seconds for one HTTP request
 MAX_THROTTLE_RETRIES = 5  # 429s waited out (Retry-After) before giving up
 MAX_RETRY_AFTER = 60.0
+# Seconds a safe request (a GET, or a submission with its Idempotency-Key) keeps retrying
+# the server's 503s (the database unreachable, or load shed; _server_unavailable): a database
+# fail-over, which Patroni or pg_auto_failover finish in 20-40 s (docs/deployment.md), delays
+# a command instead of failing it.
+OUTAGE_WAIT = 90.0
 PAGE_MAX = 500  # the API's max_limit
 
 
@@ -229,7 +234,11 @@ class Client:
             content_type = "application/json"
         if content_type:
             sent["Content-Type"] = content_type
-        for attempt in range(MAX_THROTTLE_RETRIES + 1):
+        # Retrying cannot do anything twice: a read, or a write the server recognises again.
+        safe = method in ("GET", "HEAD") or "Idempotency-Key" in sent
+        outage_ends = time.monotonic() + OUTAGE_WAIT
+        attempt = 0
+        while attempt <= MAX_THROTTLE_RETRIES:
             # S310: the URL's scheme was checked to be http(s) by normalize_url().
             req = urllib.request.Request(url, data=data, method=method, headers=sent)  # noqa: S310
             began = time.monotonic()
@@ -245,6 +254,17 @@ class Client:
                 if exc.code == 429 and attempt < MAX_THROTTLE_RETRIES:
                     wait = retry_after(exc.headers)
                     self._trace(f"  throttled: retrying in {wait:g} s")
+                    time.sleep(wait)
+                    attempt += 1
+                    continue
+                if (
+                    exc.code == 503
+                    and safe
+                    and _server_unavailable(exc.headers, body)
+                    and time.monotonic() < outage_ends
+                ):
+                    wait = min(retry_after(exc.headers), max(outage_ends - time.monotonic(), 0.1))
+                    self._trace(f"  unavailable: retrying in {wait:g} s")
                     time.sleep(wait)
                     continue
                 raise self._api_error(exc.code, exc.headers, body, what) from exc
@@ -356,6 +376,19 @@ def accept_language(environ: Any = None) -> str:
                 return ""
             return locale.replace("_", "-")
     return ""
+
+
+def _server_unavailable(headers: Any, body: bytes) -> bool:
+    """A 503 about the whole server (the database unreachable, load shed: Retry-After and no
+    field named), not about one object (a log whose node is out of reach names ``attempt``,
+    and its caller decides whether to keep trying)."""
+    if not (headers and headers.get("Retry-After")):
+        return False
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and not answer.get("errors")
 
 
 def retry_after(headers: Any) -> float:
