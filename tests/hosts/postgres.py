@@ -22,6 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
 
 PORT = 5432
@@ -118,13 +119,30 @@ class PrivatePostgres:
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
 
+    def _signal_server(self, signum: int) -> None:
+        """``signum`` to the postmaster and every process it forked (runuser's process group
+        does not hold them)."""
+        try:
+            postmaster = psutil.Process(int((self.data / "postmaster.pid").read_text().split()[0]))
+            processes = [postmaster, *postmaster.children(recursive=True)]
+        except (OSError, ValueError, IndexError, psutil.Error):
+            return
+        for process in processes:
+            try:
+                process.send_signal(signum)
+            except psutil.Error:
+                pass
+
     def kill(self) -> None:
-        """The server's machine dies: SIGKILL to the postmaster and every backend at once (its
-        clients' connections are reset by the kernel, as the machine's would be when it is
-        reachable again, or time out)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        """The server dies: SIGKILL to the postmaster and every backend at once (its clients'
+        connections are reset by the kernel, as when its machine is still reachable)."""
+        self._signal_server(signal.SIGKILL)
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
 
     def stop(self) -> None:
         """Stop the server (fast shutdown, then SIGKILL) and remove its data."""
@@ -155,7 +173,8 @@ class StandbyPostgres(PrivatePostgres):
         self.log_file = self.root / f"postgres-{name}.log"
         self.sockets = self.root / f"pgsockets-{name}"
         owner = pwd.getpwnam("postgres")
-        for path in (self.data, self.sockets):
+        for path in (self.data, self.sockets):  # an earlier test's standby's, if any
+            shutil.rmtree(path, ignore_errors=True)
             path.mkdir(mode=0o700)
             os.chown(path, owner.pw_uid, owner.pw_gid)
         source = (

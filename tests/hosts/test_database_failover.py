@@ -42,6 +42,7 @@ class Client:
     errors: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # answers no retry can fix (4xx)
     throttled: int = 0
+    give_up: threading.Event = field(default_factory=threading.Event)
 
     def run(self, estate: Estate, stop: threading.Event) -> None:
         sequence = 0
@@ -49,7 +50,9 @@ class Client:
             sequence += 1
             key = str(uuid.uuid4())
             name = f"c{self.number}-{sequence}"
-            while True:  # the same key until acknowledged, even after stop
+            while True:  # the same key until acknowledged, even after stop (not after give_up)
+                if self.give_up.is_set():
+                    return
                 task_id = self.submit(estate, key, name)
                 if task_id is not None:
                     self.acknowledged[key] = task_id
@@ -118,14 +121,16 @@ def replicated(estate: Estate) -> Iterator[StandbyPostgres]:
     finally:
         if standby is not None:
             standby.stop()
-        if primary.process is None or primary.process.poll() is not None:
-            primary.start()
+        primary.kill()  # dead already, unless the test failed before
+        primary.start()
         estate.database_url = primary.url()
         estate.sql("ALTER SYSTEM RESET synchronous_standby_names")
         estate.sql("SELECT pg_reload_conf()")
 
 
 def test_submissions_survive_the_primary_dying(estate: Estate, replicated: StandbyPostgres):
+    """The primary's processes die (SIGKILL); its machine still answers, so connections to it
+    are reset and new ones refused."""
     assert estate.sql("SHOW synchronous_commit") == [("on",)]
     control = estate.hosts["control"]
     # The tenant's rate limit (5 a second) would pace the clients, not the fail-over.
@@ -147,6 +152,8 @@ def test_submissions_survive_the_primary_dying(estate: Estate, replicated: Stand
         time.sleep(KILLED_FOR)
         replicated.promote()
         promoted = time.monotonic()
+        # The test's own queries go to the new primary (the hosts keep the URL naming both).
+        estate.database_url = replicated.url()
         promoted_at = estate.sql("SELECT now()")[0][0]  # the new primary's clock
 
         def every_client_through() -> bool:
@@ -160,8 +167,13 @@ def test_submissions_survive_the_primary_dying(estate: Estate, replicated: Stand
         time.sleep(AFTER)
     finally:
         stop.set()
+        deadline = time.monotonic() + 40
         for thread in threads:
-            thread.join(timeout=60)
+            thread.join(timeout=max(deadline - time.monotonic(), 0.1))
+        for client in clients:  # a submission still unacknowledged by now is left unknown
+            client.give_up.set()
+        for thread in threads:
+            thread.join(timeout=30)
 
     refused = [r for c in clients for r in c.refused]
     assert not refused, f"submissions refused (no retry helps): {refused[:5]}"
