@@ -174,7 +174,7 @@ def main() -> dict:
         with ExitStack() as stack:
             stack.callback(close_other_sessions)
             stack.callback(lambda: stop_all(procs))
-            procs.append(Proc("scheduler", [sys.executable, "manage.py", "qcluster"], environ,
+            procs.append(Proc("scheduler", [sys.executable, "manage.py", "scheduler"], environ,
                               scratch))  # fmt: skip
             for n in range(1, NODES + 1):
                 argv = [sys.executable, "manage.py", "node_agent", "--backend", "simulated",
@@ -209,7 +209,7 @@ def report(figures: dict) -> None:
         ["idle estate, CPU of every platform process", f"{idle['cpu_pct']:.1f}% of one core"],
         ["node agents' PSS, each: median / most", f"{median(agents):.1f} / {max(agents):.1f} MiB"],
         ["node agents' PSS, all 32", f"{sum(agents):,.0f} MiB"],
-        ["scheduler cluster / web PSS",
+        ["scheduler / web PSS",
          f"{idle['scheduler_pss_mib']:.0f} / {idle['web_pss_mib']:.0f} MiB"],
         [f"{TASKS:,} `true` tasks, {TENANTS} tenants x {QUOTA_GPUS}-GPU quota",
          f"{tput['per_s']:.1f} tasks/s ({tput['finished']:,} in {tput['seconds']:.1f} s)"],

@@ -62,8 +62,8 @@ def role_of(proc: psutil.Process, parent_role: str | None) -> str:
         return "node agent"
     if "nodeagent.launcher.spawner" in cmdline or "gpup-spawner" in cmdline:
         return "spawner"
-    if "qcluster" in cmdline and parent_role == "runner":
-        return "scheduler cluster"
+    if ("manage.py scheduler" in cmdline or "qcluster" in cmdline) and parent_role == "runner":
+        return "scheduler"
     return parent_role or "other"
 
 

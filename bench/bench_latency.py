@@ -1,9 +1,9 @@
 """Submit-to-running latency on an idle cluster, the platform run as `make run` runs it.
 
-A scheduler (``manage.py qcluster``) and one node agent (``manage.py node_agent``, 4 simulated
-GPUs, heartbeat 1 s, with its node's own django-q2 cluster) run as subprocesses against the
+A scheduler (``manage.py scheduler``) and one node agent (``manage.py node_agent``, 4 simulated
+GPUs, heartbeat 1 s, taking its node's own queue) run as subprocesses against the
 bench database. This process submits one task at a time through ``task_submit``; the pass
-request goes through the broker, the scheduler's cluster places it, the node's cluster launches
+request goes through the broker, the scheduler places it, the node agent's job thread launches
 a supervisor, and the supervisor marks the task running. Latency is ``Task.started_at -
 Task.submitted_at``, both written by the platform (no client polling in the figure). Each task
 finishes, and the broker drains, before the next is submitted.
@@ -97,7 +97,7 @@ def child_env(tmp: Path, config: Path) -> dict[str, str]:
         GPUPLATFORM_TASK_LOG_DIR=str(tmp / "logs"),
         PYTHONUNBUFFERED="1",
         # Kept for the breakdown below (when each pass and launch began); production keeps
-        # none (-1), which only spares the clusters' monitors work after a job has run.
+        # none (-1), which only spares the scheduler a write after each job.
         Q_SAVE_LIMIT="200",
     )
     return environ
@@ -108,7 +108,7 @@ def through_the_broker():
     """Pass requests (and launches) go to the broker, never inline in this process.
 
     ``bench/run.py`` runs with GPUPLATFORM_TESTING=1, so django-q2 is in sync mode here: the
-    pass ``task_submit`` requests would run in this process instead of the scheduler's cluster.
+    pass ``task_submit`` requests would run in this process instead of the scheduler.
     """
     queued = functools.partial(async_task, sync=False)
     saved = passes.async_task, controls.async_task
@@ -356,7 +356,7 @@ def measure(tmp: Path, environ: dict[str, str], config: Path) -> dict:
     lost = 0
     began = time.perf_counter()
     try:
-        procs.append(Proc("scheduler", [sys.executable, "manage.py", "qcluster"], environ, tmp))
+        procs.append(Proc("scheduler", [sys.executable, "manage.py", "scheduler"], environ, tmp))
         procs.append(
             Proc(
                 "agent",
@@ -419,9 +419,9 @@ def main() -> dict:
     not_succeeded = [row["task"] for row in rows if row["state"] != "succeeded"]
 
     print(
-        f"scheduler: manage.py qcluster ({Conf.WORKERS} workers, queues woken by NOTIFY); "
-        f"node agent {NODE}: {GPUS} simulated GPUs, heartbeat 1 s, its own cluster "
-        f"(Q_CLUSTER_NAME={NODE})"
+        f"scheduler: manage.py scheduler ({Conf.WORKERS} worker threads, queues woken by "
+        f"NOTIFY); node agent {NODE}: {GPUS} simulated GPUs, heartbeat 1 s, its job thread "
+        f"(queue {NODE})"
     )
     print(
         f"{len(total)} tasks ({COMMAND!r}, 1 GPU; {MIN_TASKS} to {TASKS}, as time allows) "

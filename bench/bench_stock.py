@@ -18,7 +18,7 @@ processes POST one-task specs for POST_LIMIT_S, then one client POSTs BATCHES li
 BATCH_TASKS specs. Figures: the web process's CPU per single-task POST (asgi), and per
 1,000-task POST (gc).
 
-The broker: a scheduler (``manage.py qcluster``) and one node agent with its own cluster, as the
+The broker: a scheduler (``manage.py scheduler``) and one node agent taking its own queue, as the
 latency bench starts them, started afresh for each configuration in each round; BROKER_TASKS
 ``true`` tasks submitted one at a time on the idle cluster. Figures: submit -> running
 (``Task.started_at - Task.submitted_at``: a pass request and a launch each cross a queue), and
@@ -249,7 +249,7 @@ def measure_broker(tenant: Tenant, stock: bool, tmp: Path, config: Path) -> dict
     procs: list[Proc] = []
     latencies: list[float] = []
     try:
-        procs.append(Proc("scheduler", [sys.executable, "manage.py", "qcluster"], environ, tmp))
+        procs.append(Proc("scheduler", [sys.executable, "manage.py", "scheduler"], environ, tmp))
         argv = [sys.executable, "manage.py", "node_agent", "--backend", "simulated",
                 "--config", str(config), "--node", NODE]  # fmt: skip
         procs.append(Proc("agent", argv, environ, tmp))

@@ -1,8 +1,8 @@
 """End to end throughput, the platform run as `make run` runs it, beside task-spooler and Slurm.
 
 gpuplatform: daphne (two processes, as `make run` starts it), the scheduler (``manage.py
-qcluster``) and 4 node agents of 8 simulated GPUs each (every agent with its node's own
-django-q2 cluster, as in production) run as subprocesses against the bench database (emptied
+scheduler``) and 4 node agents of 8 simulated GPUs each (every agent taking its node's own
+queue, as in production) run as subprocesses against the bench database (emptied
 first of the tasks, nodes and GPUs earlier benchmarks left) with production settings (no
 GPUPLATFORM_TESTING: the PostgreSQL channel layer, LAUNCH_TASKS on), this process's SECRET_KEY
 (django-q2 signs with it) and the API throttle raised out of the way (it is a policy, not a
@@ -505,7 +505,7 @@ def measure_platform(pool, tmp: Path) -> dict:
         sampler.start()
         stack.callback(sampler.stop)
         stack.callback(lambda: stop_all(procs))
-        procs.append(Proc("scheduler", [sys.executable, "manage.py", "qcluster"], environ, tmp))
+        procs.append(Proc("scheduler", [sys.executable, "manage.py", "scheduler"], environ, tmp))
         for n in range(1, NODES + 1):
             argv = [sys.executable, "manage.py", "node_agent", "--backend", "simulated",
                     "--config", str(config), "--node", f"bench-tput-{n}"]  # fmt: skip

@@ -3,7 +3,7 @@
 Every connection a platform process opens names the process in ``application_name``, so
 ``SELECT application_name, count(*) FROM pg_stat_activity GROUP BY 1`` tells an operator who
 holds what: ``gpuplatform web`` (a web process's own pool), ``gpuplatform web channels`` (its
-channel layer), ``gpuplatform qcluster`` (the scheduler's cluster), ``gpuplatform
+channel layer), ``gpuplatform scheduler`` (``manage.py scheduler``), ``gpuplatform
 node_agent``, and other commands by name.
 
 The most each role holds at once (``Budget``), measured with the throughput benchmark's
@@ -11,9 +11,11 @@ processes and read from their code:
 
 - a web process: ``DB_POOL_SIZE`` for requests (its pool), and for websockets the channel
   layer's ``CHANNEL_POOL_SIZE`` plus the one connection that LISTENs;
-- the scheduler's django-q2 cluster: one per worker (``Q_WORKERS``), one for the sentinel
-  (schedules), two for the pusher (the broker's queries, and the LISTEN that wakes it:
-  ``gpuplatform.broker``), one for the monitor (results);
+- the scheduler (``manage.py scheduler``, ``gpuplatform.jobrunner``): one per worker thread
+  (``Q_WORKERS``), and two for its main thread (the broker's claims and the schedules, and the
+  LISTEN that wakes it: ``gpuplatform.broker``). django-q2's own cluster (``manage.py
+  qcluster``), which an operator may run in its place, holds two more (its sentinel and its
+  monitor);
 - a node agent: its main loop, its GPU sampler's thread and its report relay's thread, one
   each, and two for its job thread (the queue's queries and the LISTEN that wakes it);
 - the spawner holds none; a task's supervisor holds none while its agent relays its reports,
@@ -34,7 +36,7 @@ from pathlib import Path
 # opened four at once.
 CHANNEL_POOL_SIZE = 4
 CHANNEL_LISTENERS = 1  # the connection each web process LISTENs on for channel messages
-CLUSTER_OWN = 4  # sentinel 1, pusher 2 (queries and LISTEN), monitor 1, besides its workers
+SCHEDULER_OWN = 2  # claims and schedules, and the LISTEN that wakes them, besides its workers
 AGENT_OWN = 5  # main loop, GPU sampler, report relay, job thread (queries and LISTEN)
 
 
@@ -53,11 +55,11 @@ class Budget:
 
 
 def budget(*, web_workers: int, db_pool_size: int, q_workers: int, nodes: int) -> Budget:
-    """``web_workers`` web processes, one scheduler whose django-q2 cluster has ``q_workers``
-    workers, and ``nodes`` node agents."""
+    """``web_workers`` web processes, one scheduler with ``q_workers`` worker threads, and
+    ``nodes`` node agents."""
     return Budget(
         web=web_workers * (db_pool_size + CHANNEL_POOL_SIZE + CHANNEL_LISTENERS),
-        scheduler=q_workers + CLUSTER_OWN,
+        scheduler=q_workers + SCHEDULER_OWN,
         nodes=nodes * AGENT_OWN,
         node_count=nodes,
     )
@@ -92,7 +94,7 @@ def budget_role(application_name: str) -> str | None:
         return None
     if role in ("web", "web channels"):
         return "web"
-    if role == "qcluster":
+    if role in ("scheduler", "qcluster"):
         return "scheduler"
     if role.startswith("qcluster ") or role in ("node_agent", "supervisor"):
         return "nodes"

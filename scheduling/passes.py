@@ -164,7 +164,8 @@ _BOOK_SQL = """
 
 
 def scheduler_cluster() -> str:
-    """The django-q2 cluster that runs passes (``manage.py qcluster`` with no Q_CLUSTER_NAME)."""
+    """The queue passes are taken from (``manage.py scheduler``, or django-q2's own
+    ``manage.py qcluster`` with no Q_CLUSTER_NAME)."""
     return settings.Q_CLUSTER["name"]
 
 

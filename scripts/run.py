@@ -1,7 +1,7 @@
 """Start the platform's processes together for `make run`, and stop them together.
 
 Written here rather than using honcho: honcho gives processes 5 s after SIGTERM before it
-SIGKILLs them, too little for a qcluster finishing its work, and lets a terminal's Ctrl-C
+SIGKILLs them, too little for a scheduler finishing a pass, and lets a terminal's Ctrl-C
 reach every child at once. Here each child runs in its own session (a Ctrl-C reaches only this
 runner), gets SIGTERM, and has STOP_GRACE seconds to finish before SIGKILL.
 """
@@ -66,7 +66,7 @@ def web_command(python: str, host: str, port: str) -> list[str]:
 def commands(python: str, host: str, port: str) -> dict[str, list[str]]:
     return {
         "web": web_command(python, host, port),
-        "scheduler": [python, "manage.py", "qcluster"],
+        "scheduler": [python, "manage.py", "scheduler"],
         "agent": [python, "manage.py", "node_agent"],
     }  # fmt: skip
 

@@ -280,7 +280,7 @@ def test_the_stock_broker_hands_a_delayed_row_out_only_once_due(stock_broker):
 
 
 @pytest.mark.slow
-def test_a_scheduler_cluster_on_the_stock_broker_places_a_submitted_task(
+def test_the_scheduler_on_the_stock_broker_places_a_submitted_task(
     lab, workstation, stock_broker, monkeypatch
 ):
     # The pass request goes to the broker, as the web's do, not inline as in tests.
@@ -288,7 +288,7 @@ def test_a_scheduler_cluster_on_the_stock_broker_places_a_submitted_task(
     environ = process_env(Q_SYNC="0", GPUPLATFORM_STOCK="broker")
     environ.pop("Q_CLUSTER_NAME", None)
     cluster = subprocess.Popen(  # noqa: S603 - fixed argv
-        [PYTHON, "manage.py", "qcluster"], cwd=ROOT, env=environ, start_new_session=True,
+        [PYTHON, "manage.py", "scheduler"], cwd=ROOT, env=environ, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

@@ -44,9 +44,10 @@ def test_this_process_connects_under_its_name(db):
 
 def test_the_cap_for_two_web_processes_with_four_nodes():
     cap = connections.budget(web_workers=2, db_pool_size=8, q_workers=2, nodes=4)
-    # web: 2 x (8 pooled + 4 channel layer + 1 listening); the scheduler's cluster 2 workers
-    # + 4; each node its agent's 5 (main loop, sampler, relay, job thread and its LISTEN).
-    assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (26, 6, 20, 52)
+    # web: 2 x (8 pooled + 4 channel layer + 1 listening); the scheduler 2 worker threads + 2
+    # (claims and its LISTEN); each node its agent's 5 (main loop, sampler, relay, job thread
+    # and its LISTEN).
+    assert (cap.web, cap.scheduler, cap.nodes, cap.total) == (26, 4, 20, 50)
     assert cap.node_count == 4
 
 
@@ -80,6 +81,7 @@ def test_the_channel_layer_names_itself_and_keeps_what_database_url_says():
 def test_every_name_a_process_gives_itself_counts_in_its_role_of_the_budget():
     name, role = connections.application_name, connections.budget_role
     assert role(name(True, [])) == role(f"{name(True, [])} channels") == "web"
+    assert role(name(False, ["manage.py", "scheduler"], {})) == "scheduler"
     assert role(name(False, ["manage.py", "qcluster"], {})) == "scheduler"
     assert role(name(False, ["manage.py", "qcluster"], {"Q_CLUSTER_NAME": "ws-1"})) == "nodes"
     assert role(name(False, ["manage.py", "node_agent"], {})) == "nodes"

@@ -137,7 +137,7 @@ def connection_budget() -> db_connections.Budget:
 # benchmark and the kernel's own threads are what the machine spent beyond the roles.
 SPAWNERS = "spawners, supervisors and tasks"
 SUPERVISORS = "supervisors"  # cpu_by_role's own key: by process, not a sum
-CPU_ROLES = ("web (daphne)", "scheduler (qcluster)", "node agents", SPAWNERS, "PostgreSQL")
+CPU_ROLES = ("web (daphne)", "scheduler", "node agents", SPAWNERS, "PostgreSQL")
 CPU_REST = "the rest"
 
 
@@ -188,8 +188,7 @@ def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | No
     spent[SUPERVISORS] = supervisors
     spent["machine"] = _machine_busy_s()
     roots = [("web (daphne)", web_pid)] + [
-        ("scheduler (qcluster)" if p.name == "scheduler" else "node agents", p.proc.pid)
-        for p in procs
+        ("scheduler" if p.name == "scheduler" else "node agents", p.proc.pid) for p in procs
     ]
     for role, pid in roots:
         try:

@@ -4,7 +4,7 @@
 PrivatePostgres``, on the bridge, password auth), the platform's tables (migrated once) and
 four hosts, each a namespace with its own ``GPUPLATFORM_VAR_DIR``:
 
-- ``control``: web (daphne, on the host's own address) and a scheduler (``qcluster``);
+- ``control``: web (daphne, on the host's own address) and a scheduler (``manage.py scheduler``);
 - ``sched-2``: a second scheduler;
 - ``gpu-1``, ``gpu-2``: a node agent each, with simulated GPUs (``GPU_BACKEND=simulated``).
 
@@ -114,7 +114,7 @@ class Host:
         argv = {
             "web": [PYTHON, "-m", "daphne", "-b", self.address, "-p", str(WEB_PORT),
                     "gpuplatform.asgi:application"],
-            "scheduler": [PYTHON, "manage.py", "qcluster"],
+            "scheduler": [PYTHON, "manage.py", "scheduler"],
             "agent": [PYTHON, "manage.py", "node_agent", "--backend", "simulated"],
         }[role]  # fmt: skip
         environ = self.env(**extra_env)
@@ -139,7 +139,7 @@ class Host:
         self.reap()
 
     def kill_role(self, role: str) -> None:
-        """SIGKILL one role's whole process group (a qcluster and all it forked)."""
+        """SIGKILL one role's whole process group (a process and all it forked)."""
         proc = self.processes[role]
         try:
             os.killpg(proc.pid, 9)

@@ -1,13 +1,14 @@
-"""Two scheduler hosts: when the one placing dies or loses its link mid-pass, the other places
-new tasks (issue 42, item 4: within 5 s), and no task is placed twice.
+"""Two scheduler hosts: when the one placing dies or loses its link mid-pass, the other places new
+tasks (issue 42, item 4: within 5 s), and no task is placed twice.
 
-Both schedulers' django-q2 clusters take pass jobs from the same queue, and a pass runs under a
-cluster-wide advisory lock. Each test makes ``sched-2`` the one placing at the moment it fails:
-the control host's cluster is stopped (SIGSTOP) while a submission's pass job is handed out, so
-``sched-2`` takes it, and the test holds the pass in a known place (with a lock of its own that
-the pass waits for) until ``sched-2`` is killed or cut off. Which host holds the pass is read
-from PostgreSQL (the waiting or holding session's client address), not assumed. The time from
-the failure to the new tasks' placement is printed; the tests assert that they are placed, once.
+Both schedulers (``manage.py scheduler``) take pass jobs from the same queue, and a pass runs
+under a cluster-wide advisory lock. Each test makes ``sched-2`` the one placing at the moment it
+fails: the control host's scheduler is stopped (SIGSTOP) while a submission's pass job is handed
+out, so ``sched-2`` takes it, and the test holds the pass in a known place (with a lock of its
+own that the pass waits for) until ``sched-2`` is killed or cut off. Which host holds the pass
+is read from PostgreSQL (the waiting or holding session's client address), not assumed. The time
+from the failure to the new tasks' placement is printed; the tests assert that they are placed,
+once.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ def start_estate(estate: Estate) -> None:
     estate.wait_for_web()
 
     def ready() -> bool:
-        clusters = all(
-            "running." in estate.hosts[name].output("scheduler") for name in ("control", "sched-2")
+        schedulers = all(
+            "job runner on queue gpuplatform running" in estate.hosts[name].output("scheduler")
+            for name in ("control", "sched-2")
         )
         gpus = estate.sql("SELECT count(*) FROM scheduling_gpu WHERE state = 'available'")[0][0]
-        return clusters and gpus == GPUS_PER_HOST * len(GPU_HOSTS)
+        return schedulers and gpus == GPUS_PER_HOST * len(GPU_HOSTS)
 
-    wait_until(ready, 90, "both schedulers' clusters running and every GPU registered")
+    wait_until(ready, 90, "both schedulers running and every GPU registered")
 
 
 def pass_sessions(estate: Estate, granted: bool) -> set[str]:
@@ -91,7 +93,7 @@ def freeze_scheduler(estate: Estate, host: str) -> None:
     def busy() -> list[tuple]:
         return estate.sql(
             "SELECT pid, state FROM pg_stat_activity WHERE host(client_addr) = %s"
-            " AND application_name = 'gpuplatform qcluster' AND state <> 'idle'",
+            " AND application_name = 'gpuplatform scheduler' AND state <> 'idle'",
             [estate.hosts[host].address],
         )
 

@@ -41,12 +41,12 @@ def shipped_config_with(settings, tmp_path, line: str, replacement: str):
 
 @pytest.fixture
 def scheduler_cluster(settings):
-    """``manage.py qcluster`` as `make run` starts it, exchanging work through the broker,
+    """``manage.py scheduler`` as `make run` starts it, exchanging work through the broker,
     reading the configuration this process reads."""
     environ = process_env(Q_SYNC="0", GPUPLATFORM_CONFIG=str(settings.GPUPLATFORM_CONFIG))
     environ.pop("Q_CLUSTER_NAME", None)
     proc = subprocess.Popen(
-        [PYTHON, "manage.py", "qcluster"],
+        [PYTHON, "manage.py", "scheduler"],
         cwd=ROOT,
         env=environ,
         start_new_session=True,

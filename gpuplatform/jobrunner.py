@@ -1,0 +1,194 @@
+"""One process that takes a django-q2 queue's jobs and runs them on threads of its own.
+
+django-q2's cluster (``manage.py qcluster``) is a process tree: a main process, a sentinel, a
+pusher, a monitor and one process per worker, each a copy of Django, talking through
+multiprocessing queues. For the platform's control plane (a pass at a time under an advisory
+lock, a schedule now and then, a webhook) that is most of what an idle workstation weighs.
+``JobRunner`` does the same work in one process, on the same queue table and the same broker
+(``gpuplatform.broker``: claimed rows, LISTEN wake-ups, acknowledgements), so the two are
+interchangeable and may even run side by side (with ``GPUPLATFORM_STOCK=broker``, django-q2's
+own polling ORM broker):
+
+- the main thread claims a job only when a worker is free (nothing claimed waits in memory,
+  where a stop would strand it until the broker's retry), hands it to a worker thread, and runs
+  django-q2's ``scheduler`` (its ``Schedule`` rows) every ``SCHEDULE_EVERY_S``, as django-q2's
+  sentinel does;
+- each worker closes old connections and sends ``pre_execute`` before a job (as django-q2's
+  workers do), runs it, and saves a failure as django-q2's monitor does (``save_task``: the
+  admin's failed tasks; successes are saved only as ``save_limit`` says), then acknowledges it;
+- a job that runs past ``Q_CLUSTER["timeout"]`` is reported in the log, once: a thread cannot
+  be killed as django-q2 kills a worker process, so the others keep taking the queue's jobs.
+
+What a process like this runs is the queue's to say: its jobs are signed with SECRET_KEY
+(django-q2's ``SignedPackage``), and ``resolve`` names the only functions it will run.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import DatabaseError, close_old_connections, connections
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.conf import Conf
+from django_q.monitor import save_task
+from django_q.scheduler import scheduler as run_schedules
+from django_q.signals import pre_execute
+from django_q.signing import BadSignature, SignedPackage
+
+logger = logging.getLogger(__name__)
+
+SCHEDULE_EVERY_S = 30.0  # as django-q2's sentinel: its Schedule rows are per minute at best
+RETRY_AFTER_ERROR_S = 1.0
+STOP = object()
+
+
+class JobRunner:
+    """Run the jobs of the queue ``list_key`` on ``workers`` threads until ``stop()``.
+
+    ``resolve(name)`` returns the function a job names, or None for a name this process does not
+    run (the job is then failed, as a job that does not unpack is)."""
+
+    def __init__(
+        self,
+        list_key: str,
+        *,
+        workers: int,
+        resolve: Callable[[str], Callable | None],
+        schedules: bool = True,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.list_key = list_key
+        # The platform's broker (Q_CLUSTER["broker_class"]), django-q2's own with
+        # GPUPLATFORM_STOCK=broker.
+        self.broker = get_broker(list_key)
+        self.resolve = resolve
+        self.schedules = schedules and Conf.SCHEDULER
+        self.timeout_s = Conf.TIMEOUT if timeout_s is None else timeout_s
+        self.stopping = threading.Event()
+        self.free = threading.Semaphore(workers)
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.running: dict[str, tuple[str, float]] = {}  # thread name: (job, since)
+        self.reported: set[tuple[str, float]] = set()
+        self.done = 0
+        self.threads = [
+            threading.Thread(target=self._work, name=f"job-worker-{n}", daemon=True)
+            for n in range(1, workers + 1)
+        ]
+
+    def run(self) -> None:
+        """Take jobs until stopped, then let the running ones finish."""
+        logger.info(
+            "job runner on queue %s running: %d worker thread(s)", self.list_key, len(self.threads)
+        )
+        for thread in self.threads:
+            thread.start()
+        next_schedules = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                if self.schedules and time.monotonic() >= next_schedules:
+                    next_schedules = time.monotonic() + SCHEDULE_EVERY_S
+                    self._guarded(run_schedules, broker=self.broker)
+                self._report_overdue()
+                if not self.free.acquire(timeout=1.0):
+                    continue  # every worker busy: look at the schedules and the clock again
+                if self.stopping.is_set():
+                    break
+                claimed = self._guarded(self.broker.dequeue)  # waits for a wake-up, a second
+                claimed = list(claimed or ())
+                if not claimed:
+                    self.free.release()
+                    continue
+                for n, (ack_id, payload) in enumerate(claimed):
+                    if n:  # a claim of more than one (Q_CLUSTER's bulk): a worker each
+                        self.free.acquire()
+                    self.jobs.put((ack_id, payload))
+        finally:
+            for _ in self.threads:
+                self.jobs.put(STOP)
+            for thread in self.threads:
+                thread.join()
+            getattr(self.broker, "close_listener", lambda: None)()  # LISTEN, if it has one
+            connections.close_all()  # this thread's
+            logger.info("job runner on queue %s stopped (%d jobs run)", self.list_key, self.done)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM and SIGINT stop the runner (from the main thread only, as signals are)."""
+
+        def stop(signum: int, frame: object) -> None:
+            logger.info("job runner on queue %s: stopping (signal %d)", self.list_key, signum)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def _guarded(self, func: Callable, *args, **kwargs):
+        """``func``, where the database being unreachable costs a pause, not the process."""
+        try:
+            return func(*args, **kwargs)
+        except DatabaseError as exc:
+            logger.warning("queue %s: database unreachable (%s)", self.list_key, exc)
+            close_old_connections()
+            self.stopping.wait(RETRY_AFTER_ERROR_S)
+            return None
+
+    def _work(self) -> None:
+        name = threading.current_thread().name
+        for item in iter(self.jobs.get, STOP):
+            try:
+                self.run_one(*item)
+            finally:
+                self.running.pop(name, None)
+                self.free.release()
+        connections.close_all()  # this thread's
+
+    def run_one(self, ack_id, payload: str) -> None:
+        try:
+            task = SignedPackage.loads(payload)
+            func = self.resolve(task["func"])
+        except (BadSignature, KeyError, TypeError, ValueError) as exc:
+            func, task = None, {"func": f"? ({exc!r})"}
+        if func is None:
+            logger.error(
+                "queue %s: job %s refused: %s is not run here", self.list_key, ack_id, task["func"]
+            )
+            self._guarded(self.broker.fail, ack_id)
+            return
+        self.running[threading.current_thread().name] = (task["func"], time.monotonic())
+        close_old_connections()
+        pre_execute.send(sender="django_q", func=func, task=task)
+        try:
+            result, success = func(*task.get("args", ()), **task.get("kwargs", {})), True
+        except Exception as exc:  # one job's failure must not stop the others
+            logger.exception("queue %s: job %s failed", self.list_key, task["func"])
+            result, success = f"{exc!r}", False
+            close_old_connections()
+        task.update(result=result, success=success, stopped=timezone.now())
+        task["cluster"], task["ack_id"] = self.list_key, ack_id
+        self._guarded(save_task, task, self.broker)  # failures, and successes save_limit keeps
+        if success or task.get("ack_failure", Conf.ACK_FAILURES):
+            self._guarded(self.broker.acknowledge, ack_id)
+        self.done += 1
+
+    def _report_overdue(self) -> None:
+        now = time.monotonic()
+        for thread, (job, since) in list(self.running.items()):
+            if now - since > self.timeout_s and (thread, since) not in self.reported:
+                self.reported.add((thread, since))
+                logger.error(
+                    "queue %s: job %s has run %.0f s, past Q_TIMEOUT (%s s), on %s; the other "
+                    "workers go on taking jobs",
+                    self.list_key,
+                    job,
+                    now - since,
+                    self.timeout_s,
+                    thread,
+                )

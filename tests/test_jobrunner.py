@@ -1,0 +1,158 @@
+"""gpuplatform.jobrunner and ``manage.py scheduler``: a queue's jobs run on threads of one
+process, through the real broker (rows in PostgreSQL, LISTEN wake-ups), with django-q2's
+failure records, schedules, and a stop that strands nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.models import Failure, OrmQ, Schedule
+from django_q.tasks import async_task
+
+from gpuplatform.jobrunner import JobRunner
+from scheduling import tasks as scheduling_tasks
+from scheduling.management.commands.scheduler import resolve
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUE = "test-jobrunner"
+BOUND_S = 10.0
+ran: list[tuple[str, object]] = []
+
+
+def job_ok(value):
+    ran.append(("ok", value))
+    return value
+
+
+def job_fails():
+    ran.append(("fails", None))
+    raise RuntimeError("the job's own error")
+
+
+def job_sleeps(seconds):
+    time.sleep(seconds)
+    ran.append(("slept", seconds))
+
+
+JOBS = {f"{__name__}.{f.__name__}": f for f in (job_ok, job_fails, job_sleeps)}
+
+
+@pytest.fixture
+def runner():
+    ran.clear()
+    made = []
+
+    def start(**kwargs) -> JobRunner:
+        runner = JobRunner(QUEUE, resolve=JOBS.get, **{"workers": 2, **kwargs})
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
+        made.append((runner, thread))
+        return runner
+
+    yield start
+    for runner, thread in made:
+        runner.stop()
+        thread.join(timeout=BOUND_S)
+        assert not thread.is_alive()
+
+
+def queue(func, *args) -> None:
+    async_task(func, *args, cluster=QUEUE, sync=False)
+
+
+def until(condition, what: str) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {BOUND_S} s: {what}"
+        time.sleep(0.02)
+
+
+def left() -> int:
+    return OrmQ.objects.filter(key=QUEUE).count()
+
+
+def test_jobs_run_and_are_acknowledged(runner):
+    runner()
+    for n in range(5):
+        queue(f"{__name__}.job_ok", n)
+    until(lambda: len(ran) == 5 and left() == 0, "five jobs run and acknowledged")
+    assert sorted(value for _, value in ran) == [0, 1, 2, 3, 4]
+    assert not Failure.objects.exists()  # successes are not stored (Q_SAVE_LIMIT -1)
+
+
+def test_a_function_the_process_does_not_run_is_refused_not_run(runner):
+    runner()
+    queue("os.system", "touch /tmp/never")
+    queue(f"{__name__}.job_ok", "after")
+    until(lambda: ran == [("ok", "after")] and left() == 0, "the refused job dropped")
+    assert not Failure.objects.exists()
+
+
+def test_a_failing_job_is_recorded_as_django_q2_records_it_and_the_others_go_on(runner):
+    runner()
+    queue(f"{__name__}.job_fails")
+    queue(f"{__name__}.job_ok", 1)
+    until(lambda: len(ran) == 2 and left() == 0, "both jobs run")
+    failure = Failure.objects.get()
+    assert failure.func == f"{__name__}.job_fails"
+    assert "the job's own error" in failure.result
+    assert failure.cluster == QUEUE
+
+
+def test_a_stop_lets_running_jobs_finish_and_strands_nothing_claimed(runner):
+    started = runner(workers=1)
+    queue(f"{__name__}.job_sleeps", 0.5)
+    queue(f"{__name__}.job_ok", "second")
+    until(lambda: started.running, "the first job running")
+    started.stop()
+    until(lambda: ("slept", 0.5) in ran, "the running job finished")
+    time.sleep(1.5)  # the runner's main thread would have claimed by now, had it gone on
+    # The second was never claimed: it is ready for whoever takes the queue next.
+    assert ("ok", "second") not in ran
+    assert OrmQ.objects.filter(key=QUEUE, lock__lte=timezone.now()).count() == 1
+
+
+def test_a_job_past_its_timeout_is_reported_once_and_the_queue_moves_on(runner, caplog):
+    runner(timeout_s=0.2)
+    with caplog.at_level(logging.ERROR, logger="gpuplatform.jobrunner"):
+        queue(f"{__name__}.job_sleeps", 2.5)
+        until(lambda: left() == 1 and "past Q_TIMEOUT" in caplog.text, "the report")
+        queue(f"{__name__}.job_ok", "meanwhile")
+        until(lambda: ("ok", "meanwhile") in ran, "the other worker's job")
+        until(lambda: ("slept", 2.5) in ran, "the slow job")
+    assert caplog.text.count("past Q_TIMEOUT") == 1
+
+
+def test_due_schedules_are_queued_and_run(runner, monkeypatch):
+    # As in production: a due schedule is queued (on the runner's queue), not run inline.
+    monkeypatch.setattr(Conf, "SYNC", False)
+    Schedule.objects.create(
+        name="test-jobrunner",
+        func=f"{__name__}.job_ok",
+        args="'scheduled'",
+        schedule_type=Schedule.MINUTES,
+        minutes=1,
+        repeats=-1,
+        next_run=timezone.now() - timedelta(seconds=1),
+        cluster=Conf.CLUSTER_NAME,  # the scheduler's own: the runner queues it on its queue
+    )
+    runner()
+    until(lambda: ("ok", "scheduled") in ran, "the scheduled job")
+    assert Schedule.objects.get(name="test-jobrunner").next_run > timezone.now()
+
+
+def test_the_scheduler_runs_the_control_planes_jobs_and_nothing_else():
+    assert resolve("scheduling.tasks.run_pass") is scheduling_tasks.run_pass
+    assert resolve("telemetry.tasks.rollup") is not None
+    assert resolve("monitoring.tasks.webhook_send") is not None
+    assert resolve("nodeagent.launcher.tasks.launch") is None  # a node's, never here
+    assert resolve("os.system") is None
+    assert resolve("scheduling.tasks._private") is None
+    assert resolve("scheduling.tasks.nothing_of_that_name") is None
