@@ -3,9 +3,11 @@
 A tenant's use is the integral of the share of a card each of its allocations held, weighted by
 2^(-age/half-life) and scaled so that a tenant holding n GPUs for ever tends to n (Slurm's
 multifactor priority decays usage the same way). Finished allocations only ever decay, all by
-the same factor, so their sum is one number per tenant: ``TenantUsage.closed``, as of
-``as_of``. A trigger (migration 0010) adds an allocation's contribution in the transaction that
-releases it, so no release is ever missed or counted twice, whatever path released it. Running
+the same factor, so their sum is one number per tenant and node: ``TenantUsage.closed``, as of
+``as_of``, which reads add up per tenant. A trigger (migrations 0010, 0019, 0031) adds an
+allocation's contribution when the transaction that releases it commits, so no release is ever
+missed or counted twice, whatever path released it; a row per node, not per tenant, so that
+node agents committing ends of one tenant's tasks do not queue behind each other's row lock. Running
 allocations are bounded by the number of GPUs and are summed on each read. A pass costs the
 same after a million finished allocations as after ten.
 
@@ -69,8 +71,8 @@ _SCAN = f"""
 """  # noqa: S608 - built from constants; values are bound parameters
 
 _REBUILD = f"""
-    INSERT INTO scheduling_tenantusage (tenant_id, closed, as_of)
-    SELECT t.tenant_id,
+    INSERT INTO scheduling_tenantusage (tenant_id, shard, closed, as_of)
+    SELECT t.tenant_id, COALESCE(g.node_id, 0),
            SUM({SHARE_SQL}
                * (POWER(2.0::float8, -LEAST(GREATEST(EXTRACT(EPOCH FROM
                       (%(now)s - a.released_at))::float8, 0) / %(h)s, {MAX_HALF_LIVES}))
@@ -81,7 +83,7 @@ _REBUILD = f"""
       JOIN scheduling_task t ON t.id = a.task_id
       JOIN scheduling_gpu g ON g.id = a.gpu_id
      WHERE a.released_at > %(now)s - %(h)s * %(window)s * INTERVAL '1 second'
-     GROUP BY t.tenant_id
+     GROUP BY t.tenant_id, COALESCE(g.node_id, 0)
 """  # noqa: S608 - built from constants; values are bound parameters
 
 

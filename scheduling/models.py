@@ -678,20 +678,28 @@ class SchedulerState(models.Model):
 
 
 class TenantUsage(models.Model):
-    """A tenant's decayed GPU use from finished allocations (see scheduling.fairshare),
-    kept by a trigger on scheduling_allocation."""
+    """A tenant's decayed GPU use from finished allocations on one node (see
+    scheduling.fairshare), kept by a trigger on scheduling_allocation. One row per tenant and
+    node, so that node agents committing ends never wait for each other's counter."""
 
-    tenant = models.OneToOneField(
-        "tenants.Tenant", on_delete=models.CASCADE, primary_key=True, related_name="usage"
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="usage")
+    shard = models.BigIntegerField(
+        help_text="The node whose GPUs these allocations held (its id; 0 for none)."
     )
     closed = models.FloatField(default=0.0, help_text="Decayed GPU use as of as_of.")
     as_of = models.DateTimeField()
 
     class Meta:
         verbose_name = "tenant usage"
+        constraints = [
+            models.UniqueConstraint(
+                fields=("tenant", "shard"), name="scheduling_tenantusage_tenant_shard"
+            )
+        ]
 
     def __str__(self) -> str:
-        return f"{self.tenant_id}: {self.closed:.3f} as of {self.as_of}"
+        return f"{self.tenant_id} on node {self.shard}: {self.closed:.3f} as of {self.as_of}"
 
 
 class IdempotencyKey(models.Model):

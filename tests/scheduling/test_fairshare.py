@@ -128,3 +128,21 @@ def test_an_allocation_deleted_before_the_commit_that_released_it_is_not_counted
     committed()  # the counters' triggers run now, as at a commit, and find them gone
     assert not TenantUsage.objects.filter(tenant=tenants[0]).exists()
     assert fairshare.usage_by_scan(now, HALF_LIFE) == {}
+
+
+def test_counters_kept_per_node_add_up_to_the_scan(estate):
+    from tests.factories import NodeFactory, make_gpus
+
+    gpus, tenants = estate
+    gpus += make_gpus(NodeFactory(name="ws-2"), count=4)
+    now = timezone.now()
+    fairshare.keep_counters_for(now - timedelta(days=2), HALF_LIFE)
+    record_history(gpus, tenants, now, random.Random(5))
+    kept = fairshare.usage(now, HALF_LIFE)
+    for tenant_id, value in fairshare.usage_by_scan(now, HALF_LIFE).items():
+        assert kept[tenant_id] == pytest.approx(value, rel=1e-9, abs=1e-12)
+    shards = set(TenantUsage.objects.values_list("tenant", "shard"))
+    assert shards == {(t.pk, g.node_id) for t in tenants for g in (gpus[0], gpus[-1])}
+    # Rebuilt from the history (a new half-life), the rows are the same per tenant and node.
+    assert fairshare.keep_counters_for(now, 2 * HALF_LIFE)
+    assert set(TenantUsage.objects.values_list("tenant", "shard")) == shards

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from scheduling import scheduler, transitions
@@ -98,3 +98,37 @@ def test_an_agent_recording_ends_lets_foreign_keys_to_its_tasks_through(placed_a
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the check a commit would make
             TaskEvent.objects.create(task=task, from_state="running", to_state="running")
             cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+
+
+def test_agents_of_two_nodes_recording_one_tenants_ends_never_wait_for_each_others_counter():
+    """The fair-share counter a released allocation adds to is its tenant's on the GPU's node
+    (migration 0031): one tenant's ends on two nodes commit without waiting for each other."""
+    from datetime import timedelta
+
+    from scheduling import fairshare
+    from scheduling.models import Allocation, TenantUsage
+    from tests.factories import TaskFactory
+
+    tenant = TenantFactory(name="lab")
+    (gpu_1,), (gpu_2,) = (make_gpus(NodeFactory(name=f"ws-{n}"), count=1) for n in (1, 2))
+    now = timezone.now()
+    with transaction.atomic():  # as a pass keeps them, under its lock
+        fairshare.keep_counters_for(now - timedelta(days=1), 3600.0)
+    first, second = (
+        Allocation.objects.create(
+            task=TaskFactory(tenant=tenant), attempt=1, gpu=gpu, memory_mb=gpu.memory_mb,
+            started_at=now - timedelta(minutes=10),
+        )
+        for gpu in (gpu_1, gpu_2)
+    )  # fmt: skip
+    with other_transaction() as agent:
+        # The first node's agent records its end; its commit's trigger has run, holding the row.
+        agent.execute(
+            "UPDATE scheduling_allocation SET released_at = now() WHERE id = %s", [first.pk]
+        )
+        agent.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        with no_lock_waits():
+            Allocation.objects.filter(pk=second.pk).update(released_at=timezone.now())
+    rows = TenantUsage.objects.filter(tenant=tenant)
+    assert list(rows.values_list("shard", flat=True)) == [gpu_2.node_id]
+    assert rows.get().closed > 0
