@@ -23,6 +23,18 @@ MAX_HEALTH_FAILURES = 100
 _TYPE_AND_RANGE = ("int_type", "greater_than_equal", "less_than_equal")
 
 
+def whole_number(high: int):
+    """An int from 1 to ``high``, its error saying so (the field's own message)."""
+    return Annotated[
+        int,
+        Field(ge=1, le=high),
+        Says.of(
+            gettext_noop("must be a whole number from 1 to %(high)s, got %(got)s"),
+            *_TYPE_AND_RANGE,
+        ),
+    ]
+
+
 def _port(value: object) -> str | int:
     if value == "auto":
         return "auto"
@@ -106,14 +118,7 @@ class HealthInput(_Spec):
             "How long start-up may take (loading a model): failed checks then do not count."
         ),
     )
-    failures: Annotated[
-        int,
-        Field(ge=1, le=MAX_HEALTH_FAILURES),
-        Says.of(
-            gettext_noop("must be a whole number from 1 to %(high)s, got %(got)s"),
-            *_TYPE_AND_RANGE,
-        ),
-    ] = Field(
+    failures: whole_number(MAX_HEALTH_FAILURES) = Field(
         default=3,
         description=gettext_noop(
             "Failed checks in a row, after start-up, that restart the task (a failure)."
@@ -135,14 +140,7 @@ class ServiceInput(_Spec):
         default=None,
         description=gettext_noop("A path such as /health, or {path, interval, timeout, ...}."),
     )
-    replicas: Annotated[
-        int,
-        Field(ge=1, le=MAX_REPLICAS),
-        Says.of(
-            gettext_noop("must be a whole number from 1 to %(high)s, got %(got)s"),
-            *_TYPE_AND_RANGE,
-        ),
-    ] = Field(
+    replicas: whole_number(MAX_REPLICAS) = Field(
         default=1,
         description=gettext_noop("Copies of the service, each a task with its own GPUs."),
     )
