@@ -53,10 +53,11 @@ def unavailable() -> str | None:
 class PrivatePostgres:
     """initdb, start and stop a throwaway cluster in ``root`` listening on ``address``."""
 
-    def __init__(self, root: Path, address: str) -> None:
+    def __init__(self, root: Path, address: str, port: int = PORT) -> None:
         self.bin = binaries()
         self.root = root
         self.address = address
+        self.port = port
         self.data = root / "pgdata"
         self.log_file = root / "postgres.log"
         self.password = secrets.token_urlsafe(16)
@@ -89,13 +90,13 @@ class PrivatePostgres:
             raise RuntimeError(f"{Path(argv[0]).name} failed:\n{done.stderr.decode()}")
 
     def url(self, database: str = "gpuplatform") -> str:
-        return f"postgres://postgres:{self.password}@{self.address}:{PORT}/{database}"
+        return f"postgres://postgres:{self.password}@{self.address}:{self.port}/{database}"
 
     def start(self) -> None:
         log = open(self.log_file, "ab")  # noqa: SIM115 - kept for the server's life
         self.process = subprocess.Popen(  # noqa: S603 - fixed argv
             ["runuser", "-u", "postgres", "--", str(self.bin / "postgres"), "-D", str(self.data),
-             "-c", f"listen_addresses={self.address}", "-p", str(PORT),
+             "-c", f"listen_addresses={self.address}", "-p", str(self.port),
              "-c", f"unix_socket_directories={self.sockets}", "-c", "fsync=off",
              "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
              "-c", "max_connections=300", *self.options],
@@ -167,6 +168,7 @@ class StandbyPostgres(PrivatePostgres):
         self.bin = primary.bin
         self.root = primary.root
         self.address = address
+        self.port = primary.port
         self.password = primary.password
         self.process = None
         self.data = self.root / f"pgdata-{name}"
@@ -178,7 +180,7 @@ class StandbyPostgres(PrivatePostgres):
             path.mkdir(mode=0o700)
             os.chown(path, owner.pw_uid, owner.pw_gid)
         source = (
-            f"host={primary.address} port={PORT} user=postgres password={primary.password} "
+            f"host={primary.address} port={primary.port} user=postgres password={primary.password} "
             f"application_name={name}"
         )
         self._as_postgres(
