@@ -150,15 +150,28 @@ APPLICATION_NAME = connections.application_name(WEB_PROCESS)
 # pass kept the pass lock, and with it every other scheduler waiting. DB_PEER_TIMEOUT bounds
 # that: the server probes an idle client (keepalives) and drops one that leaves its data
 # unacknowledged (tcp_user_timeout) after about that many seconds. Per session (these are
-# PostgreSQL settings any client may set), so no server configuration is needed.
+# PostgreSQL settings any client may set), so no server configuration is needed. The other way
+# round too: a server whose machine vanishes (a primary lost with its host, before a standby is
+# promoted) leaves each client waiting on its connections, a request or a pass on its query,
+# for as long: libpq's own keepalives and tcp_user_timeout give up on it after about as many
+# seconds, and the next connection goes to the server the URL names next.
 DB_PEER_TIMEOUT = env.integer("DB_PEER_TIMEOUT", 3, minimum=0)
 _OPTIONS = {
     **_default_db.get("OPTIONS", {}),
     "prepare_threshold": 5,
     "application_name": APPLICATION_NAME,
 }
+_peer_timeouts: dict[str, int] = {}
 if DB_PEER_TIMEOUT:
     _idle = max(1, DB_PEER_TIMEOUT // 3)
+    _peer_timeouts = {
+        "keepalives": 1,
+        "keepalives_idle": _idle,
+        "keepalives_interval": 1,
+        "keepalives_count": max(1, DB_PEER_TIMEOUT - _idle),
+        "tcp_user_timeout": DB_PEER_TIMEOUT * 1000,
+    }
+    _OPTIONS.update(_peer_timeouts)
     _OPTIONS["options"] = " ".join(
         filter(None, [
             _OPTIONS.get("options", ""),
@@ -397,6 +410,7 @@ else:
                 "capacity": 1000,
                 "OPTIONS": {
                     **_default_db.get("OPTIONS", {}),  # what DATABASE_URL says (sslmode...)
+                    **_peer_timeouts,
                     "application_name": f"{APPLICATION_NAME} channels",
                 },
                 # Its library's default opens four connections per web process at once.

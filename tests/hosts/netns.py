@@ -79,6 +79,7 @@ class Network:
         self.namespaces: dict[str, str] = {}  # host name -> namespace
         self.outer: dict[str, str] = {}  # host name -> the veth end on the bridge
         self.addresses: dict[str, str] = {}
+        self.silenced: set[str] = set()
 
     def create(self) -> None:
         """The bridge, with its own address (``remove`` undoes it, even if this fails)."""
@@ -115,6 +116,25 @@ class Network:
     def exec_prefix(self, name: str) -> list[str]:
         """The argv prefix that runs a command inside host ``name``."""
         return [IP, "netns", "exec", self.namespaces[name]]
+
+    def silence(self, address: str) -> None:
+        """Every host drops what it sends to ``address`` (a server of this machine on the
+        bridge): that server's machine vanished without a word. Its connections get no reset
+        and no answer, only their own timeouts end them. (A blackhole route in each host: the
+        kernel here has no packet filter actions for tc, and no iptables is installed; a new
+        connection to it is refused at once, which a real vanished machine would leave to
+        ``connect_timeout``.)"""
+        self.silenced.add(address)
+        for namespace in self.namespaces.values():
+            ip("netns", "exec", namespace, IP, "route", "add", "blackhole", f"{address}/32")
+
+    def unsilence(self) -> None:
+        """Undo every ``silence``."""
+        for address in self.silenced:
+            for namespace in self.namespaces.values():
+                ip("netns", "exec", namespace, IP, "route", "del", "blackhole", f"{address}/32",
+                   check=False)  # fmt: skip
+        self.silenced.clear()
 
     def cut(self, name: str) -> None:
         """Pull host ``name``'s cable: nothing in or out, and nobody told."""

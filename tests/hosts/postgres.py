@@ -134,11 +134,17 @@ class PrivatePostgres:
             except psutil.Error:
                 pass
 
+    def freeze(self) -> None:
+        """The server stops answering, its sockets still open (SIGSTOP to every process)."""
+        self._signal_server(signal.SIGSTOP)
+
     def kill(self) -> None:
         """The server dies: SIGKILL to the postmaster and every backend at once (its clients'
         connections are reset by the kernel, as when its machine is still reachable)."""
         self._signal_server(signal.SIGKILL)
         if self.process is not None:
+            # runuser stops itself when its child stops (``freeze``): it must go on to reap it.
+            self.process.send_signal(signal.SIGCONT)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
