@@ -13,9 +13,14 @@ table and the same claim (a conditional UPDATE of ``lock``), so delivery, re-del
   notification goes out when the row becomes visible (at commit), never before.
 - ``dequeue``, finding nothing ready, waits on a ``LISTEN`` connection until a notification
   comes, or the earliest row of its queue falls due (a delayed pass, a job handed out again
-  after ``retry``), or ``IDLE_S`` at most (so the pusher sees a stop request, and a
-  notification lost with a dropped connection costs no more than that). After a claim that
-  left no row ready it waits the same way before it claims again.
+  after ``retry``), or ``idle_s`` at most (``IDLE_S`` unless the broker is made with another:
+  django-q2's pusher sees a stop request no later than that). After a claim that left no row
+  ready it waits the same way before it claims again. The wait sleeps in one ``select`` on the
+  listener's socket: a notification, the session's end (a restarted server) or a dead peer
+  (TCP keepalives, ``DB_PEER_TIMEOUT``) wakes it, as does ``interrupt()`` from another thread
+  (a stop request). A listener is opened before the claim it follows, so a notification sent
+  between the claim and the wait is never missed; after a lost listener the next claim comes
+  once a new one listens.
 - Each operation is one statement on the process's own connection, bound on the server (so
   prepared after a few runs): an enqueue inserts and notifies, a dequeue claims the ready rows
   oldest first with one ``UPDATE ... FOR UPDATE SKIP LOCKED`` that also says when the next row
@@ -32,11 +37,15 @@ table and the same claim (a conditional UPDATE of ``lock``), so delivery, re-del
 from __future__ import annotations
 
 import logging
+import os
+import selectors
+import threading
 import time
 import zlib
 from datetime import datetime, timedelta
 
 import psycopg
+from django.conf import settings
 from django.db import DatabaseError, connections
 from django.utils import timezone
 from django_q.brokers import Broker, get_broker
@@ -48,8 +57,11 @@ from gpuplatform.db import no_flush_wait, server_bound_cursor
 
 logger = logging.getLogger(__name__)
 
-# The longest an idle pusher waits before looking at its queue again.
+# The longest an idle pusher waits before looking at its queue again (by default: a broker made
+# with ``idle_s`` waits that long instead).
 IDLE_S = 1.0
+# After a failure to listen, how long a dequeue waits before it claims (and tries) again.
+RELISTEN_S = 1.0
 # Never wait less than this for a row that is about to fall due (a busy loop otherwise).
 MIN_WAIT_S = 0.002
 # How often a cluster's statistics (what `qmonitor` and `qinfo` show) reach the cache, at most.
@@ -92,6 +104,20 @@ _INSERT_MANY = """
 """
 
 
+def client_keepalives() -> dict[str, int]:
+    """libpq's TCP keepalives for a listener, after ``DB_PEER_TIMEOUT`` (the settings ask the
+    server to probe its clients; this asks the client to probe the server): a listener only
+    reads, so without them a server that vanished (its host dead, the link cut) would leave it
+    waiting on a socket nothing ever reaches again. With them the socket reports an error within
+    about that many seconds. TCP only: libpq ignores them on a Unix socket."""
+    peer = settings.DB_PEER_TIMEOUT
+    if not peer:
+        return {}
+    idle = max(1, peer // 3)
+    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 1,
+            "keepalives_count": max(1, peer - idle), "tcp_user_timeout": peer * 1000}  # fmt: skip
+
+
 def channel_for(list_key: str) -> str:
     """The NOTIFY channel of one queue: a short, fixed-form identifier whatever the queue's name
     (node names may hold characters an identifier may not, and identifiers stop at 63 bytes)."""
@@ -101,9 +127,15 @@ def channel_for(list_key: str) -> str:
 class NotifyingOrm(ORM):
     """django-q2's ORM broker with LISTEN/NOTIFY wake-ups (see the module's docstring)."""
 
-    def __init__(self, list_key: str | None = None) -> None:
+    def __init__(self, list_key: str | None = None, *, idle_s: float | None = None) -> None:
         super().__init__(list_key=list_key or Conf.CLUSTER_NAME)
+        self.idle_s = idle_s  # None: IDLE_S
         self._listener: psycopg.Connection | None = None
+        # ``interrupt``: set, and a byte in the pipe a waiting select watches (made with the
+        # first wait; the lock keeps a write off a pipe being closed).
+        self._interrupted = threading.Event()
+        self._wake: tuple[int, int] | None = None
+        self._wake_lock = threading.Lock()
         self._stat_saved: dict[str, float] = {}
         # After a claim that left no row ready: wait before the next one, until this time.
         self._wait_first = False
@@ -124,6 +156,7 @@ class NotifyingOrm(ORM):
             # found nothing nearly every time: one empty claim per job handed out.
             self._wait_first = False
             self.wait(self._due)
+        self._listen()  # before the claim: what is queued after it wakes the wait below
         now = timezone.now()
         rows = self._execute(
             _CLAIM.format(no_flush_wait=no_flush_wait(Conf.ORM)),
@@ -174,22 +207,61 @@ class NotifyingOrm(ORM):
         raise AssertionError("unreachable")
 
     def wait(self, due: datetime | None) -> None:
-        timeout = IDLE_S
+        """Until a notification, ``due``, ``idle_s`` or ``interrupt()``, whichever comes first;
+        at once if no listener listens (the next claim comes after a new one does)."""
+        timeout = IDLE_S if self.idle_s is None else self.idle_s
         if due is not None:
-            timeout = min(IDLE_S, max(MIN_WAIT_S, (due - timezone.now()).total_seconds()))
+            timeout = min(timeout, max(MIN_WAIT_S, (due - timezone.now()).total_seconds()))
+        listener = self._listen()
+        if listener is None:
+            self._sleep(min(timeout, RELISTEN_S))
+            return
         try:
-            listener = self.listener()
-            for _ in listener.notifies(timeout=timeout, stop_after=1):
-                pass
+            if self._sleep(timeout, listener.fileno()):
+                # Read what came (notifications, or the end of the session, which raises).
+                for _ in listener.notifies(timeout=0):
+                    pass
         except psycopg.Error as exc:
-            # The pusher looks again after this; a new listener is opened then.
+            # The pusher looks again after this, once a new listener listens.
             logger.warning("queue listener for %s lost (%s); reconnecting", self.list_key, exc)
             self.close_listener()
+
+    def interrupt(self) -> None:
+        """End the wait under way, and every later one, at once (from any thread): a stop."""
+        self._interrupted.set()
+        with self._wake_lock:
+            if self._wake is not None:
+                os.write(self._wake[1], b"x")
+
+    def _sleep(self, timeout: float, fileno: int | None = None) -> bool:
+        """Sleep ``timeout`` at most, woken by ``interrupt()`` or by ``fileno`` turning readable
+        (True: it did)."""
+        with self._wake_lock:
+            if self._wake is None:
+                self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            wake = self._wake[0]
+        if self._interrupted.is_set():  # after the pipe exists: a later interrupt writes there
+            return False
+        with selectors.DefaultSelector() as selector:
+            selector.register(wake, selectors.EVENT_READ)
+            if fileno is not None:
+                selector.register(fileno, selectors.EVENT_READ)
+            ready = {key.fd for key, _ in selector.select(timeout)}
+        return fileno in ready
+
+    def _listen(self) -> psycopg.Connection | None:
+        """The listener, opened if there is none; None (and a warning) if it cannot be."""
+        try:
+            return self.listener()
+        except psycopg.Error as exc:
+            logger.warning("cannot listen to queue %s (%s); trying again", self.list_key, exc)
+            self.close_listener()
+            return None
 
     def listener(self) -> psycopg.Connection:
         if self._listener is None or self._listener.closed:
             params = connections[Conf.ORM].get_connection_params()
-            listener = psycopg.connect(**params, autocommit=True)
+            listener = psycopg.connect(**params, **client_keepalives(), autocommit=True)
             listener.execute(
                 sql.SQL("LISTEN {}").format(sql.Identifier(channel_for(self.list_key)))
             )
@@ -197,6 +269,11 @@ class NotifyingOrm(ORM):
         return self._listener
 
     def close_listener(self) -> None:
+        with self._wake_lock:
+            if self._wake is not None:
+                for fd in self._wake:
+                    os.close(fd)
+                self._wake = None
         if self._listener is not None:
             try:
                 self._listener.close()

@@ -183,6 +183,74 @@ def test_after_a_claim_the_next_look_waits_for_a_notification_before_claiming(mo
     assert len(claims) == 2  # one claim per job, none that finds the queue empty
 
 
+def test_an_interrupt_ends_a_wait_at_once_and_every_later_one():
+    broker = NotifyingOrm(list_key="node-a")
+    thread, got = dequeue_in_thread(broker)
+    wait_until_listening(broker)
+    time.sleep(0.2)  # into its wait (IDLE_S is a minute here)
+    broker.interrupt()
+    thread.join(BOUND_S)
+    assert not thread.is_alive() and got == []
+    # A broker interrupted before it waits does not wait either: a stop is not missed.
+    broker = NotifyingOrm(list_key="node-a")
+    broker.interrupt()
+    try:
+        began = time.monotonic()
+        assert broker.dequeue() is None
+        assert time.monotonic() - began < BOUND_S
+    finally:
+        broker.close_listener()
+
+
+def test_a_listener_whose_session_ends_wakes_the_wait_and_a_new_one_takes_the_next_job():
+    broker = NotifyingOrm(list_key="node-a")
+    thread, got = dequeue_in_thread(broker)
+    wait_until_listening(broker)
+    time.sleep(0.2)  # into its wait (IDLE_S is a minute here)
+    lost = broker._listener.info.backend_pid
+    with connections["default"].cursor() as cursor:  # what a restarted server does to it
+        cursor.execute("SELECT pg_terminate_backend(%s)", [lost])
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        listener = broker._listener
+        if listener is not None and listener.info.backend_pid not in (0, lost):
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("no new listener after the first one's session ended")
+    NotifyingOrm(list_key="node-a").enqueue("after the loss")
+    thread.join(BOUND_S)
+    assert [payload for _, payload in got] == ["after the loss"]
+
+
+def test_a_job_queued_between_the_claim_and_the_wait_wakes_the_wait():
+    """The listener listens before the claim: a notification sent after the claim found the
+    queue empty is waiting for it when it waits."""
+    broker = NotifyingOrm(list_key="node-a")
+    execute = broker._execute
+
+    def claim_then_queue(sql, params):
+        rows = execute(sql, params)
+        if not any(pk for pk, _, _ in rows):
+            queued = threading.Thread(target=enqueue_elsewhere, args=("in between",))
+            queued.start()
+            queued.join()
+        return rows
+
+    broker._execute = claim_then_queue
+    thread, got = dequeue_in_thread(broker)
+    thread.join(BOUND_S)
+    assert [payload for _, payload in got] == ["in between"]
+    assert not thread.is_alive()
+
+
+def enqueue_elsewhere(payload: str) -> None:
+    try:
+        NotifyingOrm(list_key="node-a").enqueue(payload)
+    finally:
+        connections.close_all()
+
+
 def test_a_dequeue_outside_a_transaction_survives_a_dropped_session():
     broker = NotifyingOrm(list_key="node-a")
     broker.enqueue("after the drop")

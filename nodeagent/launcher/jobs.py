@@ -6,15 +6,16 @@ it launches was committed. A node once ran a django-q2 cluster of its own to tak
 processes (sentinel, pusher, monitor, a worker) to run functions that only ask the spawner
 for a supervisor or signal one. This thread takes them from the same queue with the same
 broker (claimed rows, LISTEN wake-ups: ``gpuplatform.broker``), runs them, and acknowledges
-them. A job claimed by an agent that dies before acknowledging it is handed out again after
-the broker's retry time; launches and controls are idempotent, so a second delivery is safe.
+them. Idle, it sleeps on the listener's socket: a notification, a row falling due, a lost
+listener or ``stop`` wakes it, and it claims on its own only every BACKSTOP_S. A job claimed
+by an agent that dies before acknowledging it is handed out again after the broker's retry
+time; launches and controls are idempotent, so a second delivery is safe.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from django.db import DatabaseError, close_old_connections
 from django_q.signing import BadSignature, SignedPackage
@@ -27,6 +28,10 @@ logger = logging.getLogger(__name__)
 # The only functions a node runs from its queue: the control plane's names for them.
 JOBS = {f"{tasks.__name__}.{name}": getattr(tasks, name) for name in tasks.__all__}
 RETRY_AFTER_ERROR_S = 1.0
+# The longest an idle job thread waits before claiming anyway. Every wake-up it needs comes
+# from its listener's socket (a notification, the session's end, a dead peer: see
+# gpuplatform.broker) or from ``stop``; this only bounds what nothing tells it.
+BACKSTOP_S = 30.0
 
 
 class NodeJobs(threading.Thread):
@@ -35,7 +40,7 @@ class NodeJobs(threading.Thread):
     def __init__(self, node_name: str) -> None:
         super().__init__(name=f"jobs-{node_name}", daemon=True)
         self.node_name = node_name
-        self.broker = NotifyingOrm(list_key=node_name)
+        self.broker = NotifyingOrm(list_key=node_name, idle_s=BACKSTOP_S)
         self.stopping = threading.Event()
         self.done = 0
 
@@ -50,7 +55,7 @@ class NodeJobs(threading.Thread):
                 except DatabaseError as exc:  # what is not acknowledged is handed out again
                     logger.warning("node %s: job queue unreachable (%s)", self.node_name, exc)
                     close_old_connections()
-                    time.sleep(RETRY_AFTER_ERROR_S)
+                    self.stopping.wait(RETRY_AFTER_ERROR_S)
         finally:
             self.broker.close_listener()
             close_old_connections()
@@ -74,3 +79,4 @@ class NodeJobs(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
+        self.broker.interrupt()  # a wait under way ends now, not at the backstop

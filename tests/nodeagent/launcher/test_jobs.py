@@ -3,6 +3,8 @@ node's name, and taken off the queue; nothing else is run."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -70,3 +72,25 @@ def test_only_the_nodes_own_signed_jobs_run(ran, thread):
     queue("nodeagent.launcher.tasks.launch_many", payload="not signed by the platform")
     wait_for(lambda: not OrmQ.objects.exists())
     assert ran == [] and thread.done == 0
+
+
+def test_an_idle_job_thread_does_not_claim_again_until_told(monkeypatch):
+    """Idle, it waits on its listener: a claim per notification (or per BACKSTOP_S), not one
+    every second."""
+    claims = []
+    execute = NotifyingOrm._execute
+    monkeypatch.setattr(
+        NotifyingOrm,
+        "_execute",
+        lambda self, sql, params: claims.append(sql) or execute(self, sql, params),
+    )
+    running = jobs.NodeJobs(NODE)
+    running.start()
+    try:
+        wait_for(lambda: running.broker._listener is not None and claims)
+        time.sleep(2.5)
+        assert len(claims) == 1, "it claimed again with nothing queued"
+    finally:
+        running.stop()
+        running.join(timeout=jobs.BACKSTOP_S / 2)  # the stop ended its wait, not the backstop
+    assert not running.is_alive()
