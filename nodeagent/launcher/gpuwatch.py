@@ -23,9 +23,37 @@ logger = logging.getLogger(__name__)
 
 
 def check_gpu_memory(node_name: str, backend: GpuBackend) -> dict:
-    processes = backend.processes()
-    for problem in getattr(backend, "process_problems", ()):
-        logger.warning("node %s: %s (its GPU memory is not checked this time)", node_name, problem)
+    """Record foreign memory, alert on (and by policy stop) overuse."""
+    return MemoryWatch(node_name, backend).check()
+
+
+class MemoryWatch:
+    """``check_gpu_memory`` for the agent's heartbeat: when no process holds GPU memory now and
+    none did at its last check, nothing can have changed (that check recorded no foreign memory
+    and resolved every overuse alert, and nothing else writes either), so the database is not
+    read, unless ``again`` (the agent's backstop, with each reconciliation)."""
+
+    def __init__(self, node_name: str, backend: GpuBackend) -> None:
+        self.node_name = node_name
+        self.backend = backend
+        self.clean = False  # what the last full check found: no process, every GPU listed
+
+    def check(self, *, again: bool = True) -> dict:
+        processes = self.backend.processes()
+        problems = getattr(self.backend, "process_problems", ())
+        for problem in problems:
+            logger.warning("node %s: %s (its GPU memory is not checked this time)",
+                           self.node_name, problem)  # fmt: skip
+        clean = not processes and not problems and not getattr(self.backend, "unlisted_gpus", ())
+        if clean and self.clean and not again:
+            return {"foreign_changed": 0, "overuses": 0}
+        self.clean = False  # until this check is done
+        result = _check(self.node_name, self.backend, processes)
+        self.clean = clean
+        return result
+
+
+def _check(node_name: str, backend: GpuBackend, processes: list) -> dict:
     node = Node.objects.get(name=node_name)
     gpus = {gpu.uuid: gpu for gpu in GPU.objects.filter(node=node).exclude(state="offline")}
     readable = set(gpus) - set(getattr(backend, "unlisted_gpus", ()))

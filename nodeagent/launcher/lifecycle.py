@@ -434,15 +434,62 @@ def reconcile_node(node_name: str, *, startup: bool = False) -> dict[str, int]:
 
 
 def watch_supervisors(node_name: str) -> int:
-    """The node agent's quick look (every second): the running attempts of this node whose
-    supervisor died are settled now, not at the next reconciliation. One query when all is well.
-    Returns how many were settled."""
+    """A quick look: the running attempts of this node whose supervisor died are settled now,
+    not at the next reconciliation. One query when all is well. Returns how many were settled.
+    (The node agent looks every second through a ``SupervisorWatch``, which spares the query.)"""
     rows = watched_supervisors(node_name)
-    dead = [pk for pk, pid, started in rows if not ProcessId(pid, started).alive()]
+    return _settle_dead([pk for pk, pid, started in rows if not ProcessId(pid, started).alive()])
+
+
+def _settle_dead(dead: list[int]) -> int:
     for attempt in TaskAttempt.objects.filter(pk__in=dead).select_related("task__tenant", "node"):
         if not attempt.outcome and _supervisor(attempt) is None:
             reconcile_attempt(attempt)
     return len(dead)
+
+
+class SupervisorWatch:
+    """``watch_supervisors`` for the node agent's loop, which looks every second: the list of
+    supervisors to watch (``watched_supervisors``) is read from the database only when it may
+    have changed, and each look checks their processes on this host alone, so an idle node
+    makes no query. The agent calls ``changed()`` after whatever can change the list: a job
+    run (a launch, a control), a report its relay wrote (a start, an end, a hand-off), a
+    reconciliation (which also makes it a backstop, for a supervisor that wrote its reports
+    itself). A supervisor found dead is settled only once a fresh read still lists it."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._rows: list[tuple[int, int, float]] | None = None  # None: read at the next look
+        self.reads = 0
+
+    @property
+    def stale(self) -> bool:
+        """Whether the next look reads the database."""
+        return self._rows is None
+
+    def changed(self) -> None:
+        self._rows = None
+
+    def look(self) -> int:
+        """Settle the attempts whose supervisor died; returns how many."""
+        fresh = self._rows is None
+        if fresh:
+            self._read()
+        dead = self._dead()
+        if dead and not fresh:  # the list may be out of date: settle only what it still holds
+            self._read()
+            dead = self._dead()
+        if not dead:
+            return 0
+        self._rows = None  # what was settled left the list
+        return _settle_dead(dead)
+
+    def _read(self) -> None:
+        self._rows = list(watched_supervisors(self.node_name))
+        self.reads += 1
+
+    def _dead(self) -> list[int]:
+        return [pk for pk, pid, started in self._rows or () if not ProcessId(pid, started).alive()]
 
 
 def watched_supervisors(node_name: str):

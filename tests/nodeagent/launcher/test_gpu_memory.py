@@ -88,3 +88,20 @@ def test_a_task_using_more_than_it_reserved_is_flagged_or_stopped(
         wait_for(state_of(task, "failed"))
         assert "uses 6000 MiB of GPU memory" in task.reason
         assert TaskAttempt.objects.get(task=task).outcome == "failed"
+
+
+def test_an_idle_heartbeat_reads_nothing_about_gpu_memory_until_its_backstop(
+    node, agent_for, django_assert_num_queries
+):
+    stray = [GpuProcess(gpu_uuid=node.gpus.get(index=0).uuid, pid=999_999, used_mb=2_000)]
+    watch = agent_for(processes=stray).memory
+    watch.check(again=False)  # a process: checked in full
+    stray.clear()
+    watch.check(again=False)  # it left: its foreign memory is taken back
+    assert GPU.objects.get(pk=node.gpus.get(index=0).pk).foreign_memory_mb == 0
+    with django_assert_num_queries(0):
+        watch.check(again=False)  # no process then, none now: nothing can have changed
+    watch.check(again=True)  # the backstop, with each reconciliation, reads all the same
+    stray.append(GpuProcess(gpu_uuid=node.gpus.get(index=1).uuid, pid=999_999, used_mb=1_000))
+    watch.check(again=False)
+    assert GPU.objects.get(pk=node.gpus.get(index=1).pk).foreign_memory_mb == 1_000
