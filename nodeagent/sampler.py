@@ -1,7 +1,14 @@
 """The node agent's GPU sampler: its own thread, its own database connection, its own pace.
 
 A slow or failing NVML read or database write delays only the next sample, never the heartbeat
-or the launcher, which run on the agent's main thread and its django-q2 cluster.
+or the launcher, which run on the agent's main thread and its job thread.
+
+A node none of whose GPUs a task holds (nothing pending a simulated fault, no sample alert
+open) is sampled every ``telemetry.unheld_sample_interval`` instead of every
+``sample_interval``: those samples feed the dashboard and the history, never a tenant's usage
+or an idle-GPU alert, and an idle node no longer writes a row per GPU every second. The agent
+calls ``wake()`` when its job thread or its relay did something (a launch, a report), so a
+task's GPUs are sampled at the full rate from its start.
 """
 
 from __future__ import annotations
@@ -25,11 +32,22 @@ class Sampler:
     """Samples every GPU of one node each ``interval_s``: ``tick()`` is one step (tests call
     it), ``start()``/``stop()`` run it on a daemon thread."""
 
-    def __init__(self, *, node_name: str, backend: GpuBackend, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        backend: GpuBackend,
+        interval_s: float = 1.0,
+        unheld_interval_s: float | None = None,
+    ) -> None:
         self.node_name = node_name
         self.backend = backend
         self.interval_s = interval_s
+        # None: every tick at interval_s (never slower than that either way).
+        self.unheld_interval_s = max(interval_s, unheld_interval_s or interval_s)
+        self.unheld = False  # what the last tick found: no GPU held, nothing else pending
         self.stopping = threading.Event()
+        self._woken = threading.Event()
         self.ticks = 0
         self.errors = 0
         self._thread: threading.Thread | None = None
@@ -38,7 +56,13 @@ class Sampler:
         """Sample once, store, act on XIDs and alerts; returns how many samples were stored."""
         state = services.node_state(node_name=self.node_name)
         if state is None:
+            self.unheld = False
             return 0  # not registered yet: the heartbeat does that
+        self.unheld = not (
+            state.faults_pending
+            or state.alerts_open
+            or any(h.task_id is not None for h in state.holders.values())
+        )
         node = Node(pk=state.node_id, name=self.node_name)
         simulated = self.backend.name == "simulated"
         if simulated and state.faults_pending:
@@ -74,12 +98,21 @@ class Sampler:
                 self.errors += 1
                 logger.exception("node %s: GPU sample failed", self.node_name)
             # Fixed rate, not fixed delay: samples stay on the second; a late tick skips ahead.
-            next_at += self.interval_s
+            interval = self.unheld_interval_s if self.unheld else self.interval_s
+            next_at += interval
             now = time.monotonic()
             if next_at < now:
-                next_at = now + self.interval_s
-            self.stopping.wait(next_at - now)
+                next_at = now + interval
+            if self._woken.wait(next_at - now):
+                self._woken.clear()
+                next_at = time.monotonic()  # woken: sample now, then at the pace it finds
         connection.close()
+
+    def wake(self) -> None:
+        """Something may now hold a GPU here (a launch, a report): an unheld node samples at
+        once instead of at its next unheld tick."""
+        if self.unheld:
+            self._woken.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -89,5 +122,6 @@ class Sampler:
 
     def stop(self, timeout: float = 5.0) -> None:
         self.stopping.set()
+        self._woken.set()
         if self._thread is not None:
             self._thread.join(timeout)

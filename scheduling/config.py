@@ -218,6 +218,11 @@ class TelemetryConfig(_Strict):
     # How often the node agent samples every GPU (NVML averages utilisation over up to 1 s:
     # sampling faster buys nothing).
     sample_interval_s: DurationS = Field(default=1, alias="sample_interval")
+    # How often a node none of whose GPUs a task holds samples them instead (never more often
+    # than sample_interval): their samples feed the dashboard and the history, not usage, and
+    # the node is back at sample_interval as soon as a task is launched there. At most 10 s:
+    # the dashboard greys out a GPU after 15 s without a sample.
+    unheld_sample_interval_s: DurationS = Field(default=5, le=10, alias="unheld_sample_interval")
     raw_retention_s: DurationS = Field(default=48 * 3600, alias="raw_retention")
     minute_retention_s: DurationS = Field(default=30 * 86400, alias="minute_retention")
     hour_retention_s: DurationS = Field(default=365 * 86400, alias="hour_retention")

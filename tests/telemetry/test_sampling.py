@@ -3,6 +3,8 @@ per tick tied to the task and tenant holding each GPU, and injected faults reach
 
 from __future__ import annotations
 
+import time
+
 from nodeagent.inventory import simulated_uuid
 from nodeagent.sampler import Sampler
 from scheduling.states import TaskState
@@ -110,3 +112,58 @@ def test_a_failing_read_is_logged_and_sampling_goes_on(
     finally:
         sampler.stop()
     assert sampler.errors >= 3 and not sampler._thread.is_alive()
+
+
+def test_a_tick_says_whether_the_node_is_unheld(backend, workstation, lab):
+    sampler = Sampler(node_name="workstation-1", backend=backend)
+    sampler.tick()
+    assert sampler.unheld
+
+    gpu = workstation.gpus.get(index=2)
+    services.fault_inject(gpu=gpu, kind="temperature", value=97)
+    sampler.tick()  # the fault was pending when it read the node
+    assert not sampler.unheld
+
+    services.fault_inject(gpu=gpu, kind="clear")
+    task = TaskFactory(tenant=lab, state=TaskState.RUNNING, node=workstation, attempt=1)
+    AllocationFactory(task=task, gpu=gpu, memory_mb=1024)
+    sampler.tick()
+    assert not sampler.unheld
+
+
+def wait_until(predicate, bound_s: float = 20.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not predicate():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.01)
+
+
+def test_an_unheld_node_is_sampled_at_its_own_pace_until_woken(
+    transactional_db, backend, workstation
+):
+    # transactional: the sampler thread reads with its own connection.
+    sampler = Sampler(
+        node_name="workstation-1", backend=backend, interval_s=0.05, unheld_interval_s=60
+    )
+    sampler.start()
+    try:
+        wait_until(lambda: sampler.ticks == 1)
+        time.sleep(0.5)  # ten ticks at sample_interval
+        assert sampler.ticks == 1 and GpuSample.objects.count() == 4
+        sampler.wake()  # what the agent does after a launch
+        wait_until(lambda: sampler.ticks == 2)
+    finally:
+        sampler.stop()
+    assert not sampler._thread.is_alive()
+
+
+def test_a_node_with_a_held_gpu_is_sampled_at_sample_interval(transactional_db, backend, running):
+    sampler = Sampler(
+        node_name="workstation-1", backend=backend, interval_s=0.05, unheld_interval_s=60
+    )
+    sampler.start()
+    try:
+        wait_until(lambda: sampler.ticks >= 5)
+    finally:
+        sampler.stop()
+    assert not sampler.unheld
