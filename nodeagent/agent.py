@@ -46,7 +46,7 @@ _CONNECTIONS_AND_NODES = (
 )
 
 RECONCILE_EVERY = 6  # heartbeats
-WATCH_EVERY_S = 1.0  # how soon a dead supervisor is noticed
+WATCH_EVERY_S = 1.0  # how soon a dead supervisor is noticed (locally: lifecycle.SupervisorWatch)
 JOBS_STOP_S = 5.0  # a job under way is let finish (a launch takes milliseconds)
 
 
@@ -88,6 +88,7 @@ class NodeAgent:
             backend_kind, node_name=node_name, simulate=self.node_config.simulate
         )
         self.sample = sample
+        self.memory = gpuwatch.MemoryWatch(node_name, self.backend)
         self.stopping = threading.Event()
         self._last_seen: tuple[GpuInfo, ...] | None = None
         self.ticks = 0
@@ -114,6 +115,7 @@ class NodeAgent:
             advertise_address=self.advertise_address or None,
         )
         self._last_seen = tuple(gpus)
+        self.memory.clean = False  # GPUs (re)registered: their memory is checked in full
         return gpus
 
     def tick(self) -> None:
@@ -130,7 +132,8 @@ class NodeAgent:
         elif not services.node_heartbeat(name=self.name):
             logger.warning("node %s: unknown to the database, registering again", self.name)
             self.register()
-        gpuwatch.check_gpu_memory(self.name, self.backend)
+        # Skips the database while no process holds GPU memory; in full with reconciliation.
+        self.memory.check(again=self.ticks % RECONCILE_EVERY == 0)
         if self.ticks == 0:
             self.check_connections()
         self.ticks += 1
@@ -193,27 +196,41 @@ class NodeAgent:
         jobs = self._jobs() if launcher else None
         sampler = self._sampler()
         interval = self.config.heartbeat.interval_s
+        telemetry = self.config.telemetry
         logger.info(
-            "node agent %s starting: GPUs via %s, heartbeat every %ss, samples every %ss, "
+            "node agent %s starting: GPUs via %s, heartbeat every %ss, samples every %s, "
             "tasks tracked by %s; %s",
             self.name,
             self.backend.name,
             interval,
-            self.config.telemetry.sample_interval_s if self.sample else "(off)",
+            f"{telemetry.sample_interval_s}s ({telemetry.unheld_sample_interval_s}s while no "
+            "task holds a GPU)"
+            if self.sample
+            else "(off)",
             tracking.describe(),
             namespaces.describe(),
         )
         next_tick = 0.0
         reached = time.monotonic()  # the database, last
         fenced = False
+        watch = lifecycle.SupervisorWatch(self.name)
+        seen = None  # what the job thread and the relay had done at the last look
         while not self.stopping.is_set():
             try:
-                close_old_connections()
-                if time.monotonic() >= next_tick:
+                heartbeat = time.monotonic() >= next_tick
+                done = (jobs.done if jobs else 0, relay.reports if relay else 0, jobs)
+                if done != seen and sampler is not None:
+                    sampler.wake()  # a task may hold GPUs here now: sampled at the full rate
+                if done != seen or (heartbeat and self.ticks % RECONCILE_EVERY == 0):
+                    watch.changed()  # a launch, a control, a report, a reconciliation
+                seen = done
+                if heartbeat or watch.stale:
+                    close_old_connections()  # before the database, not every second
+                if heartbeat:
                     next_tick = time.monotonic() + interval
                     self.tick()  # the first tick registers
                     reached, fenced = time.monotonic(), False
-                lifecycle.watch_supervisors(self.name)
+                watch.look()  # the supervisors' processes; the database only when changed
                 for child in children:
                     child.keep_alive()
                 if jobs is not None and not jobs.is_alive():
@@ -300,6 +317,7 @@ class NodeAgent:
             node_name=self.name,
             backend=self.backend,
             interval_s=self.config.telemetry.sample_interval_s,
+            unheld_interval_s=self.config.telemetry.unheld_sample_interval_s,
         )
         sampler.start()
         return sampler
