@@ -71,23 +71,33 @@ class Relay(threading.Thread):
         self.listener.listen(MAX_BATCH)
         self.listener.setblocking(False)
         _LISTENERS.add(self.listener)
+        # ``stop`` writes here: the wait for reports has no timeout to notice it by.
+        self._wake_r, self._wake_w = socket.socketpair()
         self.batches = 0
         self.reports = 0
         self.log_alerted_at: float | None = None  # ``log_trouble``: the node's alert, when
 
     def stop(self) -> None:
         self.stopping.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass  # ended already
         self.join(timeout=10)
 
     def run(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self.listener, selectors.EVENT_READ)
+        selector.register(self._wake_r, selectors.EVENT_READ)
         pending: list[tuple[socket.socket, dict]] = []
         first_at = 0.0
         try:
             while not self.stopping.is_set():
-                wait = 0.5 if not pending else max(0.0, first_at + GATHER_S - time.monotonic())
+                # Idle, it sleeps until a supervisor connects or ``stop`` wakes it.
+                wait = None if not pending else max(0.0, first_at + GATHER_S - time.monotonic())
                 for key, _ in selector.select(wait):
+                    if key.fileobj is self._wake_r:
+                        continue  # stopping: the loop's condition says so
                     if key.fileobj is self.listener:
                         self._accept(selector)
                         continue
@@ -110,6 +120,8 @@ class Relay(threading.Thread):
             selector.close()
             _LISTENERS.discard(self.listener)
             self.listener.close()
+            self._wake_r.close()
+            self._wake_w.close()
             close_old_connections()
 
     def _accept(self, selector: selectors.BaseSelector) -> None:

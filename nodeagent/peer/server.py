@@ -25,6 +25,7 @@ from scheduling import nodelink
 logger = logging.getLogger(__name__)
 
 SPLICE_CHUNK = 64 * 1024
+POLL_S = 60.0  # how often an idle server's loop looks at its stop flag (``PeerServer.stop``)
 
 
 @dataclass(frozen=True)
@@ -177,8 +178,10 @@ class PeerServer:
         self.httpd.node_name = node_name
         self.httpd.router = router
         self.advertised_host = host
+        # Idle, the server's loop wakes only this often (a request wakes it at once); ``stop``
+        # wakes it with a connection of its own instead of waiting.
         self.thread = threading.Thread(
-            target=self.httpd.serve_forever, name="node-peer", daemon=True
+            target=self.httpd.serve_forever, args=(POLL_S,), name="node-peer", daemon=True
         )
 
     @property
@@ -190,6 +193,22 @@ class PeerServer:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self.thread.is_alive():
+            # shutdown() waits for the loop to look at its flag, which it does when a select
+            # ends: a connection ends it (refused or not, it is answered by nothing).
+            stopper = threading.Thread(target=self.httpd.shutdown, daemon=True)
+            stopper.start()
+            while stopper.is_alive():
+                self._poke()
+                stopper.join(0.05)
         self.httpd.server_close()
         self.thread.join(timeout=5)
+
+    def _poke(self) -> None:
+        host, port = self.httpd.server_address[:2]
+        if host in ("0.0.0.0", "::"):  # noqa: S104 - a wildcard bind: reach it on loopback
+            host = "::1" if ":" in host else "127.0.0.1"
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            pass
