@@ -494,8 +494,8 @@ class SupervisorWatch:
 
 def watched_supervisors(node_name: str):
     """(attempt id, supervisor pid, its start time) of the node's running attempts: read through
-    the attempts' (node, outcome) index, so every second it reads those alone, not the node's
-    whole history of finished ones."""
+    the attempts' (node, outcome) index, so each read (the agent's, after a change) reads those
+    alone, not the node's whole history of finished ones."""
     return (
         TaskAttempt.objects.filter(
             node__name=node_name,
