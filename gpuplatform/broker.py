@@ -36,6 +36,7 @@ table and the same claim (a conditional UPDATE of ``lock``), so delivery, re-del
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -231,7 +232,8 @@ class NotifyingOrm(ORM):
         self._interrupted.set()
         with self._wake_lock:
             if self._wake is not None:
-                os.write(self._wake[1], b"x")
+                with contextlib.suppress(BlockingIOError):  # full: it is woken already
+                    os.write(self._wake[1], b"x")
 
     def _sleep(self, timeout: float, fileno: int | None = None) -> bool:
         """Sleep ``timeout`` at most, woken by ``interrupt()`` or by ``fileno`` turning readable
