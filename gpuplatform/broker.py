@@ -46,7 +46,6 @@ import zlib
 from datetime import datetime, timedelta
 
 import psycopg
-from django.conf import settings
 from django.db import DatabaseError, connections
 from django.utils import timezone
 from django_q.brokers import Broker, get_broker
@@ -103,20 +102,6 @@ _INSERT_MANY = """
                       FROM unnest(%s::text[], %s::text[]) AS v(key, payload))
     SELECT pg_notify(channel, '') FROM unnest(%s::text[]) AS channel
 """
-
-
-def client_keepalives() -> dict[str, int]:
-    """libpq's TCP keepalives for a listener, after ``DB_PEER_TIMEOUT`` (the settings ask the
-    server to probe its clients; this asks the client to probe the server): a listener only
-    reads, so without them a server that vanished (its host dead, the link cut) would leave it
-    waiting on a socket nothing ever reaches again. With them the socket reports an error within
-    about that many seconds. TCP only: libpq ignores them on a Unix socket."""
-    peer = settings.DB_PEER_TIMEOUT
-    if not peer:
-        return {}
-    idle = max(1, peer // 3)
-    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 1,
-            "keepalives_count": max(1, peer - idle), "tcp_user_timeout": peer * 1000}  # fmt: skip
 
 
 def channel_for(list_key: str) -> str:
@@ -263,7 +248,9 @@ class NotifyingOrm(ORM):
     def listener(self) -> psycopg.Connection:
         if self._listener is None or self._listener.closed:
             params = connections[Conf.ORM].get_connection_params()
-            listener = psycopg.connect(**params, **client_keepalives(), autocommit=True)
+            # The connection's own parameters carry libpq's keepalives and tcp_user_timeout
+            # (settings, DB_PEER_TIMEOUT): a server that vanished shows as an error here.
+            listener = psycopg.connect(**params, autocommit=True)
             listener.execute(
                 sql.SQL("LISTEN {}").format(sql.Identifier(channel_for(self.list_key)))
             )
