@@ -12,7 +12,8 @@ own polling ORM broker):
 - the main thread claims a job only when a worker is free (nothing claimed waits in memory,
   where a stop would strand it until the broker's retry), hands it to a worker thread, and runs
   django-q2's ``scheduler`` (its ``Schedule`` rows) every ``SCHEDULE_EVERY_S``, as django-q2's
-  sentinel does;
+  sentinel does; in between it sleeps on the queue's LISTEN connection (a job queued, a
+  delayed one falling due, the schedules' time or a stop wakes it), not a poll a second;
 - each worker closes old connections and sends ``pre_execute`` before a job (as django-q2's
   workers do), runs it, and saves a failure as django-q2's monitor does (``save_task``: the
   admin's failed tasks; successes are saved only as ``save_limit`` says), then acknowledges it;
@@ -40,6 +41,8 @@ from django_q.monitor import save_task
 from django_q.scheduler import scheduler as run_schedules
 from django_q.signals import pre_execute
 from django_q.signing import BadSignature, SignedPackage
+
+from gpuplatform.broker import NotifyingOrm
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +76,10 @@ class JobRunner:
         self.stopping = threading.Event()
         self.free = threading.Semaphore(workers)
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.running: dict[str, tuple[str, float]] = {}  # thread name: (job, since)
-        self.reported: set[tuple[str, float]] = set()
+        # ack id: (the job's function, when it was handed to a worker); set by the main thread,
+        # so that its next sleep already ends at that job's timeout.
+        self.running: dict[object, tuple[str, float]] = {}
+        self.reported: set[object] = set()
         self.done = 0
         self.threads = [
             threading.Thread(target=self._work, name=f"job-worker-{n}", daemon=True)
@@ -99,7 +104,10 @@ class JobRunner:
                     continue  # every worker busy: look at the schedules and the clock again
                 if self.stopping.is_set():
                     break
-                claimed = self._guarded(self.broker.dequeue)  # waits for a wake-up, a second
+                if isinstance(self.broker, NotifyingOrm):
+                    # Asleep until a job, or the schedules' time, or a running job's timeout.
+                    self.broker.idle_s = max(0.05, self._next_look(next_schedules))
+                claimed = self._guarded(self.broker.dequeue)  # waits for a wake-up
                 claimed = list(claimed or ())
                 if not claimed:
                     self.free.release()
@@ -107,6 +115,7 @@ class JobRunner:
                 for n, (ack_id, payload) in enumerate(claimed):
                     if n:  # a claim of more than one (Q_CLUSTER's bulk): a worker each
                         self.free.acquire()
+                    self.running[ack_id] = ("a job", time.monotonic())
                     self.jobs.put((ack_id, payload))
         finally:
             for _ in self.threads:
@@ -119,6 +128,8 @@ class JobRunner:
 
     def stop(self) -> None:
         self.stopping.set()
+        if isinstance(self.broker, NotifyingOrm):
+            self.broker.interrupt()  # ends the main thread's wait at once
 
     def stop_on_signals(self) -> None:
         """SIGTERM and SIGINT stop the runner (from the main thread only, as signals are)."""
@@ -141,12 +152,12 @@ class JobRunner:
             return None
 
     def _work(self) -> None:
-        name = threading.current_thread().name
-        for item in iter(self.jobs.get, STOP):
+        for ack_id, payload in iter(self.jobs.get, STOP):
             try:
-                self.run_one(*item)
+                self.run_one(ack_id, payload)
             finally:
-                self.running.pop(name, None)
+                self.running.pop(ack_id, None)
+                self.reported.discard(ack_id)
                 self.free.release()
         connections.close_all()  # this thread's
 
@@ -162,7 +173,7 @@ class JobRunner:
             )
             self._guarded(self.broker.fail, ack_id)
             return
-        self.running[threading.current_thread().name] = (task["func"], time.monotonic())
+        self.running[ack_id] = (task["func"], self.running.get(ack_id, ("", time.monotonic()))[1])
         close_old_connections()
         pre_execute.send(sender="django_q", func=func, task=task)
         try:
@@ -178,17 +189,24 @@ class JobRunner:
             self._guarded(self.broker.acknowledge, ack_id)
         self.done += 1
 
+    def _next_look(self, next_schedules: float) -> float:
+        """Seconds until the main thread must look again: the schedules, or the first running
+        job to run past its timeout (not reported yet)."""
+        overdue = [since + self.timeout_s for ack_id, (_, since) in list(self.running.items())
+                   if ack_id not in self.reported]  # fmt: skip
+        return min([next_schedules, *overdue]) - time.monotonic()
+
     def _report_overdue(self) -> None:
         now = time.monotonic()
-        for thread, (job, since) in list(self.running.items()):
-            if now - since > self.timeout_s and (thread, since) not in self.reported:
-                self.reported.add((thread, since))
+        for ack_id, (job, since) in list(self.running.items()):
+            if now - since > self.timeout_s and ack_id not in self.reported:
+                self.reported.add(ack_id)
                 logger.error(
-                    "queue %s: job %s has run %.0f s, past Q_TIMEOUT (%s s), on %s; the other "
+                    "queue %s: job %s (%s) has run %.0f s, past Q_TIMEOUT (%s s); the other "
                     "workers go on taking jobs",
                     self.list_key,
+                    ack_id,
                     job,
                     now - since,
                     self.timeout_s,
-                    thread,
                 )

@@ -156,3 +156,16 @@ def test_the_scheduler_runs_the_control_planes_jobs_and_nothing_else():
     assert resolve("os.system") is None
     assert resolve("scheduling.tasks._private") is None
     assert resolve("scheduling.tasks.nothing_of_that_name") is None
+
+
+def test_an_idle_runner_sleeps_on_its_queue_instead_of_claiming_every_second(runner):
+    started = runner()
+    claims = []
+    dequeue = started.broker.dequeue
+    started.broker.dequeue = lambda: claims.append(1) or dequeue()
+    time.sleep(2.5)
+    # Before the wait on its LISTEN connection was bounded by the schedules' time (30 s), it
+    # claimed once a second.
+    assert len(claims) <= 1
+    queue(f"{__name__}.job_ok", "woken")  # a notification still wakes it at once
+    until(lambda: ("ok", "woken") in ran, "the job queued to the sleeping runner")
