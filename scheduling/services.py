@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
@@ -161,9 +161,26 @@ def node_register(
     return node
 
 
+# A heartbeat of a node that was not marked silent: one statement, no transaction of its own.
+_BEAT = """
+    UPDATE scheduling_node SET last_heartbeat = %s
+     WHERE name = %s AND NOT (state = %s AND state_reason = %s)
+ RETURNING id, state, state_reason
+"""
+
+
 def node_heartbeat(*, name: str) -> bool:
     """Record that the node's agent is alive. False if the node is unknown (re-register)."""
     now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_BEAT, [now, name, NodeState.OFFLINE, NODE_SILENT])
+        beat = cursor.fetchone()
+    if beat is not None:
+        node_id, state, reason = beat
+        node = Node(pk=node_id, name=name, state=state, state_reason=reason, last_heartbeat=now)
+        events.publish(events.NODES, [node])
+        return True
+    # Unknown, or back after being marked silent: what it was brought back from, under its lock.
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(name=name).first()
         if node is None:

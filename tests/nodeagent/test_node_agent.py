@@ -326,7 +326,7 @@ def test_the_connection_cap_follows_the_processes_settings():
     def cap(nodes: int, pool: int = 8, workers: int = 2):
         return budget(web_workers=2, db_pool_size=pool, q_workers=workers, nodes=nodes)
 
-    assert shortfall(cap(13), 97) is None  # 2 x (8 + 5) + 6 + 5 x 13 = 97
-    assert "may hold 102 (web 26, scheduler 6, nodes 70" in shortfall(cap(14), 97)
-    # One scheduler worker and smaller web pools fit fourteen: 2 x (4 + 5) + 5 + 5 x 14 = 93.
+    assert shortfall(cap(13), 97) is None  # 2 x (8 + 5) + 4 + 5 x 13 = 95
+    assert "may hold 100 (web 26, scheduler 4, nodes 70" in shortfall(cap(14), 97)
+    # One scheduler worker and smaller web pools fit fourteen: 2 x (4 + 5) + 3 + 5 x 14 = 91.
     assert shortfall(cap(14, pool=4, workers=1), 97) is None
