@@ -104,6 +104,26 @@ _INSERT_MANY = """
 """
 
 
+def queue_broker(list_key: str, *, idle_s: float | None = None) -> Broker:
+    """The broker a process takes one queue's jobs with: this module's, waiting ``idle_s`` at
+    most between claims when nothing wakes it; django-q2's own ORM broker, which polls, with
+    ``GPUPLATFORM_STOCK=broker`` (nothing would wake a wait then: its enqueues notify no one)."""
+    if not Conf.BROKER_CLASS:
+        return get_broker(list_key)
+    return NotifyingOrm(list_key=list_key, idle_s=idle_s)
+
+
+def interrupt(broker: Broker) -> None:
+    """End a wait of ``broker`` under way (a stop), if it is one that waits."""
+    if isinstance(broker, NotifyingOrm):
+        broker.interrupt()
+
+
+def close_listener(broker: Broker) -> None:
+    if isinstance(broker, NotifyingOrm):
+        broker.close_listener()
+
+
 def channel_for(list_key: str) -> str:
     """The NOTIFY channel of one queue: a short, fixed-form identifier whatever the queue's name
     (node names may hold characters an identifier may not, and identifiers stop at 63 bytes)."""

@@ -35,14 +35,13 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
-from django_q.brokers import get_broker
 from django_q.conf import Conf
 from django_q.monitor import save_task
 from django_q.scheduler import scheduler as run_schedules
 from django_q.signals import pre_execute
 from django_q.signing import BadSignature, SignedPackage
 
-from gpuplatform.broker import NotifyingOrm
+from gpuplatform import broker
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ class JobRunner:
         self.list_key = list_key
         # The platform's broker (Q_CLUSTER["broker_class"]), django-q2's own with
         # GPUPLATFORM_STOCK=broker.
-        self.broker = get_broker(list_key)
+        self.broker = broker.queue_broker(list_key)
         self.resolve = resolve
         self.schedules = schedules and Conf.SCHEDULER
         self.timeout_s = Conf.TIMEOUT if timeout_s is None else timeout_s
@@ -104,7 +103,7 @@ class JobRunner:
                     continue  # every worker busy: look at the schedules and the clock again
                 if self.stopping.is_set():
                     break
-                if isinstance(self.broker, NotifyingOrm):
+                if isinstance(self.broker, broker.NotifyingOrm):
                     # Asleep until a job, or the schedules' time, or a running job's timeout.
                     self.broker.idle_s = max(0.05, self._next_look(next_schedules))
                 claimed = self._guarded(self.broker.dequeue)  # waits for a wake-up
@@ -122,14 +121,13 @@ class JobRunner:
                 self.jobs.put(STOP)
             for thread in self.threads:
                 thread.join()
-            getattr(self.broker, "close_listener", lambda: None)()  # LISTEN, if it has one
+            broker.close_listener(self.broker)
             connections.close_all()  # this thread's
             logger.info("job runner on queue %s stopped (%d jobs run)", self.list_key, self.done)
 
     def stop(self) -> None:
         self.stopping.set()
-        if isinstance(self.broker, NotifyingOrm):
-            self.broker.interrupt()  # ends the main thread's wait at once
+        broker.interrupt(self.broker)  # ends the main thread's wait at once
 
     def stop_on_signals(self) -> None:
         """SIGTERM and SIGINT stop the runner (from the main thread only, as signals are)."""

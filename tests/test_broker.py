@@ -374,3 +374,23 @@ def test_the_scheduler_on_the_stock_broker_places_a_submitted_task(
         except subprocess.TimeoutExpired:
             os.killpg(cluster.pid, signal.SIGKILL)
             cluster.wait()
+
+
+def test_with_the_stock_broker_the_scheduler_and_node_agents_poll_with_it(stock_broker):
+    # Nothing notifies a queue then: a wait on a LISTEN connection would end only at its
+    # backstop (the node's 30 s, as the stock bench found), so they take django-q2's broker.
+    from gpuplatform.broker import queue_broker
+    from gpuplatform.jobrunner import JobRunner
+    from nodeagent.launcher.jobs import NodeJobs
+
+    assert type(queue_broker("node-a", idle_s=30.0)) is ORM
+    assert type(NodeJobs("node-a").broker) is ORM
+    assert type(JobRunner("gpuplatform", workers=1, resolve=lambda name: None).broker) is ORM
+
+
+def test_with_the_platforms_broker_they_wait_on_their_queues_listener():
+    from gpuplatform.broker import queue_broker
+    from nodeagent.launcher.jobs import BACKSTOP_S, NodeJobs
+
+    assert isinstance(queue_broker("node-a"), NotifyingOrm)
+    assert NodeJobs("node-a").broker.idle_s == BACKSTOP_S

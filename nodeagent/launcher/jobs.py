@@ -20,7 +20,7 @@ import threading
 from django.db import DatabaseError, close_old_connections
 from django_q.signing import BadSignature, SignedPackage
 
-from gpuplatform.broker import NotifyingOrm
+from gpuplatform import broker
 from nodeagent.launcher import tasks
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class NodeJobs(threading.Thread):
     def __init__(self, node_name: str) -> None:
         super().__init__(name=f"jobs-{node_name}", daemon=True)
         self.node_name = node_name
-        self.broker = NotifyingOrm(list_key=node_name, idle_s=BACKSTOP_S)
+        self.broker = broker.queue_broker(node_name, idle_s=BACKSTOP_S)
         self.stopping = threading.Event()
         self.done = 0
 
@@ -57,7 +57,7 @@ class NodeJobs(threading.Thread):
                     close_old_connections()
                     self.stopping.wait(RETRY_AFTER_ERROR_S)
         finally:
-            self.broker.close_listener()
+            broker.close_listener(self.broker)
             close_old_connections()
 
     def run_one(self, ack_id, payload: str) -> None:
@@ -79,4 +79,4 @@ class NodeJobs(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
-        self.broker.interrupt()  # a wait under way ends now, not at the backstop
+        broker.interrupt(self.broker)  # a wait under way ends now, not at the backstop
