@@ -126,6 +126,7 @@ class JobRunner:
             logger.info("job runner on queue %s stopped (%d jobs run)", self.list_key, self.done)
 
     def stop(self) -> None:
+        logger.info("job runner on queue %s: stopping", self.list_key)
         self.stopping.set()
         broker.interrupt(self.broker)  # ends the main thread's wait at once
 
@@ -133,8 +134,9 @@ class JobRunner:
         """SIGTERM and SIGINT stop the runner (from the main thread only, as signals are)."""
 
         def stop(signum: int, frame: object) -> None:
-            logger.info("job runner on queue %s: stopping (signal %d)", self.list_key, signum)
-            self.stop()
+            # On a thread of its own: the handler runs on the main thread, which may hold the
+            # broker's wake lock at this moment (``interrupt`` takes it).
+            threading.Thread(target=self.stop, name="job-runner-stop", daemon=True).start()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)

@@ -116,6 +116,6 @@ def test_a_flood_of_16_clients_stays_within_the_pool(owner, tmp_path, stock):
             done.set()
             watcher.join()
     assert statuses == {200: CLIENTS * REQUESTS_EACH}, (tmp_path / "daphne.log").read_text()[-3000:]
-    assert 0 < peak <= POOL_SIZE
+    assert 0 < peak <= POOL_SIZE, names
     assert names == {"gpuplatform web"}  # what pg_stat_activity tells an operator
     print(f"peak {peak} PostgreSQL connections for {CLIENTS} clients, pool of {POOL_SIZE}")

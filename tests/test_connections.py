@@ -75,7 +75,16 @@ def test_the_channel_layer_names_itself_and_keeps_what_database_url_says():
     )
     assert result.returncode == 0, result.stderr
     options = json.loads(result.stdout.splitlines()[-1])
-    assert options == {"sslmode": "disable", "application_name": "gpuplatform -c channels"}
+    assert options == {
+        "sslmode": "disable",
+        "application_name": "gpuplatform -c channels",
+        # DB_PEER_TIMEOUT's client side (3 s): a vanished server is given up on as soon.
+        "keepalives": 1,
+        "keepalives_idle": 1,
+        "keepalives_interval": 1,
+        "keepalives_count": 2,
+        "tcp_user_timeout": 3000,
+    }
 
 
 def test_every_name_a_process_gives_itself_counts_in_its_role_of_the_budget():
