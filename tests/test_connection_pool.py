@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from gpuplatform.dburl import current_database_url
@@ -87,10 +88,12 @@ def test_a_flood_of_16_clients_stays_within_the_pool(owner, tmp_path, stock):
         nonlocal peak
         with psycopg.connect(current_database_url(), autocommit=True) as watcher:
             while not done.is_set():
+                # The web process's sessions: not this test process's (its own connection, or
+                # a listener an earlier test of this process has not yet let go).
                 rows = watcher.execute(
                     "SELECT application_name FROM pg_stat_activity WHERE datname = %s "
-                    "AND pid <> pg_backend_pid() AND pid <> %s",
-                    (database, ours),
+                    "AND pid <> pg_backend_pid() AND pid <> %s AND application_name <> %s",
+                    (database, ours, settings.APPLICATION_NAME),
                 ).fetchall()
                 peak = max(peak, len(rows))
                 names.update(name for (name,) in rows)
