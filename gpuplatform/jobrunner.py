@@ -27,6 +27,7 @@ What a process like this runs is the queue's to say: its jobs are signed with SE
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import signal
 import threading
@@ -64,11 +65,15 @@ class JobRunner:
         resolve: Callable[[str], Callable | None],
         schedules: bool = True,
         timeout_s: float | None = None,
+        backstop_s: float = SCHEDULE_EVERY_S,
     ) -> None:
         self.list_key = list_key
         # The platform's broker (Q_CLUSTER["broker_class"]), django-q2's own with
         # GPUPLATFORM_STOCK=broker.
-        self.broker = broker.queue_broker(list_key)
+        self.broker = broker.queue_broker(list_key, idle_s=backstop_s)
+        # The longest the main thread sleeps when nothing wakes it: every wake-up it needs
+        # comes from the listener's socket or from ``stop``; this bounds what nothing tells it.
+        self.backstop_s = backstop_s
         self.resolve = resolve
         self.schedules = schedules and Conf.SCHEDULER
         self.timeout_s = Conf.TIMEOUT if timeout_s is None else timeout_s
@@ -92,7 +97,7 @@ class JobRunner:
         )
         for thread in self.threads:
             thread.start()
-        next_schedules = time.monotonic()
+        next_schedules = time.monotonic() if self.schedules else math.inf
         try:
             while not self.stopping.is_set():
                 if self.schedules and time.monotonic() >= next_schedules:
@@ -194,7 +199,7 @@ class JobRunner:
         job to run past its timeout (not reported yet)."""
         overdue = [since + self.timeout_s for ack_id, (_, since) in list(self.running.items())
                    if ack_id not in self.reported]  # fmt: skip
-        return min([next_schedules, *overdue]) - time.monotonic()
+        return min(min([next_schedules, *overdue]) - time.monotonic(), self.backstop_s)
 
     def _report_overdue(self) -> None:
         now = time.monotonic()
