@@ -7,8 +7,10 @@ own (``tests/hosts/postgres.py``, max_connections 300, stock durability), whose 
 counts; otherwise it says why it did not run.
 
 - An idle estate: the CPU of every platform process over IDLE_S (percent of one core, all
-  together) and each agent's proportional memory (PSS).
-- End to end: 2,000 `true` tasks from 8 tenants, each under a 32-GPU quota, through the API.
+  together and by role, as the throughput bench counts roles) and each agent's proportional
+  memory (PSS).
+- End to end: 2,000 `true` tasks from 8 tenants, each under a 32-GPU quota, through the API,
+  with the CPU per finished task by role.
 (A pass over a 10,000-task backlog on 256 GPUs is the ``history`` benchmark's, in-process.)
 
 The agents share this machine's CPUs, which 32 hosts would not: every figure is the whole
@@ -42,7 +44,13 @@ from bench.common import (
     wait_for,
     web_server,
 )
-from bench.throughput.accounting import server_connection_cap
+from bench.throughput.accounting import (
+    cpu_by_role,
+    cpu_per_task,
+    postmaster_of_this_connection,
+    role_spent,
+    server_connection_cap,
+)
 from bench.throughput.figures import STARTUP_LIMIT_S
 from gpuplatform import connections as db_connections
 from scheduling.models import Node, Task
@@ -57,7 +65,10 @@ NODES, GPUS_PER_NODE = 32, 8
 POOL = "bench-estate32"
 TENANTS, QUOTA_GPUS = 8, 32  # 8 x 32 = every GPU of the estate
 TASKS = 2_000
-IDLE_S = 30.0
+# Two whole periods of the agents' reconciliation (every 6 heartbeats: 30 s), which all 32
+# agents, started together, run in the same few seconds: a window of one period holds one round
+# or two, by phase.
+IDLE_S = 60.0
 SETTLE_S = 10.0
 THROUGHPUT_LIMIT_S = 180.0
 IDLE_TARGET_PCT = 5.0
@@ -85,20 +96,6 @@ def tenants() -> list[str]:
     return tokens
 
 
-def tree_cpu_s(pids: list[int]) -> float:
-    """CPU seconds of every process under ``pids`` (children counted once reaped too)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            top = psutil.Process(pid)
-            for proc in (top, *top.children(recursive=True)):
-                times = proc.cpu_times()
-                total += times.user + times.system + times.children_user + times.children_system
-        except psutil.Error:
-            continue
-    return total
-
-
 def pss_mib(pid: int) -> float:
     try:
         return psutil.Process(pid).memory_full_info().pss / 2**20
@@ -106,19 +103,22 @@ def pss_mib(pid: int) -> float:
         return 0.0
 
 
-def measure_idle(procs: list[Proc], web_pid: int, server_pid: int | None) -> dict:
+def platform_pct(cpu: dict[str, float]) -> float:
+    return sum(pct for role, pct in cpu.items() if role != "PostgreSQL")
+
+
+def measure_idle(procs: list[Proc], web_pid: int, postmaster: psutil.Process | None) -> dict:
+    """Each role's CPU while nothing is submitted, in percent of one core."""
     time.sleep(SETTLE_S)
-    everyone = [*(p.proc.pid for p in procs), web_pid]
-    server = [server_pid] if server_pid else []
-    before, began = tree_cpu_s(everyone), time.monotonic()
-    server_before = tree_cpu_s(server)
+    before, began = cpu_by_role(web_pid, procs, postmaster), time.monotonic()
     time.sleep(IDLE_S)
-    spent, elapsed = tree_cpu_s(everyone) - before, time.monotonic() - began
-    server_spent = tree_cpu_s(server) - server_before
+    after, elapsed = cpu_by_role(web_pid, procs, postmaster), time.monotonic() - began
+    cpu = {role: 100 * spent / elapsed for role, spent in role_spent(before, after).items()}
     agents = [pss_mib(p.proc.pid) for p in procs if p.name.startswith("agent-")]
     return {
-        "cpu_pct": 100 * spent / elapsed,
-        "postgres_pct": 100 * server_spent / elapsed if server_pid else None,
+        "cpu_pct": platform_pct(cpu),
+        "cpu_pct_by_role": cpu,
+        "postgres_pct": cpu["PostgreSQL"] if postmaster is not None else None,
         "agent_pss_mib": agents,
         "web_pss_mib": pss_mib(web_pid),
         "scheduler_pss_mib": sum(
@@ -138,7 +138,10 @@ def submit_all(apis: list[Api], command: str, each: int) -> list[int]:
     return ids
 
 
-def measure_throughput(apis: list[Api], procs: list[Proc]) -> dict:
+def measure_throughput(
+    apis: list[Api], procs: list[Proc], web_pid: int, postmaster: psutil.Process | None
+) -> dict:
+    cpu_before = cpu_by_role(web_pid, procs, postmaster)
     began = time.time()
     ids = submit_all(apis, "true", TASKS // TENANTS)
     left = Task.objects.filter(pk__in=ids).exclude(state__in=TERMINAL)
@@ -151,7 +154,9 @@ def measure_throughput(apis: list[Api], procs: list[Proc]) -> dict:
     last = max((t.timestamp() for t in finished.values_list("finished_at", flat=True) if t),
                default=time.time())  # fmt: skip
     done = finished.count()
-    return {"finished": done, "seconds": last - began, "per_s": done / max(last - began, 1e-9)}
+    cpu_after = cpu_by_role(web_pid, procs, postmaster)
+    return {"finished": done, "seconds": last - began, "per_s": done / max(last - began, 1e-9),
+            "cpu_ms_per_task": cpu_per_task(cpu_before, cpu_after, done)}  # fmt: skip
 
 
 def needed_connections() -> int:
@@ -181,7 +186,7 @@ def main() -> dict:
         "its defaults: fsync and synchronous commit on), as the many-host harness runs one"
     )
     with private_database() as server_pid:
-        return run_estate(server_pid)
+        return run_estate(psutil.Process(server_pid))
 
 
 @contextmanager
@@ -215,9 +220,10 @@ def private_database():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_estate(server_pid: int | None = None) -> dict:
-    """The bench, on this process's database; ``server_pid``: the PostgreSQL server's process
-    tree, when it is this bench's own (its CPU is then counted too)."""
+def run_estate(postmaster: psutil.Process | None = None) -> dict:
+    """The bench, on this process's database; ``postmaster``: the PostgreSQL server, when it is
+    this bench's own or this machine's (its CPU is then counted too)."""
+    postmaster = postmaster or postmaster_of_this_connection()
     scratch = Path(tempfile.mkdtemp(prefix="gpuplatform-bench-estate32-"))
     scratch.chmod(0o711)
     config = scratch / "estate.yaml"
@@ -246,12 +252,12 @@ def run_estate(server_pid: int | None = None) -> dict:
             wait_for(f"{NODES} nodes to register", lambda: nodes.count() == NODES, 600, procs,
                      poll_s=1.0)  # fmt: skip
             figures["startup_s"] = time.perf_counter() - began
-            figures["idle"] = measure_idle(procs, web.pid, server_pid)
+            figures["idle"] = measure_idle(procs, web.pid, postmaster)
             print(f"idle: {figures['idle']}", flush=True)
             apis = [Api(port, token) for token in tokens]
             for api in apis:
                 stack.callback(api.close)
-            figures["throughput"] = measure_throughput(apis, procs)
+            figures["throughput"] = measure_throughput(apis, procs, web.pid, postmaster)
             print(f"throughput: {figures['throughput']}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -266,7 +272,9 @@ def report(figures: dict) -> None:
           f"{figures['startup_s']:.1f} s")  # fmt: skip
     print(table(["measure", "value"], [
         ["idle estate, CPU of every platform process", f"{idle['cpu_pct']:.1f}% of one core"],
-        ["idle estate, PostgreSQL's CPU", "not measured (a shared server)"
+        *[[f"  {role}", f"{pct:.2f}%"] for role, pct in idle["cpu_pct_by_role"].items()
+          if role != "PostgreSQL"],
+        ["idle estate, PostgreSQL's CPU", "not measured (a server elsewhere)"
          if idle.get("postgres_pct") is None else f"{idle['postgres_pct']:.1f}% of one core"],
         ["node agents' PSS, each: median / most", f"{median(agents):.1f} / {max(agents):.1f} MiB"],
         ["node agents' PSS, all 32", f"{sum(agents):,.0f} MiB"],
@@ -274,6 +282,9 @@ def report(figures: dict) -> None:
          f"{idle['scheduler_pss_mib']:.0f} / {idle['web_pss_mib']:.0f} MiB"],
         [f"{TASKS:,} `true` tasks, {TENANTS} tenants x {QUOTA_GPUS}-GPU quota",
          f"{tput['per_s']:.1f} tasks/s ({tput['finished']:,} in {tput['seconds']:.1f} s)"],
+        ["  CPU per finished task, all", f"{tput['cpu_ms_per_task']['all']:.1f} ms"],
+        *[[f"    {role}", f"{ms:.1f} ms"] for role, ms in sorted(
+            tput["cpu_ms_per_task"].items(), key=lambda item: -item[1]) if role != "all"],
     ]))  # fmt: skip
     print()
     print("target: idle estate <= 5% of one core:", target(
