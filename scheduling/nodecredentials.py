@@ -14,9 +14,9 @@ import secrets
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from django.db import connection, transaction
+from django.db import ProgrammingError, connection, transaction
 from django.utils import timezone
-from psycopg import sql
+from psycopg import errors, sql
 
 from gpuplatform.dburl import database_host, hosts_netloc, query
 from scheduling.models import NodeCredential
@@ -53,6 +53,35 @@ def _role_exists(role: str) -> bool:
         return cursor.fetchone() is not None
 
 
+_SUPERUSER_ONLY = ("SUPERUSER", "REPLICATION", "BYPASSRLS")
+
+
+def _superuser_attributes(role: str, existed: bool) -> str:
+    """What the role statement says of the attributes only a superuser may give or take away.
+
+    PostgreSQL (15) refuses an ALTER ROLE naming SUPERUSER, REPLICATION or BYPASSRLS at all,
+    even to say NO, from a role that is not a superuser: the platform's own role, with
+    CREATEROLE, as docs/multi-host.md sets it up. Such a role cannot have given them either, so
+    an existing role is checked for them instead, and refused if someone has."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        (superuser,) = cursor.fetchone()
+        if not existed or superuser:
+            return "NOSUPERUSER NOREPLICATION NOBYPASSRLS"
+        cursor.execute(
+            "SELECT rolsuper, rolreplication, rolbypassrls FROM pg_roles WHERE rolname = %s",
+            [role],
+        )
+        has = cursor.fetchone()
+    granted = [name for name, held in zip(_SUPERUSER_ONLY, has, strict=True) if held]
+    if granted:
+        raise CredentialError(
+            f"role {role} has {', '.join(granted)}, which only a superuser may take away: "
+            "ALTER ROLE it as one, or revoke the credential and create it again"
+        )
+    return ""
+
+
 def _run(statement: sql.Composable) -> None:
     with connection.cursor() as cursor:
         cursor.execute(statement.as_string(connection.connection))
@@ -77,13 +106,14 @@ def node_credential_issue(*, node_name: str, role: str | None = None, rotate_onl
     hashed = connection.connection.pgconn.encrypt_password(
         password.encode(), role.encode(), b"scram-sha-256"
     ).decode()
-    verb = "ALTER" if existed else "CREATE"
     # NOINHERIT off: the group's grants are the role's; no other right.
     _run(
-        sql.SQL(
-            "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
-            " PASSWORD {}"
-        ).format(sql.SQL(verb), sql.Identifier(role), sql.Literal(hashed))
+        sql.SQL("{} ROLE {} LOGIN NOCREATEDB NOCREATEROLE {} PASSWORD {}").format(
+            sql.SQL("ALTER" if existed else "CREATE"),
+            sql.Identifier(role),
+            sql.SQL(_superuser_attributes(role, existed)),
+            sql.Literal(hashed),
+        )
     )
     _run(sql.SQL("GRANT {} TO {}").format(sql.Identifier(GROUP), sql.Identifier(role)))
     _run(
@@ -101,24 +131,45 @@ def node_credential_issue(*, node_name: str, role: str | None = None, rotate_onl
     return Issued(node_name=node_name, role=role, password=password, rotated=existed)
 
 
+@dataclass(frozen=True)
+class Revoked:
+    role: str
+    # The role's open sessions ended, or None where this role may not end them (not a
+    # superuser, nor a member of pg_signal_backend): they go on until they end.
+    sessions_ended: int | None
+
+
 @transaction.atomic
-def node_credential_revoke(*, node_name: str) -> str | None:
-    """Drop ``node_name``'s role and its mapping, ending the role's open sessions. Returns the
-    role dropped, or None when the node had none."""
+def node_credential_revoke(*, node_name: str) -> Revoked | None:
+    """Drop ``node_name``'s role and its mapping, ending the role's open sessions where this
+    role may. None when the node had no credential."""
     known = NodeCredential.objects.filter(node_name=node_name).first()
     if known is None:
         return None
     known.delete()
+    ended = 0
     if _role_exists(known.role):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                [known.role],
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))"
+                    " FROM pg_stat_activity WHERE usename = %s",
+                    [known.role],
+                )
+                (ended,) = cursor.fetchone()
+        except ProgrammingError as exc:
+            if not isinstance(exc.__cause__, errors.InsufficientPrivilege):
+                raise
+            ended = None
+        # Its only grant of its own (the rest is gpup_nodes', which goes with the role). Not
+        # DROP OWNED: that needs the role's privileges, which a CREATEROLE role lacks.
+        _run(
+            sql.SQL("REVOKE CONNECT ON DATABASE {} FROM {}").format(
+                sql.Identifier(connection.settings_dict["NAME"]), sql.Identifier(known.role)
             )
-        # Its CONNECT grant on this database goes with DROP OWNED; it owns nothing else.
-        _run(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(known.role)))
+        )
         _run(sql.SQL("DROP ROLE {}").format(sql.Identifier(known.role)))
-    return known.role
+    return Revoked(role=known.role, sessions_ended=ended)
 
 
 def database_url(issued: Issued, *, host: str | None = None, port: str | None = None) -> str:

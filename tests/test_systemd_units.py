@@ -111,9 +111,11 @@ def test_the_setup_unit_prepares_the_database_as_make_setup_does():
     steps = [shlex.split(line)[2:4] for line in unit["ExecStart"]]
     assert steps == [["migrate", "--noinput"], ["createcachetable"], ["collectstatic", "--noinput"]]
     for name in ("gpuplatform-web", "gpuplatform-scheduler"):
-        assert (
-            "gpuplatform-setup.service" in parse_unit(UNITS / f"{name}.service")["Unit"]["After"][0]
-        )
+        unit = parse_unit(UNITS / f"{name}.service")["Unit"]
+        assert "gpuplatform-setup.service" in unit["After"][0]
+        # Requires, not Wants: a failed migration holds them back instead of starting them on a
+        # half-migrated database.
+        assert unit["Requires"] == ["gpuplatform-setup.service"]
 
 
 def test_the_agent_is_configured_with_exactly_the_documented_set():

@@ -303,3 +303,60 @@ def test_it_sees_only_django_q2_statistics_in_the_cache(estate, as_node):
         "INSERT INTO gpuplatform_cache (cache_key, value, expires)"
         " VALUES (':1:throttle_user_2', 'x', now() + interval '1 minute')",
     )
+
+
+@pytest.fixture
+def as_a_platform_role_that_is_no_superuser(db):
+    """This connection as a role like docs/multi-host.md's ``gpuplatform``: CREATEROLE and
+    pg_signal_backend, no superuser (the test server's own login is one). PostgreSQL checks the
+    current role."""
+    admin = f"cred-admin-{os.getpid()}"
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE ROLE "{admin}" NOLOGIN CREATEROLE IN ROLE pg_signal_backend')
+        cursor.execute(f'GRANT ALL ON {NodeCredential._meta.db_table} TO "{admin}"')
+        cursor.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{admin}"')
+        cursor.execute(
+            f'GRANT CONNECT ON DATABASE "{connection.settings_dict["NAME"]}" TO "{admin}" '
+            "WITH GRANT OPTION"
+        )
+        cursor.execute(f'SET ROLE "{admin}"')
+    try:
+        yield admin
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+            cursor.execute(f'SET ROLE "{admin}"')  # again, where the test's transaction broke
+        try:  # what the test left (it revokes itself): as the role that granted it
+            call_command("node_credential", "revoke", MINE, stdout=io.StringIO())
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET ROLE")
+                cursor.execute(f'DROP OWNED BY "{admin}"')
+                cursor.execute(f'DROP ROLE "{admin}"')
+
+
+def test_a_platform_role_that_is_no_superuser_creates_rotates_and_revokes(
+    as_a_platform_role_that_is_no_superuser, tmp_path
+):
+    """PostgreSQL refuses such a role an ALTER ROLE that names SUPERUSER, REPLICATION or
+    BYPASSRLS at all, and DROP OWNED BY a role it is not a member of: creating again, rotating
+    and revoking used to fail here."""
+    urls = [issue(action, MINE, tmp_path) for action in ("create", "create", "rotate")]
+    assert len(set(urls)) == 3
+    role = urlsplit(urls[-1]).username
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_user, rolsuper, rolreplication, rolbypassrls, rolcanlogin"
+                       " FROM pg_roles WHERE rolname = %s", [role])  # fmt: skip
+        (user, *attributes) = cursor.fetchone()
+    assert user == as_a_platform_role_that_is_no_superuser
+    assert attributes == [False, False, False, True]
+    with psycopg.connect(urls[-1], autocommit=True) as agent:
+        assert agent.execute("SELECT current_user").fetchone()[0] == role
+        out, err = io.StringIO(), io.StringIO()
+        call_command("node_credential", "revoke", MINE, stdout=out, stderr=err)
+        assert f"role {role} dropped" in out.getvalue() and not err.getvalue()
+        with pytest.raises(psycopg.OperationalError):  # its session was ended
+            agent.execute("SELECT 1")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
+        assert cursor.fetchone() is None

@@ -6,7 +6,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 
 from scheduling import nodecredentials
 from tenants.models import SLUG_VALIDATOR
@@ -34,10 +34,17 @@ class Command(BaseCommand):
             raise CommandError(f"node: {' '.join(exc.messages)}") from exc
         try:
             if action == "revoke":
-                role = nodecredentials.node_credential_revoke(node_name=node)
-                self.stdout.write(
-                    f"node {node}: role {role} dropped" if role else f"node {node}: no credential"
-                )
+                revoked = nodecredentials.node_credential_revoke(node_name=node)
+                if revoked is None:
+                    self.stdout.write(f"node {node}: no credential")
+                    return
+                self.stdout.write(f"node {node}: role {revoked.role} dropped")
+                if revoked.sessions_ended is None:
+                    self.stderr.write(
+                        f"its open sessions go on until they end (stop the node's agent): this "
+                        f"role may not end them (GRANT pg_signal_backend TO "
+                        f"{connection.settings_dict['USER']}, as a superuser, lets it)"
+                    )
                 return
             with transaction.atomic():  # no new password unless its URL can be given
                 issued = nodecredentials.node_credential_issue(
