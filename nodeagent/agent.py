@@ -127,7 +127,12 @@ class NodeAgent:
             self.reconcile()
         gpus = tuple(self.backend.discover())
         if gpus != self._last_seen:
-            logger.info("node %s: GPU set changed, registering %d GPU(s)", self.name, len(gpus))
+            logger.info(
+                "node %s: %s, registering %d GPU(s)",
+                self.name,
+                "starting" if self._last_seen is None else "GPU set changed",
+                len(gpus),
+            )
             self.register()
         elif not services.node_heartbeat(name=self.name):
             logger.warning("node %s: unknown to the database, registering again", self.name)
