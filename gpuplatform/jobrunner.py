@@ -66,6 +66,7 @@ class JobRunner:
         schedules: bool = True,
         timeout_s: float | None = None,
         backstop_s: float = SCHEDULE_EVERY_S,
+        inline: bool = False,
     ) -> None:
         self.list_key = list_key
         # The platform's broker (Q_CLUSTER["broker_class"]), django-q2's own with
@@ -85,15 +86,21 @@ class JobRunner:
         self.running: dict[object, tuple[str, float]] = {}
         self.reported: set[object] = set()
         self.done = 0
-        self.threads = [
+        # ``inline``: one job at a time on the main thread, on its own connection (a node
+        # agent's, whose connections are counted: gpuplatform.connections), no worker threads.
+        self.threads = [] if inline else [
             threading.Thread(target=self._work, name=f"job-worker-{n}", daemon=True)
             for n in range(1, workers + 1)
-        ]
+        ]  # fmt: skip
+        if inline:
+            self.free = threading.Semaphore(1)
 
     def run(self) -> None:
         """Take jobs until stopped, then let the running ones finish."""
         logger.info(
-            "job runner on queue %s running: %d worker thread(s)", self.list_key, len(self.threads)
+            "job runner on queue %s running: %s",
+            self.list_key,
+            f"{len(self.threads)} worker thread(s)" if self.threads else "jobs run inline",
         )
         for thread in self.threads:
             thread.start()
@@ -120,7 +127,10 @@ class JobRunner:
                     if n:  # a claim of more than one (Q_CLUSTER's bulk): a worker each
                         self.free.acquire()
                     self.running[ack_id] = ("a job", time.monotonic())
-                    self.jobs.put((ack_id, payload))
+                    if self.threads:
+                        self.jobs.put((ack_id, payload))
+                    else:
+                        self._run(ack_id, payload)
         finally:
             for _ in self.threads:
                 self.jobs.put(STOP)
@@ -158,13 +168,16 @@ class JobRunner:
 
     def _work(self) -> None:
         for ack_id, payload in iter(self.jobs.get, STOP):
-            try:
-                self.run_one(ack_id, payload)
-            finally:
-                self.running.pop(ack_id, None)
-                self.reported.discard(ack_id)
-                self.free.release()
+            self._run(ack_id, payload)
         connections.close_all()  # this thread's
+
+    def _run(self, ack_id, payload: str) -> None:
+        try:
+            self.run_one(ack_id, payload)
+        finally:
+            self.running.pop(ack_id, None)
+            self.reported.discard(ack_id)
+            self.free.release()
 
     def run_one(self, ack_id, payload: str) -> None:
         try:

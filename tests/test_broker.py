@@ -42,13 +42,15 @@ def idle_for_long(monkeypatch):
 
 
 def dequeue_in_thread(broker: NotifyingOrm) -> tuple[threading.Thread, list]:
-    """Call dequeue until it hands something out, in a thread with its own connection."""
+    """Call dequeue until it hands something out or is interrupted, in a thread with its own
+    connection."""
     got: list = []
 
     def run() -> None:
         try:
             deadline = time.monotonic() + BOUND_S
-            while not got and time.monotonic() < deadline:
+            # Until a stop, as a broker's owner does: an interrupted broker waits no more.
+            while not got and not broker._interrupted.is_set() and time.monotonic() < deadline:
                 got.extend(broker.dequeue() or [])
         finally:
             broker.close_listener()

@@ -5,7 +5,7 @@ The control plane queues a node's jobs with django-q2 (``async_task(..., cluster
 it launches was committed. A node once ran a django-q2 cluster of its own to take them: four
 processes (sentinel, pusher, monitor, a worker) to run functions that only ask the spawner
 for a supervisor or signal one. This thread takes them from the same queue as the scheduler
-takes its own (``gpuplatform.jobrunner.JobRunner``, one worker, no schedules: claimed rows,
+takes its own (``gpuplatform.jobrunner.JobRunner``, inline, no schedules: claimed rows,
 LISTEN wake-ups, a failure recorded as django-q2 records one), runs them with the node's
 name, and acknowledges them. Idle, it sleeps on the listener's socket: a notification, a row
 falling due, a lost listener or ``stop`` wakes it, and it claims on its own only every
@@ -40,7 +40,12 @@ class NodeJobs(threading.Thread):
         super().__init__(name=f"jobs-{node_name}", daemon=True)
         self.node_name = node_name
         self.runner = JobRunner(
-            node_name, workers=1, resolve=self.resolve, schedules=False, backstop_s=BACKSTOP_S
+            node_name,
+            workers=1,
+            resolve=self.resolve,
+            schedules=False,
+            backstop_s=BACKSTOP_S,
+            inline=True,  # the node's connections are counted: this thread's and its listener
         )
         self.broker = self.runner.broker
 
