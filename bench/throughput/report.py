@@ -29,6 +29,7 @@ from bench.throughput.figures import (
     TARGET_API_PER_S,
     TARGET_BATCH_PER_S,
     TARGET_BUSY,
+    TARGET_CPU_MS,
     TARGET_P50_S,
     TARGET_P99_S,
     TARGET_PER_S,
@@ -236,6 +237,8 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
     targets = [  # what was measured, as measured, the target, met
         ("tasks completed per second" + line, f"{tput.per_s:,.1f}", f">= {TARGET_PER_S:,.0f}",
          tput.per_s >= TARGET_PER_S),
+        ("CPU per finished task, every role" + line, f"{lifecycle:.1f} ms",
+         f"<= {TARGET_CPU_MS:.0f} ms", lifecycle <= TARGET_CPU_MS),
         ("mean busy GPUs while tasks wait" + line, f"{busy:,.1f} of {SLOTS}",
          f">= {TARGET_BUSY:.0%} of {SLOTS}", busy >= TARGET_BUSY * SLOTS),
         ("a freed GPU placed again within tens of milliseconds, p50" + line,
