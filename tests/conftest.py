@@ -48,6 +48,16 @@ def _forget_throttled_clients():
 
 
 @pytest.fixture(autouse=True)
+def _no_runtime_history_of_earlier_tests():
+    """The runtime history behind expected starts is read at most every few minutes
+    (``scheduling.forecasts.history``): what an earlier test's tasks left must not be
+    this one's."""
+    from scheduling import forecasts
+
+    forecasts.forget_history()
+
+
+@pytest.fixture(autouse=True)
 def _english_after_each_test():
     """LocaleMiddleware activates a request's language in the thread and leaves it there: a
     test that asked for Chinese must not make the next one's messages Chinese."""
