@@ -8,7 +8,7 @@ Plain SQL in a fixed number of statements whatever the estate's size, read toget
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from gpuplatform.db import Query, fetch_together
@@ -129,9 +129,10 @@ def snapshot_queries(now: datetime, half_life: float) -> list[Query]:
     """The reads a snapshot is built from (``SnapshotRows``), in a fixed number whatever the
     cluster's size. Plain SQL: through the ORM, compiling these queries was much of a small
     pass's CPU."""
+    offline_after = estate.config().heartbeat.offline_after_s
     return [
         Query(_NAMES),
-        Query(_GPUS, [GpuState.OFFLINE]),
+        Query(_GPUS, [now - timedelta(seconds=offline_after), NodeState.OFFLINE, GpuState.OFFLINE]),
         Query(_RUNNING, {"now": now}),
         # In binary: cheaper to read than as text.
         Query(_PENDING, binary=True),
@@ -238,8 +239,12 @@ _NAMES = """
 
 # Every GPU but the offline ones, in node name and index order, with what its open
 # allocations reserve on it.
+# A node silent past heartbeat.offline_after is offline to the pass at once, whatever its row
+# says until the every-minute schedule marks it (``tasks.mark_silent_nodes``): a dead node got
+# tasks for up to a minute more, which then waited for lost_after to be requeued.
 _GPUS = """
-    SELECT g.id, n.name, p.name, g.gpu_type, g.memory_mb, g.foreign_memory_mb, g.state, n.state,
+    SELECT g.id, n.name, p.name, g.gpu_type, g.memory_mb, g.foreign_memory_mb, g.state,
+           CASE WHEN n.last_heartbeat < %s THEN %s ELSE n.state END,
            COALESCE(h.mb, 0), COALESCE(h.holders, 0), COALESCE(h.exclusive, 0)
       FROM scheduling_gpu g
       JOIN scheduling_node n ON n.id = g.node_id

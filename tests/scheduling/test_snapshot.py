@@ -156,3 +156,20 @@ def test_a_pass_reads_the_active_tasks_not_the_finished_history():
     # Prepared after its fifth run, a statement may get a generic plan: with the states passed
     # as a parameter, the running tasks' read scanned the whole task table (4,017 rows here).
     assert rows_visited(_RUNNING, {"now": NOW}, tables, generic=True) <= 2 * active
+
+
+def test_a_node_silent_past_offline_after_is_offline_to_the_pass_before_it_is_marked():
+    """Its row still says available until the every-minute schedule marks it; the pass
+    already places nothing there."""
+    silent = NodeFactory(name="silent", last_heartbeat=NOW - timedelta(seconds=31))
+    beating = NodeFactory(name="beating", last_heartbeat=NOW - timedelta(seconds=5))
+    never = NodeFactory(name="never", last_heartbeat=None)  # registered, no heartbeat yet
+    for node in (silent, beating, never):
+        make_gpus(node, count=1)
+
+    snapshot = build_snapshot(NOW)
+
+    assert Node.objects.get(name="silent").state == "available"
+    assert {gpu.node: gpu.schedulable for gpu in snapshot.gpus} == {
+        "silent": False, "beating": True, "never": True,
+    }  # fmt: skip
