@@ -137,6 +137,7 @@ class NotifyingOrm(ORM):
         super().__init__(list_key=list_key or Conf.CLUSTER_NAME)
         self.idle_s = idle_s  # None: IDLE_S
         self._listener: psycopg.Connection | None = None
+        self._listen_failed = False  # the last try to open the listener failed
         # ``interrupt``: set, and a byte in the pipe a waiting select watches (made with the
         # first wait; the lock keeps a write off a pipe being closed).
         self._interrupted = threading.Event()
@@ -257,13 +258,20 @@ class NotifyingOrm(ORM):
         return fileno in ready
 
     def _listen(self) -> psycopg.Connection | None:
-        """The listener, opened if there is none; None (and a warning) if it cannot be."""
+        """The listener, opened if there is none; None if it cannot be (a warning the first
+        time in a row, debug after it)."""
         try:
-            return self.listener()
+            listener = self.listener()
         except psycopg.Error as exc:
-            logger.warning("cannot listen to queue %s (%s); trying again", self.list_key, exc)
+            log = logger.debug if self._listen_failed else logger.warning
+            log("cannot listen to queue %s (%s); trying again", self.list_key, exc)
+            self._listen_failed = True
             self.close_listener()
             return None
+        if self._listen_failed:
+            logger.info("listening to queue %s again", self.list_key)
+            self._listen_failed = False
+        return listener
 
     def listener(self) -> psycopg.Connection:
         if self._listener is None or self._listener.closed:

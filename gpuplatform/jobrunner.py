@@ -86,6 +86,7 @@ class JobRunner:
         self.running: dict[object, tuple[str, float]] = {}
         self.reported: set[object] = set()
         self.done = 0
+        self._down_since: float | None = None  # when the database was last found unreachable
         # ``inline``: one job at a time on the main thread, on its own connection (a node
         # agent's, whose connections are counted: gpuplatform.connections), no worker threads.
         self.threads = [] if inline else [
@@ -157,14 +158,32 @@ class JobRunner:
         signal.signal(signal.SIGINT, stop)
 
     def _guarded(self, func: Callable, *args, **kwargs):
-        """``func``, where the database being unreachable costs a pause, not the process."""
+        """``func``, where the database being unreachable costs a pause, not the process. An
+        outage is logged once as a warning (each retry after it at debug) and its end once."""
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
         except DatabaseError as exc:
-            logger.warning("queue %s: database unreachable (%s)", self.list_key, exc)
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                logger.warning(
+                    "queue %s: database unreachable (%s); trying again every %.0f s",
+                    self.list_key,
+                    exc,
+                    RETRY_AFTER_ERROR_S,
+                )
+            else:
+                logger.debug("queue %s: database still unreachable (%s)", self.list_key, exc)
             close_old_connections()
             self.stopping.wait(RETRY_AFTER_ERROR_S)
             return None
+        if self._down_since is not None:
+            logger.info(
+                "queue %s: database reachable again after %.0f s",
+                self.list_key,
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+        return result
 
     def _work(self) -> None:
         for ack_id, payload in iter(self.jobs.get, STOP):

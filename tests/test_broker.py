@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import threading
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
@@ -396,3 +398,24 @@ def test_with_the_platforms_broker_they_wait_on_their_queues_listener():
 
     assert isinstance(queue_broker("node-a"), NotifyingOrm)
     assert NodeJobs("node-a").broker.idle_s == BACKSTOP_S
+
+
+def test_a_listener_that_cannot_be_opened_is_warned_of_once_until_it_opens(monkeypatch, caplog):
+    broker = NotifyingOrm(list_key="node-a")
+    tries = [psycopg.OperationalError("refused"), psycopg.OperationalError("refused"), "open"]
+
+    def listener():
+        outcome = tries.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(broker, "listener", listener)
+    with caplog.at_level(logging.DEBUG, logger="gpuplatform.broker"):
+        assert [broker._listen() for _ in range(3)] == [None, None, "open"]
+    said = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records]
+    assert said == [
+        ("WARNING", "cannot listen to queue node-a"),
+        ("DEBUG", "cannot listen to queue node-a"),
+        ("INFO", "listening to queue node-a again"),
+    ]

@@ -169,3 +169,29 @@ def test_an_idle_runner_sleeps_on_its_queue_instead_of_claiming_every_second(run
     assert len(claims) <= 1
     queue(f"{__name__}.job_ok", "woken")  # a notification still wakes it at once
     until(lambda: ("ok", "woken") in ran, "the job queued to the sleeping runner")
+
+
+def test_an_outage_is_logged_once_and_its_end_once(monkeypatch, caplog):
+    """A retry a second through a database outage would write a warning a second."""
+    from django.db import OperationalError
+
+    from gpuplatform import jobrunner
+
+    monkeypatch.setattr(jobrunner, "RETRY_AFTER_ERROR_S", 0)
+    runner = JobRunner(QUEUE, workers=1, resolve=lambda name: None, schedules=False)
+
+    def down():
+        raise OperationalError("connection refused")
+
+    with caplog.at_level(logging.DEBUG, logger="gpuplatform.jobrunner"):
+        assert [runner._guarded(down) for _ in range(3)] == [None, None, None]
+        assert [runner._guarded(lambda: "ok") for _ in range(2)] == ["ok", "ok"]
+        runner._guarded(down)
+    said = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records]
+    assert said == [
+        ("WARNING", f"queue {QUEUE}: database unreachable"),
+        ("DEBUG", f"queue {QUEUE}: database still unreachable"),
+        ("DEBUG", f"queue {QUEUE}: database still unreachable"),
+        ("INFO", f"queue {QUEUE}: database reachable again after 0 s"),
+        ("WARNING", f"queue {QUEUE}: database unreachable"),  # the next outage is said again
+    ]
