@@ -120,19 +120,20 @@ class PrivatePostgres:
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
 
-    def _signal_server(self, signum: int) -> None:
+    def _signal_server(self, signum: int) -> list[psutil.Process]:
         """``signum`` to the postmaster and every process it forked (runuser's process group
-        does not hold them)."""
+        does not hold them); returns them."""
         try:
             postmaster = psutil.Process(int((self.data / "postmaster.pid").read_text().split()[0]))
             processes = [postmaster, *postmaster.children(recursive=True)]
         except (OSError, ValueError, IndexError, psutil.Error):
-            return
+            return []
         for process in processes:
             try:
                 process.send_signal(signum)
             except psutil.Error:
                 pass
+        return processes
 
     def freeze(self) -> None:
         """The server stops answering, its sockets still open (SIGSTOP to every process)."""
@@ -140,8 +141,11 @@ class PrivatePostgres:
 
     def kill(self) -> None:
         """The server dies: SIGKILL to the postmaster and every backend at once (its clients'
-        connections are reset by the kernel, as when its machine is still reachable)."""
-        self._signal_server(signal.SIGKILL)
+        connections are reset by the kernel, as when its machine is still reachable). Returns
+        once they are gone: a backend still exiting holds the shared memory a new server on
+        the same data refuses to start beside ("pre-existing shared memory block is still in
+        use"; seen once, after a freeze)."""
+        killed = self._signal_server(signal.SIGKILL)
         if self.process is not None:
             # runuser stops itself when its child stops (``freeze``): it must go on to reap it.
             self.process.send_signal(signal.SIGCONT)
@@ -150,6 +154,9 @@ class PrivatePostgres:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
+        _, alive = psutil.wait_procs(killed, timeout=30)
+        if alive:
+            raise RuntimeError(f"the harness's PostgreSQL outlived SIGKILL: {alive}")
 
     def stop(self) -> None:
         """Stop the server (fast shutdown, then SIGKILL) and remove its data."""
