@@ -429,6 +429,10 @@ def measure_throughput(scenario: Scenario, apis: list[Api], procs: list[Proc],
     ])  # fmt: skip
     intervals = [(began, released) for _, began, released in spans]
     done = completion(first, finishes, total, stopped)
+    # A supervisor whose task's GPUs a hand-off gave to a successor runs it, with no fork;
+    # every other attempt is a supervisor the node's spawner forked for it.
+    attempts = TaskAttempt.objects.filter(task_id__in=ids).exclude(supervisor_pid=None)
+    supervisors = attempts.values_list("supervisor_pid", "supervisor_started").distinct().count()
     return {
         "scenario": scenario.label,
         "completion": done,
@@ -444,6 +448,8 @@ def measure_throughput(scenario: Scenario, apis: list[Api], procs: list[Proc],
         "busy_window_s": window_end - window_start,
         "passes": passes,
         "pass_ms": [ms for placed, ms in logged_passes if placed],
+        "pass_placed": sum(placed for placed, _ in logged_passes),
+        "supervisors": supervisors,
     }
 
 

@@ -98,9 +98,10 @@ TEMPLATES: dict[str, str] = {
     "wait_reserved": _n("%(needs)s; next to start: GPUs on %(node)s are held for it, %(eta)s"),
     "eta_at": _n("expected by %(at)s"),
     "eta_unknown": _n("when they free up"),
-    "wait_quota_gpus": _n("%(scope)s uses %(used)s of its %(limit)s GPUs"),
-    "wait_quota_memory": _n("%(scope)s uses %(used)s of its %(limit)s GPU memory"),
-    "wait_quota_tasks": _n("%(scope)s runs %(used)s of its %(limit)s tasks"),
+    # Rows stored before 2026-11-29 also carry "used" (what the tenant used then): unused.
+    "wait_quota_gpus": _n("%(scope)s has no room left in its quota of %(limit)s GPUs"),
+    "wait_quota_memory": _n("%(scope)s has no room left in its quota of %(limit)s GPU memory"),
+    "wait_quota_tasks": _n("%(scope)s has no room left in its quota of %(limit)s running tasks"),
     "scope_tenant": _n("tenant %(tenant)s"),
     "scope_tenant_pool": _n("tenant %(tenant)s in pool %(pool)s"),
     "wait_preempting": _n("waiting for %(count)s preempted task(s) to stop on %(node)s"),

@@ -141,14 +141,14 @@ def _quota(details: dict[str, Any]) -> Reason:
     tenant, pool = details["tenant"], details["pool"]
     scope = Reason("scope_tenant_pool", {"tenant": tenant, "pool": pool}) if pool else (
         Reason("scope_tenant", {"tenant": tenant}))  # fmt: skip
-    limit, in_use, of = details["limit"], details["in_use"], details["of"]
+    limit, of = details["limit"], details["of"]
     if limit == "gpus":
-        code, used, limit_text = "wait_quota_gpus", format_num(in_use), of
+        code, limit_text = "wait_quota_gpus", of
     elif limit == "gpu_memory_mb":
-        code, used, limit_text = "wait_quota_memory", format_gib(in_use), format_gib(of)
+        code, limit_text = "wait_quota_memory", format_gib(of)
     else:
-        code, used, limit_text = "wait_quota_tasks", format_num(in_use), of
-    return Reason(code, {"scope": _data(scope), "used": used, "limit": limit_text})
+        code, limit_text = "wait_quota_tasks", of
+    return Reason(code, {"scope": _data(scope), "limit": limit_text})
 
 
 def _data(reason: Reason) -> dict[str, Any]:

@@ -114,6 +114,11 @@ def scenario_rows(runs: dict[str, dict], shown: list[Scenario]) -> list[list[str
         total = t["completion"].total
         return f"{t['passes']:,} ({total / max(t['passes'], 1):.1f} tasks per pass)"
 
+    def placed_by(t: dict) -> str:
+        total = t["completion"].total
+        by_pass = min(t["pass_placed"], total)  # a latency probe may be among the pass's
+        return f"{by_pass:,} / {total - by_pass:,}"
+
     def db(t: dict) -> str:
         work = t["db_per_task"]
         return (f"{work['transactions']:.2f} ({work['writes']:.2f} writing), "
@@ -126,6 +131,11 @@ def scenario_rows(runs: dict[str, dict], shown: list[Scenario]) -> list[list[str
         row("a freed GPU placed again, p50 / p99", reuse),
         row("scheduling passes", passes),
         row("passes that placed: p50 / p90 inside (how many)", pass_ms),
+        row("tasks placed by a pass / handed GPUs by a node agent as others ended", placed_by),
+        row(
+            "supervisor processes forked per task (the rest run by the supervisor they follow)",
+            lambda t: f"{t['supervisors'] / max(t['completion'].total, 1):.2f}",
+        ),
         row(
             "each POST answered at",
             lambda t: " / ".join(f"{b:,.0f}" for b in t["batches_per_s"]) + " tasks/s",

@@ -82,21 +82,22 @@ def quota_problem_of(
 ) -> Wait | None:
     scope = f"tenant {name}" + (f" in pool {pool}" if pool else "")
 
-    def over(limit: str, text: str, in_use: float, of: int) -> Wait:
-        details = {"limit": limit, "in_use": round(in_use, 3), "of": of, "pool": pool or None,
-                   "tenant": name}  # fmt: skip
-        return Wait(WAIT_QUOTA, f"{scope} {text}", details)
+    # The wait names the quota, not what the tenant uses now: that moves with every task of
+    # the tenant that starts or ends (by a fraction, with GPUs shared by memory), and a wait
+    # that changes is written again to every waiting task of the tenant at the next pass
+    # (``scheduler.update_reasons``). What it uses is the quota's own figure (``Usage``; the
+    # API's ``GET /api/v1/tenant/``, ``gpuctl quota``, the portal's overview).
+    def over(limit: str, of: int, text: str) -> Wait:
+        details = {"limit": limit, "of": of, "pool": pool or None, "tenant": name}
+        return Wait(WAIT_QUOTA, f"{scope} has no room left in its quota of {text}", details)
 
     if limits.gpus is not None and used.gpus + extra.gpus > limits.gpus + 1e-9:
-        text = f"uses {format_num(used.gpus)} of its {limits.gpus} GPUs"
-        return over("gpus", text, used.gpus, limits.gpus)
+        return over("gpus", limits.gpus, f"{limits.gpus} GPUs")
     if limits.gpu_memory_mb is not None and used.memory_mb + extra.memory_mb > limits.gpu_memory_mb:
-        of = format_gib(limits.gpu_memory_mb)
-        text = f"uses {format_gib(used.memory_mb)} of its {of} GPU memory"
-        return over("gpu_memory_mb", text, used.memory_mb, limits.gpu_memory_mb)
+        text = f"{format_gib(limits.gpu_memory_mb)} GPU memory"
+        return over("gpu_memory_mb", limits.gpu_memory_mb, text)
     if limits.running_tasks is not None and used.tasks + 1 > limits.running_tasks:
-        text = f"runs {used.tasks} of its {limits.running_tasks} tasks"
-        return over("running_tasks", text, used.tasks, limits.running_tasks)
+        return over("running_tasks", limits.running_tasks, f"{limits.running_tasks} running tasks")
     return None
 
 

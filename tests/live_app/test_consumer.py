@@ -255,8 +255,8 @@ async def test_each_reader_hears_a_passs_pending_reasons_in_their_own_language(o
     chinese = await connect([*await headers(user=operator), (b"accept-language", b"zh-hans")])
     task = estate["theirs"]
     scope = {"code": "scope_tenant", "params": {"tenant": "lab"}}
-    params = {"scope": scope, "used": "3", "limit": 3}
-    text = "tenant lab uses 3 of its 3 GPUs"
+    params = {"scope": scope, "limit": 3}
+    text = "tenant lab has no room left in its quota of 3 GPUs"
     # As a pass's UPDATE ... RETURNING gives them: the parameters as jsonb's text.
     row = (task.pk, task.tenant_id, text, "wait_quota_gpus", json.dumps(params))
     await sync_to_async(events.publish_reasons)([row])
@@ -268,5 +268,5 @@ async def test_each_reader_hears_a_passs_pending_reasons_in_their_own_language(o
         await socket.disconnect()
     assert heard == {
         "en": [[task.pk, text]],
-        "zh": [[task.pk, "租户 lab 已用 3 块 GPU，配额 3 块"]],
+        "zh": [[task.pk, "租户 lab 的配额（3 块 GPU）已无余量"]],
     }

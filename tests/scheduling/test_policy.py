@@ -234,7 +234,7 @@ def test_a_tenant_never_exceeds_its_gpu_quota():
     decision = schedule(snap(gpus(), tasks, [holder], tenants=[lab]))
     assert len(decision.placements) == 1
     waiting = decision.waiting[tasks[1].id]
-    assert "tenant vision uses 2 of its 2 GPUs" in waiting
+    assert "tenant vision has no room left in its quota of 2 GPUs" in waiting
 
 
 def test_the_memory_quota_counts_reserved_memory():
@@ -242,7 +242,7 @@ def test_the_memory_quota_counts_reserved_memory():
     shared = [task(gpu_memory_mb=12 * GIB) for _ in range(3)]
     decision = schedule(snap(gpus(), shared, tenants=[lab]))
     assert len(decision.placements) == 2
-    assert "uses 24 GiB of its 30 GiB GPU memory" in decision.waiting[shared[2].id]
+    assert "has no room left in its quota of 30 GiB GPU memory" in decision.waiting[shared[2].id]
 
 
 def test_the_running_task_quota_counts_tasks():
@@ -250,7 +250,7 @@ def test_the_running_task_quota_counts_tasks():
     tasks = [task(gpu_memory_mb=GIB), task(gpu_memory_mb=GIB)]
     decision = schedule(snap(gpus(), tasks, tenants=[lab]))
     assert len(decision.placements) == 1
-    assert "runs 1 of its 1 tasks" in decision.waiting[tasks[1].id]
+    assert "has no room left in its quota of 1 running tasks" in decision.waiting[tasks[1].id]
 
 
 def test_a_pool_quota_limits_only_that_pool():
@@ -264,7 +264,8 @@ def test_a_pool_quota_limits_only_that_pool():
     decision = schedule(Snapshot(NOW, training + other, pending=tuple(tasks),
                                  tenants={"vision": lab}))  # fmt: skip
     assert set(placed(decision)) == {tasks[0].id, tasks[2].id}
-    assert "in pool training uses 1 of its 1 GPUs" in decision.waiting[tasks[1].id]
+    waiting = decision.waiting[tasks[1].id]
+    assert "in pool training has no room left in its quota of 1 GPUs" in waiting
 
 
 def test_an_elastic_task_is_trimmed_to_the_quota():
@@ -555,7 +556,8 @@ def test_every_reason_is_rendered_from_its_wait_data():
     assert decision.waiting[blocked.id].endswith("of 2 in line")
     assert decision.waiting[deps.id] == "waiting for prep-data (running)"
     assert decision.waiting[backoff.id] == "retry backoff until 1970-01-01 02:47:10 UTC"
-    assert decision.waiting[over.id].startswith("tenant capped uses 0 of its 0 GPUs; ")
+    over_quota = "tenant capped has no room left in its quota of 0 GPUs; "
+    assert decision.waiting[over.id].startswith(over_quota)
     assert [data[t.id]["code"] for t in (blocked, deps, backoff, over)] == [
         "reserved",
         "dependencies",
@@ -568,7 +570,6 @@ def test_every_reason_is_rendered_from_its_wait_data():
     assert data[backoff.id]["details"] == {"not_before": NOW + 30, "seconds_left": 30}
     assert data[over.id]["details"] == {
         "limit": "gpus",
-        "in_use": 0.0,
         "of": 0,
         "pool": None,
         "tenant": "capped",

@@ -478,7 +478,7 @@ def test_a_lowered_quota_stops_new_placements_but_keeps_running_work(db):
     machine.submit("beta", [(document | {"resources": {"gpus": 1}}, None)])
     machine.run_passes(2)
     assert Task.objects.filter(state=TaskState.SCHEDULED).count() == 2
-    assert "of its 1 GPUs" in Task.objects.get(state=TaskState.PENDING).reason
+    assert "its quota of 1 GPUs" in Task.objects.get(state=TaskState.PENDING).reason
     machine.no_gpu_is_over_allocated_and_exclusive_use_never_shares()
     machine.every_task_is_in_one_state_and_holds_gpus_exactly_while_it_says_so()
     machine.serial_queues_run_one_task_at_a_time_in_submission_order()

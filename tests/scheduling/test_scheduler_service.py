@@ -108,8 +108,11 @@ def test_a_waiting_task_says_why_and_where_it_stands(lab, workstation):
     waiting = tasks[2]
     waiting.refresh_from_db()
     assert waiting.state == TaskState.PENDING
-    assert waiting.reason == "tenant vision-lab uses 2 of its 2 GPUs"
-    assert waiting.reason_text == "tenant vision-lab uses 2 of its 2 GPUs; 1st of 1 in line"
+    assert waiting.reason == "tenant vision-lab has no room left in its quota of 2 GPUs"
+    assert (
+        waiting.reason_text
+        == "tenant vision-lab has no room left in its quota of 2 GPUs; 1st of 1 in line"
+    )
 
 
 def test_why_a_task_waits_is_stored_as_data_the_reason_is_rendered_from(lab, workstation):
@@ -120,17 +123,20 @@ def test_why_a_task_waits_is_stored_as_data_the_reason_is_rendered_from(lab, wor
     scheduler.schedule_pass()
     for task in (over_quota, *queued):
         task.refresh_from_db()
-    details = {"limit": "gpus", "in_use": 3.0, "of": 3, "pool": None, "tenant": "vision-lab"}
+    details = {"limit": "gpus", "of": 3, "pool": None, "tenant": "vision-lab"}
     # Stored without the place in line, which is the pass's line (SchedulerState.line).
     assert over_quota.wait == {"code": "quota", "details": details}
     assert over_quota.wait_view == {"code": "quota", "position": 1, "line": 2, "details": details}
-    assert over_quota.reason_text == "tenant vision-lab uses 3 of its 3 GPUs; 1st of 2 in line"
+    assert (
+        over_quota.reason_text
+        == "tenant vision-lab has no room left in its quota of 3 GPUs; 1st of 2 in line"
+    )
     # ... and as a reason of the catalogue, which each reader reads in their language.
     assert over_quota.reason_code == "wait_quota_gpus"
     with translation.override("zh-hans"):
         assert (
             over_quota.reason_text
-            == "租户 vision-lab 已用 3 块 GPU，配额 3 块；排队第 1 位，共 2 位"
+            == "租户 vision-lab 的配额（3 块 GPU）已无余量；排队第 1 位，共 2 位"
         )
     # The head of the serial queue is second in line; the next one waits behind it, out of line.
     assert queued[1].wait_view == {
@@ -182,6 +188,28 @@ def test_a_pass_writes_every_reason_and_its_data_in_one_statement(lab, workstati
     with CaptureQueriesContext(connection) as captured:
         scheduler.schedule_pass()
     assert any("scheduling_task" in q["sql"] and "wait_digest" in q["sql"] for q in captured)
+
+
+def test_a_tenants_waiting_tasks_are_not_rewritten_when_what_it_uses_moves(lab, workstation):
+    """A tenant at its quota waits with the same reason whatever it uses below the limit: a
+    shared task that ends moves its use by a fraction, and a reason that said the figure was
+    written again to every one of its waiting tasks at the next pass (issue 41's bench: 5.8
+    rewrites per task, each holding the task's lock against the agents' hand-offs)."""
+    Quota.objects.create(tenant=lab, max_gpus=2)
+    whole = submit(lab, "whole")
+    shared = [submit(lab, f"shared-{i}", gpu_memory_mb=4 * 1024) for i in range(2)]
+    scheduler.schedule_pass()
+    assert {state(t) for t in (whole, *shared)} == {"scheduled"}
+    waiting = [submit(lab, f"waiting-{i}") for i in range(20)]
+    scheduler.schedule_pass()  # writes their reason: 1 + 2 x 1/6 in use, and 1 more asked
+    finish(shared[0])  # 1 + 1/6 in use: still no room for a whole GPU
+    with CaptureQueriesContext(connection) as captured:
+        scheduler.schedule_pass()
+    rewrites = [q["sql"] for q in captured if "UPDATE scheduling_task" in q["sql"]]
+    assert not [sql for sql in rewrites if "wait_digest" in sql]
+    assert {state(t) for t in waiting} == {"pending"}
+    reason = Task.objects.get(pk=waiting[0].pk).reason
+    assert reason == "tenant vision-lab has no room left in its quota of 2 GPUs"
 
 
 def test_a_serial_queue_of_three_runs_one_at_a_time_in_order(lab, workstation):
@@ -460,4 +488,4 @@ def test_a_reason_written_before_it_had_a_code_is_written_again_with_it(lab, wor
     task.refresh_from_db()
     assert (task.reason_code, code) == ("wait_quota_gpus", "wait_quota_gpus")
     with translation.override("zh-hans"):
-        assert task.reason_text.startswith("租户 vision-lab 已用 1 块 GPU")
+        assert task.reason_text.startswith("租户 vision-lab 的配额（1 块 GPU）已无余量")
