@@ -54,6 +54,7 @@ from django_q.conf import Conf
 from psycopg import sql
 
 from gpuplatform.db import no_flush_wait, server_bound_cursor
+from gpuplatform.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class NotifyingOrm(ORM):
         super().__init__(list_key=list_key or Conf.CLUSTER_NAME)
         self.idle_s = idle_s  # None: IDLE_S
         self._listener: psycopg.Connection | None = None
-        self._listen_failed = False  # the last try to open the listener failed
+        self._listen_outage = OutageLog(logger)  # tries to open the listener that failed
         # ``interrupt``: set, and a byte in the pipe a waiting select watches (made with the
         # first wait; the lock keeps a write off a pipe being closed).
         self._interrupted = threading.Event()
@@ -263,14 +264,11 @@ class NotifyingOrm(ORM):
         try:
             listener = self.listener()
         except psycopg.Error as exc:
-            log = logger.debug if self._listen_failed else logger.warning
-            log("cannot listen to queue %s (%s); trying again", self.list_key, exc)
-            self._listen_failed = True
+            self._listen_outage.failed("cannot listen to queue %s (%s); trying again",
+                                       self.list_key, exc)  # fmt: skip
             self.close_listener()
             return None
-        if self._listen_failed:
-            logger.info("listening to queue %s again", self.list_key)
-            self._listen_failed = False
+        self._listen_outage.reached("listening to queue %s again (after %.0f s)", self.list_key)
         return listener
 
     def listener(self) -> psycopg.Connection:

@@ -43,6 +43,7 @@ from django_q.signals import pre_execute
 from django_q.signing import BadSignature, SignedPackage
 
 from gpuplatform import broker
+from gpuplatform.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ STOP = object()
 
 
 class JobRunner:
-    """Run the jobs of the queue ``list_key`` on ``workers`` threads until ``stop()``.
+    """Run the jobs of the queue ``list_key`` on ``workers`` threads (``inline``: one at a time
+    on the thread that calls ``run``) until ``stop()``.
 
     ``resolve(name)`` returns the function a job names, or None for a name this process does not
     run (the job is then failed, as a job that does not unpack is)."""
@@ -79,22 +81,20 @@ class JobRunner:
         self.schedules = schedules and Conf.SCHEDULER
         self.timeout_s = Conf.TIMEOUT if timeout_s is None else timeout_s
         self.stopping = threading.Event()
-        self.free = threading.Semaphore(workers)
+        # ``inline``: one job at a time on the main thread, on its own connection (a node
+        # agent's, whose connections are counted: gpuplatform.connections), no worker threads.
+        self.free = threading.Semaphore(1 if inline else workers)
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         # ack id: (the job's function, when it was handed to a worker); set by the main thread,
         # so that its next sleep already ends at that job's timeout.
         self.running: dict[object, tuple[str, float]] = {}
         self.reported: set[object] = set()
         self.done = 0
-        self._down_since: float | None = None  # when the database was last found unreachable
-        # ``inline``: one job at a time on the main thread, on its own connection (a node
-        # agent's, whose connections are counted: gpuplatform.connections), no worker threads.
+        self._outage = OutageLog(logger)
         self.threads = [] if inline else [
             threading.Thread(target=self._work, name=f"job-worker-{n}", daemon=True)
             for n in range(1, workers + 1)
         ]  # fmt: skip
-        if inline:
-            self.free = threading.Semaphore(1)
 
     def run(self) -> None:
         """Take jobs until stopped, then let the running ones finish."""
@@ -163,26 +163,16 @@ class JobRunner:
         try:
             result = func(*args, **kwargs)
         except DatabaseError as exc:
-            if self._down_since is None:
-                self._down_since = time.monotonic()
-                logger.warning(
-                    "queue %s: database unreachable (%s); trying again every %.0f s",
-                    self.list_key,
-                    exc,
-                    RETRY_AFTER_ERROR_S,
-                )
-            else:
-                logger.debug("queue %s: database still unreachable (%s)", self.list_key, exc)
+            self._outage.failed(
+                "queue %s: database unreachable (%s); trying again every %.0f s",
+                self.list_key,
+                exc,
+                RETRY_AFTER_ERROR_S,
+            )
             close_old_connections()
             self.stopping.wait(RETRY_AFTER_ERROR_S)
             return None
-        if self._down_since is not None:
-            logger.info(
-                "queue %s: database reachable again after %.0f s",
-                self.list_key,
-                time.monotonic() - self._down_since,
-            )
-            self._down_since = None
+        self._outage.reached("queue %s: database reachable again after %.0f s", self.list_key)
         return result
 
     def _work(self) -> None:

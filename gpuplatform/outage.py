@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import psycopg
 from django.db import InterfaceError, OperationalError
 
@@ -24,3 +27,30 @@ def database_unavailable(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+class OutageLog:
+    """An outage logged once, for a loop that retries through it: ``failed`` logs the first
+    failure in a row at ``level`` and each one after it at debug; ``reached`` says, once, at
+    info, that it is over and how long it lasted. A process that retries every few seconds
+    otherwise writes a warning each time for as long as the database is away (a revoked node
+    credential: two a second)."""
+
+    def __init__(self, logger: logging.Logger, level: int = logging.WARNING) -> None:
+        self.logger = logger
+        self.level = level
+        self.since: float | None = None  # when the current outage began (monotonic)
+
+    def failed(self, message: str, *args: object) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            self.logger.log(self.level, message, *args)
+        else:
+            self.logger.debug(message, *args)
+
+    def reached(self, message: str, *args: object) -> None:
+        """The outage, if there was one, is over: ``message`` with its length in seconds
+        appended as the last argument."""
+        if self.since is not None:
+            self.logger.info(message, *args, time.monotonic() - self.since)
+            self.since = None

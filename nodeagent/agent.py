@@ -19,6 +19,7 @@ from django.db import DatabaseError, connection
 from gpuplatform import connections as db_connections
 from gpuplatform import env
 from gpuplatform.db import close_old_connections
+from gpuplatform.outage import OutageLog
 from nodeagent.inventory import GpuBackend, GpuInfo, open_backend
 from nodeagent.launcher import (
     cgroups,
@@ -219,6 +220,7 @@ class NodeAgent:
         reached = time.monotonic()  # the database, last
         fenced = False
         watch = lifecycle.SupervisorWatch(self.name)
+        outage = OutageLog(logger, logging.ERROR)  # an outage is said once, and its end
         seen = None  # what the job thread and the relay had done at the last look
         while not self.stopping.is_set():
             try:
@@ -235,6 +237,7 @@ class NodeAgent:
                     next_tick = time.monotonic() + interval
                     self.tick()  # the first tick registers
                     reached, fenced = time.monotonic(), False
+                    outage.reached("node %s: heartbeat stored again after %.0f s", self.name)
                 watch.look()  # the supervisors' processes; the database only when changed
                 for child in children:
                     child.keep_alive()
@@ -243,7 +246,7 @@ class NodeAgent:
                     jobs = self._jobs()
             except DatabaseError as exc:
                 # The database may be restarting: keep the agent alive and try again next tick.
-                logger.error("node %s: heartbeat failed, will retry: %s", self.name, exc)
+                outage.failed("node %s: heartbeat failed, will retry: %s", self.name, exc)
                 close_old_connections()
                 fenced = fenced or self._fenced(time.monotonic() - reached)
             self.stopping.wait(min(WATCH_EVERY_S, interval))

@@ -21,6 +21,7 @@ from django.db import DatabaseError, connection
 
 from gpuplatform import events
 from gpuplatform.db import close_old_connections
+from gpuplatform.outage import OutageLog
 from nodeagent.inventory import BackendUnavailable, GpuBackend
 from scheduling.models import Node
 from telemetry import alerts, services
@@ -86,13 +87,15 @@ class Sampler:
 
     def run(self) -> None:
         next_at = time.monotonic()
+        outage = OutageLog(logger, logging.ERROR)  # an outage is said once, and its end
         while not self.stopping.is_set():
             try:
                 close_old_connections()
                 self.tick()
+                outage.reached("node %s: sampling again after %.0f s", self.node_name)
             except (DatabaseError, BackendUnavailable, RuntimeError) as exc:
                 self.errors += 1
-                logger.error("node %s: GPU sample failed, will retry: %s", self.node_name, exc)
+                outage.failed("node %s: GPU sample failed, will retry: %s", self.node_name, exc)
                 close_old_connections()
             except Exception:  # the sampler must outlive any one bad sample
                 self.errors += 1

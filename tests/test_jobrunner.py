@@ -190,8 +190,8 @@ def test_an_outage_is_logged_once_and_its_end_once(monkeypatch, caplog):
     said = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records]
     assert said == [
         ("WARNING", f"queue {QUEUE}: database unreachable"),
-        ("DEBUG", f"queue {QUEUE}: database still unreachable"),
-        ("DEBUG", f"queue {QUEUE}: database still unreachable"),
+        ("DEBUG", f"queue {QUEUE}: database unreachable"),
+        ("DEBUG", f"queue {QUEUE}: database unreachable"),
         ("INFO", f"queue {QUEUE}: database reachable again after 0 s"),
         ("WARNING", f"queue {QUEUE}: database unreachable"),  # the next outage is said again
     ]

@@ -167,3 +167,35 @@ def test_a_node_with_a_held_gpu_is_sampled_at_sample_interval(transactional_db, 
     finally:
         sampler.stop()
     assert not sampler.unheld
+
+
+def test_a_database_outage_is_logged_once_by_the_sampler_and_its_end_too(caplog):
+    """It samples every second (5 s while idle): through an outage, an error each time."""
+    import logging
+
+    from django.db import OperationalError
+
+    sampler = Sampler(node_name="workstation-1", backend=None, interval_s=0.001)
+    outcomes = iter(["down", "down", "down", "ok", "ok", "down", "stop"])
+
+    def tick() -> int:
+        outcome = next(outcomes)
+        if outcome == "stop":
+            sampler.stopping.set()
+        if outcome in ("down", "stop"):
+            raise OperationalError("connection refused")
+        return 1
+
+    sampler.tick = tick
+    with caplog.at_level(logging.DEBUG, logger="nodeagent.sampler"):
+        sampler.run()
+    said = [(r.levelname, r.getMessage().split(":")[1].strip()) for r in caplog.records]
+    assert said == [
+        ("ERROR", "GPU sample failed, will retry"),
+        ("DEBUG", "GPU sample failed, will retry"),
+        ("DEBUG", "GPU sample failed, will retry"),
+        ("INFO", "sampling again after 0 s"),
+        ("ERROR", "GPU sample failed, will retry"),  # the next outage is said again
+        ("DEBUG", "GPU sample failed, will retry"),
+    ]
+    assert sampler.errors == 5
