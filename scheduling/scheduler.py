@@ -30,6 +30,7 @@ from scheduling import (
     fairshare,
     forecasts,
     passes,
+    planner_stats,
     states,
     transitions,
     wait_reasons,
@@ -145,6 +146,7 @@ def _schedule_pass() -> PassResult:
                 "waiting": result.waiting,
             },
         )
+    planner_stats.keep_up()  # after the commit: the pass's lock is let go
     if result.placed or result.preempted or result.failed:
         logger.info(
             "pass: %d placed, %d preempted, %d failed (dependencies), %d waiting, %.1f ms",
