@@ -56,24 +56,40 @@ def _role_exists(role: str) -> bool:
 _SUPERUSER_ONLY = ("SUPERUSER", "REPLICATION", "BYPASSRLS")
 
 
-def _superuser_attributes(role: str, existed: bool) -> str:
+@dataclass(frozen=True)
+class _Roles:
+    """What ``node_credential_issue`` needs to know of the roles, read in one query."""
+
+    superuser: bool  # the platform's own role (current_user) is one
+    group: bool  # the group role GROUP exists
+    role: tuple[bool, bool, bool] | None  # the node's role's _SUPERUSER_ONLY; None: no such role
+
+
+def _roles(role: str) -> _Roles:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
+                   EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s),
+                   (SELECT ARRAY[rolsuper, rolreplication, rolbypassrls]
+                      FROM pg_roles WHERE rolname = %s)
+            """,
+            [GROUP, role],
+        )
+        superuser, group, attributes = cursor.fetchone()
+    return _Roles(superuser, group, tuple(attributes) if attributes is not None else None)
+
+
+def _superuser_attributes(role: str, roles: _Roles) -> str:
     """What the role statement says of the attributes only a superuser may give or take away.
 
     PostgreSQL (15) refuses an ALTER ROLE naming SUPERUSER, REPLICATION or BYPASSRLS at all,
     even to say NO, from a role that is not a superuser: the platform's own role, with
     CREATEROLE, as docs/multi-host.md sets it up. Such a role cannot have given them either, so
     an existing role is checked for them instead, and refused if someone has."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-        (superuser,) = cursor.fetchone()
-        if not existed or superuser:
-            return "NOSUPERUSER NOREPLICATION NOBYPASSRLS"
-        cursor.execute(
-            "SELECT rolsuper, rolreplication, rolbypassrls FROM pg_roles WHERE rolname = %s",
-            [role],
-        )
-        has = cursor.fetchone()
-    granted = [name for name, held in zip(_SUPERUSER_ONLY, has, strict=True) if held]
+    if roles.role is None or roles.superuser:
+        return "NOSUPERUSER NOREPLICATION NOBYPASSRLS"
+    granted = [name for name, held in zip(_SUPERUSER_ONLY, roles.role, strict=True) if held]
     if granted:
         raise CredentialError(
             f"role {role} has {', '.join(granted)}, which only a superuser may take away: "
@@ -96,12 +112,13 @@ def node_credential_issue(*, node_name: str, role: str | None = None, rotate_onl
     if rotate_only and known is None:
         raise CredentialError(f"node {node_name} has no credential: create one first")
     role = role or (known.role if known else role_name(node_name))
-    if not _role_exists(GROUP):
+    roles = _roles(role)
+    if not roles.group:
         raise CredentialError(
             f"the group role {GROUP} is missing: run `manage.py migrate` (as a role allowed to "
             "create roles) first"
         )
-    existed = _role_exists(role)
+    existed = roles.role is not None
     password = secrets.token_urlsafe(32)
     hashed = connection.connection.pgconn.encrypt_password(
         password.encode(), role.encode(), b"scram-sha-256"
@@ -111,7 +128,7 @@ def node_credential_issue(*, node_name: str, role: str | None = None, rotate_onl
         sql.SQL("{} ROLE {} LOGIN NOCREATEDB NOCREATEROLE {} PASSWORD {}").format(
             sql.SQL("ALTER" if existed else "CREATE"),
             sql.Identifier(role),
-            sql.SQL(_superuser_attributes(role, existed)),
+            sql.SQL(_superuser_attributes(role, roles)),
             sql.Literal(hashed),
         )
     )
