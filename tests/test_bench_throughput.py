@@ -151,6 +151,8 @@ def _run(total: int, finished: int, **changes) -> dict:
         "busy_window_s": 48.0,
         "passes": 160,
         "pass_ms": [20.0, 30.0, 40.0],
+        "pass_placed": 300,
+        "supervisors": 60,
         "cpu_ms_per_task": _cpu(5.0, 20.0, 50.0),
         "db_per_task": {"transactions": 6.0, "writes": 3.456, "wal_kb": 7.04},
         **changes,
@@ -198,6 +200,8 @@ def _figures() -> dict:
                 2_000,
                 batches_per_s=[5_000.0, 3_000.0],
                 passes=25,
+                pass_placed=2_001,  # a latency probe among them
+                supervisors=2_000,
                 cpu_ms_per_task={**_cpu(1.0, 1.0, 8.0), "PostgreSQL": 3.0},
             ),
         },  # fmt: skip
@@ -245,6 +249,10 @@ def test_the_report_gives_both_lines_what_is_left_and_the_peers_last(capsys, mon
     assert "2,000.0/s (2,000 in 1.0 s)" in tput
     assert "1,600 pending, 400 succeeded" in out
     assert "160 (12.5 tasks per pass)" in out and "25 (80.0 tasks per pass)" in out
+    by_pass = next(line for line in out.splitlines() if line.startswith("tasks placed by a pass"))
+    assert by_pass.split("ended")[1].split() == ["300", "/", "1,700", "2,000", "/", "0"]
+    forks = next(line for line in out.splitlines() if line.startswith("supervisor processes"))
+    assert forks.split(")")[1].split() == ["0.03", "1.00"]
     assert "400 / 90 tasks/s" in out and "5,000 / 3,000 tasks/s" in out
     # CPU per task by role, in both lines.
     postgres = next(line for line in out.splitlines() if line.strip().startswith("PostgreSQL "))
