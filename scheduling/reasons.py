@@ -231,10 +231,10 @@ def stored(reason: Reason | str) -> tuple[str, str, dict[str, Any]]:
     return reason, "", {}
 
 
-# Reasons rendered, by (language, code, params as JSON, fallback): a page or a listing of 50
+# Reasons rendered, by (language, code, params as JSON, fallback): a page or a listing of
 # waiting tasks renders the same few reasons (a tenant's quota, a shape that does not fit), and
-# each took a dozen catalogue lookups, most of the API's task listing's CPU (GET ?limit=50,
-# 400 rows: 0.20 s of 0.32 under cProfile). Emptied when full.
+# each is a dozen catalogue lookups, which were most of the API's task listing's CPU (the
+# ``api`` bench's GET). Emptied when full.
 _RENDERED: dict[tuple, str] = {}
 _RENDERED_MAX = 4096
 

@@ -193,8 +193,8 @@ def test_a_pass_writes_every_reason_and_its_data_in_one_statement(lab, workstati
 def test_a_tenants_waiting_tasks_are_not_rewritten_when_what_it_uses_moves(lab, workstation):
     """A tenant at its quota waits with the same reason whatever it uses below the limit: a
     shared task that ends moves its use by a fraction, and a reason that said the figure was
-    written again to every one of its waiting tasks at the next pass (issue 41's bench: 5.8
-    rewrites per task, each holding the task's lock against the agents' hand-offs)."""
+    written again to every one of its waiting tasks at the next pass, each row locked against
+    the agents' hand-offs until the pass committed."""
     Quota.objects.create(tenant=lab, max_gpus=2)
     whole = submit(lab, "whole")
     shared = [submit(lab, f"shared-{i}", gpu_memory_mb=4 * 1024) for i in range(2)]
