@@ -429,8 +429,9 @@ def measure_throughput(scenario: Scenario, apis: list[Api], procs: list[Proc],
     ])  # fmt: skip
     intervals = [(began, released) for _, began, released in spans]
     done = completion(first, finishes, total, stopped)
-    # A supervisor whose task's GPUs a hand-off gave to a successor runs it, with no fork;
-    # every other attempt is a supervisor the node's spawner forked for it.
+    # Supervisor processes, told apart by pid and start: a supervisor runs the next task on
+    # its GPUs when a hand-off gives it one, and the spawner gives other attempts to its idle
+    # supervisors before it forks one (nodeagent.launcher.spawner).
     attempts = TaskAttempt.objects.filter(task_id__in=ids).exclude(supervisor_pid=None)
     supervisors = attempts.values_list("supervisor_pid", "supervisor_started").distinct().count()
     return {

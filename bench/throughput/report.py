@@ -133,7 +133,7 @@ def scenario_rows(runs: dict[str, dict], shown: list[Scenario]) -> list[list[str
         row("passes that placed: p50 / p90 inside (how many)", pass_ms),
         row("tasks placed by a pass / handed GPUs by a node agent as others ended", placed_by),
         row(
-            "supervisor processes forked per task (the rest run by the supervisor they follow)",
+            "supervisor processes per task (each runs task after task)",
             lambda t: f"{t['supervisors'] / max(t['completion'].total, 1):.2f}",
         ),
         row(
