@@ -40,6 +40,7 @@ from scheduling.models import (
 )
 from scheduling.policy import (
     Decision,
+    Freed,
     Placement,
     Snapshot,
     Wait,
@@ -343,11 +344,11 @@ def _stand_ins(decision: Decision, skipped: list[Placement]) -> tuple[list[Place
     of them and all the placements started, so any of them may take a placement's GPUs, but a
     swap (``Successor.swap``), which was not counted: it may take only GPUs its tenant's ended
     tasks free."""
-    free: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    free: dict[str, list[Freed]] = defaultdict(list)
     shared = False
     for p in skipped:
         if p.exclusive:
-            free[p.node].extend(p.gpus)
+            free[p.node].extend(Freed(gpu, mb, mb) for gpu, mb in p.gpus)
         else:
             shared = True  # a share of a GPU: only a pass places it again
     count = sum(len(gpus) for gpus in free.values())

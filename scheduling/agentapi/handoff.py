@@ -9,10 +9,12 @@ as if all of them had started. The node agent that records plain ends (``reports
 the same transaction:
 
 1. releases the ended tasks' GPUs (``_SUCCEEDED``) and locks the first successors
-   that may take one of them still fit to use (``_FREED``: on its node, available, held whole,
-   no foreign process), in one round trip (``_CANDIDATES``, ``SKIP LOCKED``);
+   that may take some of them still fit to use (``_FREED``: on its node, available, no
+   foreign process; whole where nobody holds any of it now, and as the memory the ended tasks
+   held of it for tasks that share GPUs), in one round trip (``_CANDIDATES``, ``SKIP LOCKED``);
 2. gives each successor, in rank order, the first freed GPUs it may take
-   (``policy.hand_on``), places them as a pass places (``scheduler.place_query``), records
+   (``policy.hand_on``: several sharing successors may split one), places them as a pass
+   places (``scheduler.place_query``), records
    their attempts as a launch job does (the agent's ``HandOff.launcher``) and deletes their rows
    (a placement skipped because its task was placed meanwhile leaves its GPUs to the next
    successor, read again: ``HAND_OFF_ROUNDS``);
@@ -26,15 +28,15 @@ it reads anything, deletes the older lists and the successors charged to a tenan
 snapshot sees their placements and no later hand-off takes one. The quotas of a list count
 every one of its successors as started, and between two passes only hand-offs place, and only
 listed tasks. A tenant with no room left in its quota has its tasks listed as swaps
-(``policy.Successor.swap``): a swap takes only GPUs that its own tenant's tasks ended here
-freed, one ended task for one started, so its tenant holds no more than it did, in any count
-a pass may read, and it needs no fence. A successor without a quota (or a swap) may still
-start while a pass runs: its GPU was never free in the pass's snapshot, and a task that both
-would place is taken off the list by the pass before it places it
-(``scheduler._place_unlisted``), waiting for a hand-off under way; a placement needs the task
-still pending, so the second one is skipped, and the pass gives its GPUs to its next
-successors that no agent holds (``scheduler._stand_ins``; swaps excepted). A listed task
-cancelled meanwhile is skipped by the same condition.
+(``policy.Successor.swap``): a swap takes only what its own tenant's tasks ended here freed
+(GPUs, or memory on them), one ended task for one started, so its tenant holds no more than
+it did, in any count a pass may read, and it needs no fence. A successor without a quota (or
+a swap) may still start while a pass runs: its GPU (or the memory it shares of one) was never
+free in the pass's snapshot, and a task that both would place is taken off the list by the
+pass before it places it (``scheduler._place_unlisted``), waiting for a hand-off under way; a
+placement needs the task still pending, so the second one is skipped, and the pass gives its
+GPUs to its next successors that no agent holds (``scheduler._stand_ins``; swaps excepted). A
+listed task cancelled meanwhile is skipped by the same condition.
 
 A pass is requested as before when GPUs freed here went to nobody, and when fewer than half of
 the list is left, so the next list is ready before this one runs out.
@@ -55,7 +57,7 @@ from gpuplatform.db import Query, fetch_together, server_bound_cursor
 from scheduling import agent_notes, passes, scheduler, transitions
 from scheduling.agentapi.messages import Assignment, ExitReport
 from scheduling.nodecredentials import node_scope
-from scheduling.policy import Placement, hand_on
+from scheduling.policy import Freed, Placement, hand_on
 from scheduling.states import TaskState
 
 # A placement is skipped when its task was placed after the list was read: by a hand-off from
@@ -64,6 +66,9 @@ from scheduling.states import TaskState
 # and handed on rather than left free until the next pass: at most this many rounds in one
 # transaction.
 HAND_OFF_ROUNDS = 3
+
+# Successors that share GPUs by memory, locked for a hand-off: at most this many per GPU freed.
+SHARES_PER_GPU = 8
 
 
 class Launcher(Protocol):
@@ -142,9 +147,9 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
             candidates = [
                 Candidate(*row[:3], frozenset(row[3]), row[4], *row[8:11]) for row in locked
             ]
-            owners = {gpu: tenant for gpu, _, _, tenant in freed}
+            owners = {gpu: tenant for gpu, *_, tenant in freed}
             placements, unused = hand_on(
-                candidates, [(gpu, mb) for gpu, mb, *_ in freed], node, owners, ends
+                candidates, [Freed(*row[:3]) for row in freed], node, owners, ends
             )
             if not placements:
                 if ended:  # freed GPUs went to nobody
@@ -152,7 +157,7 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
                 break
             # A pass too when a freed GPU went to nobody or less than half of the list is left.
             claim = bool(unused) or 2 * (left - len(placements)) < listed
-            held_by = {gpu: task_id for gpu, _, task_id, _ in freed}
+            held_by = {gpu: task_id for gpu, _, _, task_id, _ in freed}
             donors = {p.task_id: held_by[p.gpus[0][0]] for p in placements}
             placed = _place(
                 placements, candidates, hand, now, claim=claim, donors=donors, ready=ready
@@ -218,69 +223,93 @@ def _place(
 
 
 # The GPUs this batch of plain ends released on the agent's node (``released_at`` is the
-# statement's own time) that a task may take whole now, in index order, each once, with their
-# memory, a task that held them and, when that task held it whole, its tenant (a swap may take
-# only such a GPU: a card freed by a task that shared it is more than that task held). A card
-# freed by tasks that shared it is handed on too: left out, it waited for a pass.
+# statement's own time), available and with no foreign process, each once: with its memory when
+# no task holds any of it now (0 when others still share it: then only shares of it go on), what
+# the ended tasks held of it (shares of it take no more: the rest may be a pass's to give), one
+# of those tasks, how many of them there were and, when they were all one tenant's, that tenant
+# (a swap takes only what its own tenant's tasks freed). Cards others still share come first: a
+# share goes there before it splits a card a task could take whole.
 _FREED = """
-    SELECT DISTINCT ON (g.index) a.gpu_id, g.memory_mb, a.task_id, g.index,
-           CASE WHEN a.exclusive
-                THEN (SELECT k.tenant_id FROM scheduling_task k WHERE k.id = a.task_id)
-           END AS tenant_id
-      FROM scheduling_allocation a
-      JOIN scheduling_gpu g ON g.id = a.gpu_id
-      JOIN scheduling_node n ON n.id = g.node_id
-     WHERE a.task_id = ANY(%(tasks)s::bigint[]) AND a.released_at = %(now)s
-       AND n.name = %(node)s AND n.state = 'available' AND g.state = 'available'
-       AND g.foreign_memory_mb = 0
-       AND (SELECT count(*) FROM scheduling_allocation o
-             WHERE o.gpu_id = a.gpu_id AND o.released_at IS NULL) = 0
-     ORDER BY g.index
+    SELECT r.gpu_id, CASE WHEN r.whole THEN r.card_mb ELSE 0 END AS whole_mb,
+           sum(r.held_mb) AS shares_mb, min(r.task_id) AS task_id,
+           CASE WHEN min(r.tenant_id) = max(r.tenant_id) THEN min(r.tenant_id) END AS tenant_id,
+           count(*) AS ends, r.index, r.whole
+      FROM (SELECT a.gpu_id, g.memory_mb AS card_mb, a.task_id, g.index,
+                   CASE WHEN a.exclusive THEN g.memory_mb ELSE a.memory_mb END AS held_mb,
+                   (SELECT k.tenant_id FROM scheduling_task k WHERE k.id = a.task_id) AS tenant_id,
+                   NOT EXISTS (SELECT 1 FROM scheduling_allocation o
+                                WHERE o.gpu_id = a.gpu_id AND o.released_at IS NULL) AS whole
+              FROM scheduling_allocation a
+              JOIN scheduling_gpu g ON g.id = a.gpu_id
+              JOIN scheduling_node n ON n.id = g.node_id
+             WHERE a.task_id = ANY(%(tasks)s::bigint[]) AND a.released_at = %(now)s
+               AND n.name = %(node)s AND n.state = 'available' AND g.state = 'available'
+               AND g.foreign_memory_mb = 0) r
+     GROUP BY r.gpu_id, r.card_mb, r.index, r.whole
 """
 
-# The first successors of the newest list, by rank, that may take one of those GPUs and are still
-# pending, locked (those another agent or a pass holds are skipped): at most one per freed GPU
-# (``plain``), and a swap only for a GPU its own tenant's tasks freed, at most one per such GPU
-# (``swaps``, tenant by tenant: taken in rank order with the others, a tenant's swaps ranked first
-# used up the limit while the GPUs of the others went to nobody); none that needs more GPUs than
-# were freed (for it), which would take the place of one that fits. Each with how many the list had
-# and has left, the freed GPUs (as _FREED), whether it swaps, its tenant and the memory it reserves
-# on each GPU (0: it holds them whole). Every row of another table is looked up by its key in a
-# subquery of its own: as joins, with the statistics of tables emptied and filled within a minute,
-# the planner looped over every pending task for each successor. What is left of the list is counted
-# once, not for each row gone through (those skipped as locked too).
+# The first successors of the newest list, by rank, that may take some of those GPUs and are still
+# pending, locked (those another agent or a pass holds are skipped): of those that hold their GPUs
+# whole, at most one per GPU freed whole (``entire``); of those that share them, at most
+# ``SHARES_PER_GPU`` per GPU freed (``sharing``); of swaps, for what its own tenant's tasks freed
+# (whole, a GPU they held whole), at most one per task of its that ended (``swaps``, tenant by
+# tenant: taken in rank order with the others, a tenant's swaps ranked first used up the limit while
+# the GPUs of the others went to nobody); none that needs more GPUs, or more of one, than were freed
+# (for it), which would take the place of one that fits. Each with how many the list had and has
+# left, the freed GPUs (as _FREED), whether it swaps, its tenant and the memory it reserves on each
+# GPU (0: it holds them whole). Every row of another table is looked up by its key in a subquery of
+# its own: as joins, with the statistics of tables emptied and filled within a minute, the planner
+# looped over every pending task for each successor. What is left of the list is counted once, not
+# for each row gone through (those skipped as locked too).
 _CANDIDATES = f"""
     WITH freed AS ({_FREED}),
     newest AS (SELECT max(generation) AS generation FROM scheduling_successor),
-    mine AS (SELECT tenant_id, count(*) AS n, array_agg(gpu_id::integer) AS gpus
+    mine AS (SELECT tenant_id, count(*) AS n, sum(ends) AS ends,
+                    array_agg(gpu_id::integer) AS gpus, max(shares_mb) AS most_mb,
+                    count(*) FILTER (WHERE whole_mb > 0 AND shares_mb >= whole_mb) AS whole
                FROM freed WHERE tenant_id IS NOT NULL GROUP BY tenant_id),
-    plain AS (SELECT s.id FROM scheduling_successor s
+    entire AS (SELECT s.id FROM scheduling_successor s
                WHERE s.generation = (SELECT generation FROM newest) AND s.swap_tenant IS NULL
-                 AND s.gpus <= (SELECT count(*) FROM freed)
-                 AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed)
+                 AND s.memory_mb = 0
+                 AND s.gpus <= (SELECT count(*) FROM freed WHERE whole)
+                 AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed WHERE whole)
                  AND (SELECT t.state = 'pending' AND t.hold_reason = ''
                         FROM scheduling_task t WHERE t.id = s.task_id)
                ORDER BY s.rank
-               LIMIT (SELECT count(*) FROM freed)
+               LIMIT (SELECT count(*) FROM freed WHERE whole)
                  FOR UPDATE SKIP LOCKED),
-    swaps AS (SELECT c.id FROM mine CROSS JOIN LATERAL (
-                SELECT s.id FROM scheduling_successor s
+    sharing AS (SELECT s.id FROM scheduling_successor s
                  WHERE s.generation = (SELECT generation FROM newest)
-                   AND s.swap_tenant = mine.tenant_id AND s.gpus <= mine.n
-                   AND s.gpu_ids && mine.gpus
+                   AND s.swap_tenant IS NULL AND s.memory_mb > 0
+                   AND s.memory_mb <= (SELECT max(shares_mb) FROM freed)
+                   AND s.gpus <= (SELECT count(*) FROM freed)
+                   AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed)
                    AND (SELECT t.state = 'pending' AND t.hold_reason = ''
                           FROM scheduling_task t WHERE t.id = s.task_id)
                  ORDER BY s.rank
-                 LIMIT mine.n
+                 LIMIT {SHARES_PER_GPU} * (SELECT count(*) FROM freed)
+                   FOR UPDATE SKIP LOCKED),
+    swaps AS (SELECT c.id FROM mine CROSS JOIN LATERAL (
+                SELECT s.id FROM scheduling_successor s
+                 WHERE s.generation = (SELECT generation FROM newest)
+                   AND s.swap_tenant = mine.tenant_id AND s.gpu_ids && mine.gpus
+                   AND CASE WHEN s.memory_mb = 0 THEN s.gpus <= mine.whole
+                            ELSE s.gpus <= mine.n AND s.memory_mb <= mine.most_mb END
+                   AND (SELECT t.state = 'pending' AND t.hold_reason = ''
+                          FROM scheduling_task t WHERE t.id = s.task_id)
+                 ORDER BY s.rank
+                 LIMIT mine.ends
                    FOR UPDATE SKIP LOCKED) c)
     SELECT s.id, s.task_id, s.gpus, s.gpu_ids,
            (SELECT t.attempt FROM scheduling_task t WHERE t.id = s.task_id), s.listed,
            (SELECT count(*) FROM scheduling_successor o
              WHERE o.generation = (SELECT generation FROM newest)),
-           ARRAY(SELECT ARRAY[gpu_id, memory_mb, task_id, tenant_id] FROM freed ORDER BY index),
+           ARRAY(SELECT ARRAY[gpu_id, whole_mb, shares_mb, task_id, tenant_id] FROM freed
+                  ORDER BY whole, index),
            s.swap_tenant IS NOT NULL, s.swap_tenant, s.memory_mb
       FROM scheduling_successor s
-     WHERE s.id IN (SELECT id FROM plain UNION ALL SELECT id FROM swaps)
+     WHERE s.id IN (SELECT id FROM entire UNION ALL SELECT id FROM sharing
+                    UNION ALL SELECT id FROM swaps)
      ORDER BY s.rank
 """  # noqa: S608 - constant text
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import NamedTuple
 
 BATCH = "batch"
 ONLINE = "online"
@@ -194,47 +195,77 @@ class Successor:
     memory_mb: int = 0
 
 
+class Freed(NamedTuple):
+    """A GPU an agent's batch of ends freed, as ``hand_on`` may give it: ``whole_mb``, its
+    memory, when no task holds any of it now (0: others still share it), and ``shares_mb``,
+    what the ended tasks held of it, which shares of it may take (never free in a pass's
+    snapshot: held until the transaction that hands it on)."""
+
+    gpu: int
+    whole_mb: int
+    shares_mb: int
+
+
 def hand_on(
     successors: Iterable,
-    freed: list[tuple[int, int]],
+    freed: list[Freed],
     node: str,
     owners: Mapping[int, object] | None = None,
     ends: Mapping[object, int] | None = None,
-) -> tuple[list[Placement], list[tuple[int, int]]]:
-    """Free whole GPUs of ``node`` (``freed``: (GPU id, MiB), in the order to take them) given
-    to ``successors`` (each with ``task_id``, ``gpus``, ``gpu_ids``, ``memory_mb`` and
-    ``swap``, as a ``Successor`` has), in their order: each takes the first freed GPUs it may
-    take, if enough are left for it, whole or (``memory_mb``) shared. Returns the placements
-    and the GPUs nobody took.
+) -> tuple[list[Placement], list[Freed]]:
+    """Freed GPUs of ``node`` (in the order to take them) given to ``successors`` (each with
+    ``task_id``, ``gpus``, ``gpu_ids``, ``memory_mb`` and ``swap``, as a ``Successor`` has), in
+    their order: each takes the first freed GPUs it may take, if enough are left for it. One
+    that holds its GPUs whole takes GPUs nobody holds any of; one that shares them by memory
+    (``memory_mb``) takes that much of what the ended tasks held on each (``Freed.shares_mb``),
+    several of them one card, which is then no longer free whole. Returns the placements and
+    the GPUs nobody took any of.
 
-    A successor that ``swap``s (its tenant has no room in its quotas) takes only GPUs that
-    ended tasks of its own tenant freed (``owners``: GPU id -> the tenant of the task that
-    held it, as the successor's ``tenant`` names it), and only while ``ends`` (tenant -> how
-    many of its tasks ended and were not yet replaced) has one left for it: its tenant then
-    holds no more GPUs, memory or tasks than it did, whatever its quotas count."""
-    left = list(freed)
+    A successor that ``swap``s (its tenant has no room in its quotas) takes only what ended
+    tasks of its own tenant freed (``owners``: GPU id -> the tenant of the tasks that freed
+    it, as the successor's ``tenant`` names it; whole, only a GPU they held whole), and only
+    while ``ends`` (tenant -> how many of its tasks ended and were not yet replaced) has one
+    left for it: its tenant then holds no more GPUs, memory or tasks than it did, whatever its
+    quotas count."""
+    whole = {f.gpu: f.whole_mb for f in freed if f.whole_mb}
+    shares = {f.gpu: f.shares_mb for f in freed}
+    order = [f.gpu for f in freed]
     spare = dict(ends or {})
     placements = []
     for successor in successors:
-        takes = left
+        mine = None
         if successor.swap:
-            tenant = successor.tenant
-            if spare.get(tenant, 0) < 1:
+            mine = successor.tenant
+            if spare.get(mine, 0) < 1:
                 continue
-            takes = [gpu for gpu in left if (owners or {}).get(gpu[0]) == tenant]
-        shared = successor.memory_mb
-        fits = [gpu for gpu in takes if gpu[0] in successor.gpu_ids and gpu[1] >= shared]
-        fits = fits[: successor.gpus]
+        need = successor.memory_mb
+        fits = []
+        for gpu in order:
+            if gpu not in successor.gpu_ids or (
+                mine is not None and (owners or {}).get(gpu) != mine
+            ):
+                continue
+            if need:
+                fit = shares.get(gpu, 0) >= need
+            else:  # a swap takes a GPU whole only if its tenant's tasks held all of it
+                fit = gpu in whole and (mine is None or shares[gpu] >= whole[gpu])
+            if fit:
+                fits.append(gpu)
+                if len(fits) == successor.gpus:
+                    break
         if len(fits) < successor.gpus:
             continue
-        if successor.swap:
-            spare[successor.tenant] -= 1
-        gpus = tuple((gpu, shared) for gpu, _ in fits) if shared else tuple(fits)
-        placements.append(Placement(successor.task_id, node, gpus, exclusive=not shared))
-        left = [gpu for gpu in left if gpu not in fits]
-        if not left:
+        if mine is not None:
+            spare[mine] -= 1
+        gpus = tuple((gpu, need or whole[gpu]) for gpu in fits)
+        placements.append(Placement(successor.task_id, node, gpus, exclusive=not need))
+        for gpu in fits:
+            whole.pop(gpu, None)  # taken, or shared from now on
+            shares[gpu] = shares[gpu] - need if need else 0
+        if not whole and not any(shares.values()):
             break
-    return placements, left
+    taken = {gpu for p in placements for gpu, _ in p.gpus}
+    return placements, [f for f in freed if f.gpu not in taken]
 
 
 # Why a task waits, in one word (``Wait.code``).

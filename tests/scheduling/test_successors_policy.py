@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scheduling.policy import (
     ONLINE,
+    Freed,
     Limits,
     PolicySettings,
     Successor,
@@ -111,12 +112,12 @@ def test_a_swap_takes_only_gpus_its_own_tenants_ended_tasks_freed_one_for_each()
         Successor(2, 1, (10, 11, 12), swap=True, tenant="vision"),
         Successor(3, 1, (10, 11, 12), tenant="nlp"),
     )
-    freed = [(10, 24576), (11, 24576), (12, 24576)]
+    freed = [Freed(10, 24576, 24576), Freed(11, 24576, 24576), Freed(12, 24576, 24576)]
     # GPU 10 was nlp's; 11 and 12 were one two-GPU task of vision's: one task ended, one starts.
     owners = {10: "nlp", 11: "vision", 12: "vision"}
     placements, left = hand_on([mine, again, other], freed, "node-0", owners, {"vision": 1})
     assert [(p.task_id, p.gpus) for p in placements] == [(1, ((11, 24576),)), (3, ((10, 24576),))]
-    assert left == [(12, 24576)]
+    assert left == [Freed(12, 24576, 24576)]
     # Without an end of its own tenant, a swap takes nothing.
     placements, _ = hand_on([mine], freed, "node-0", {10: "nlp"}, {"nlp": 1})
     assert placements == []
@@ -171,12 +172,49 @@ def test_a_task_sharing_gpus_by_memory_is_listed_to_take_a_gpu_freed_whole():
         (whole.id, 0),
     ]
     first, second = (g.id for g in cluster)
-    placements, left = hand_on(decision.successors, [(first, 24576), (second, 24576)], "node-0")
+    freed = [Freed(first, 24576, 24576), Freed(second, 24576, 24576)]
+    placements, left = hand_on(decision.successors, freed, "node-0")
     assert [(p.task_id, p.gpus, p.exclusive) for p in placements] == [
         (shared.id, ((first, 4096),), False),
         (whole.id, ((second, 24576),), True),
     ]
     assert left == []
+
+
+def test_tasks_sharing_gpus_split_what_ended_tasks_held_of_a_card_and_no_more():
+    # GPU 10: an ended task held it whole. GPU 11: two ended tasks held 8 GiB of it, others
+    # still share it (not free whole). GPU 12: free whole now, but its ended task held 4 GiB of
+    # it; the rest was free before, a pass's to give.
+    freed = [Freed(11, 0, 8192), Freed(12, 24576, 4096), Freed(10, 24576, 24576)]
+    sharing = [Successor(i, 1, (10, 11, 12), memory_mb=6144) for i in range(1, 7)]
+    whole = Successor(7, 1, (10, 11, 12))
+    placements, left = hand_on([*sharing, whole], freed, "node-0")
+    assert [(p.task_id, p.gpus, p.exclusive) for p in placements] == [
+        (1, ((11, 6144),), False),  # a card others share first: 2 GiB of it is left
+        (2, ((10, 6144),), False),  # not GPU 12: its ended task held less than 6 GiB
+        (3, ((10, 6144),), False),
+        (4, ((10, 6144),), False),
+        (5, ((10, 6144),), False),  # GPU 10 is full; the sixth fits nowhere
+        (7, ((12, 24576),), True),  # the whole one takes the card free whole
+    ]
+    assert left == []
+    # A card that others share is never taken whole.
+    placements, left = hand_on([whole], [Freed(11, 0, 24576)], "node-0")
+    assert placements == [] and left == [Freed(11, 0, 24576)]
+
+
+def test_a_swap_shares_only_what_its_own_tenants_tasks_held_and_takes_whole_only_a_whole_one():
+    owners = {10: "vision", 11: "vision"}
+    # GPU 10: vision's task held 4 GiB of it, and it is free whole now; GPU 11: held whole.
+    freed = [Freed(10, 24576, 4096), Freed(11, 24576, 24576)]
+    whole = Successor(1, 1, (10,), swap=True, tenant="vision")
+    placements, _ = hand_on([whole], freed, "node-0", owners, {"vision": 2})
+    assert placements == []  # it would hold more than vision's ended task did
+    sharing = [Successor(i, 1, (10, 11), swap=True, tenant="vision", memory_mb=4096)
+               for i in (2, 3, 4)]  # fmt: skip
+    placements, _ = hand_on(sharing, freed, "node-0", owners, {"vision": 2})
+    # One ended task for one started: two of them, on what vision's tasks held.
+    assert [(p.task_id, p.gpus) for p in placements] == [(2, ((10, 4096),)), (3, ((11, 4096),))]
 
 
 def test_a_task_sharing_gpus_waiting_for_its_quota_is_a_swap():

@@ -375,4 +375,47 @@ def test_the_candidates_count_the_list_once_whatever_they_skip(launcher, node, l
         visited = rows_visited(handoff._CANDIDATES, where, ["scheduling_successor"])
         (row,) = handoff.fetch_together(handoff.Query(handoff._CANDIDATES, where))[0]
     assert row[0] == ranked[10] and row[6] == listed  # the first free one; the list's length
-    assert visited <= 3 * listed
+    # Once for its length, once for each kind of successor it locks (whole, sharing), and the
+    # rows skipped: not once per row gone through.
+    assert visited <= 5 * listed
+
+
+def test_memory_freed_on_a_card_others_still_share_goes_to_a_sharing_successor(
+    launcher, node, lab, monkeypatch
+):
+    """A task sharing a card ends while others go on sharing it: what it held of the card goes
+    to the first successor that shares no more than that, never to one that takes a card whole
+    (the card is not free whole), and no pass is needed for it."""
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
+    queued: list = []
+    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: queued.append(kwargs))
+
+    def sharing(name: str, mb: int) -> Task:
+        return task_submit(tenant=lab, spec=TaskSpec(name=name, command="true", gpu_memory_mb=mb))
+
+    with transaction.atomic():  # one pass: three share a card, three hold the others whole
+        shares = [sharing(f"s{i}", 8192) for i in range(3)]
+        whole = [submit(lab, "true", name=f"r{i}") for i in range(3)]
+    scheduler.schedule_pass()
+    (card,) = {gpu_of(t) for t in shares}
+    assert {gpu_of(t) for t in whole}.isdisjoint({card})
+    running = [*shares, *whole]
+    attempts = [
+        TaskAttempt.objects.create(task=t, number=1, node=node, gpu_uuids=[], log_path="")
+        for t in running
+    ]
+    reports.attempts_started([StartReport(a.pk, GONE, GONE) for a in attempts])
+    # Waiting: one to hold a card whole (first in line), one sharing more than an ended task
+    # held, one sharing less.
+    later = [submit(lab, "true", name="w0"), sharing("w1", 12288), sharing("w2", 6144)]
+    scheduler.schedule_pass()
+    assert Successor.objects.count() == 3
+    queued.clear()
+
+    hand = end(node, shares[0])
+
+    assert [a.task_id for a in hand.rest] == [later[2].pk]
+    share = Allocation.objects.get(task=later[2], released_at__isnull=True)
+    assert (share.gpu_id, share.memory_mb, share.exclusive) == (card, 6144, False)
+    assert [state_of(t, "pending")() for t in later[:2]] == ["pending", "pending"]
+    assert queued == [], "two of three are left on the list, and nothing freed went to nobody"
