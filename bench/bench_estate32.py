@@ -50,6 +50,7 @@ from bench.throughput.accounting import (
     postmaster_of_this_connection,
     role_spent,
     server_connection_cap,
+    supervisor_census,
 )
 from bench.throughput.figures import STARTUP_LIMIT_S
 from gpuplatform import connections as db_connections
@@ -141,20 +142,21 @@ def submit_all(apis: list[Api], command: str, each: int) -> list[int]:
 def measure_throughput(
     apis: list[Api], procs: list[Proc], web_pid: int, postmaster: psutil.Process | None
 ) -> dict:
-    cpu_before = cpu_by_role(web_pid, procs, postmaster)
-    began = time.time()
-    ids = submit_all(apis, "true", TASKS // TENANTS)
-    left = Task.objects.filter(pk__in=ids).exclude(state__in=TERMINAL)
-    deadline = time.monotonic() + THROUGHPUT_LIMIT_S
-    while left.exists() and time.monotonic() < deadline:
-        for p in procs:
-            p.check()
-        time.sleep(0.5)
-    finished = Task.objects.filter(pk__in=ids, state__in=TERMINAL)
-    last = max((t.timestamp() for t in finished.values_list("finished_at", flat=True) if t),
-               default=time.time())  # fmt: skip
-    done = finished.count()
-    cpu_after = cpu_by_role(web_pid, procs, postmaster)
+    with supervisor_census() as census:
+        cpu_before = cpu_by_role(web_pid, procs, postmaster)
+        began = time.time()
+        ids = submit_all(apis, "true", TASKS // TENANTS)
+        left = Task.objects.filter(pk__in=ids).exclude(state__in=TERMINAL)
+        deadline = time.monotonic() + THROUGHPUT_LIMIT_S
+        while left.exists() and time.monotonic() < deadline:
+            for p in procs:
+                p.check()
+            time.sleep(0.5)
+        finished = Task.objects.filter(pk__in=ids, state__in=TERMINAL)
+        last = max((t.timestamp() for t in finished.values_list("finished_at", flat=True) if t),
+                   default=time.time())  # fmt: skip
+        done = finished.count()
+        cpu_after = cpu_by_role(web_pid, procs, postmaster, census)
     return {"finished": done, "seconds": last - began, "per_s": done / max(last - began, 1e-9),
             "cpu_ms_per_task": cpu_per_task(cpu_before, cpu_after, done)}  # fmt: skip
 

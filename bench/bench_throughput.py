@@ -93,6 +93,7 @@ from bench.common import (
 from bench.throughput.accounting import (
     STATS_SETTLE_S,
     ConnectionSampler,
+    SupervisorCensus,
     cpu_by_role,
     cpu_per_task,
     database_work,
@@ -101,6 +102,7 @@ from bench.throughput.accounting import (
     role_spent,
     run_queue,
     server_connection_cap,
+    supervisor_census,
     work_per_task,
 )
 from bench.throughput.figures import (
@@ -334,9 +336,10 @@ def measure_api(pool, port: int, tokens: list[str], tenant: Tenant, procs: list[
     # reason about them run): the clients' own processes count as the rest.
     with estate_held(hold, procs) if hold is not None else nullcontext():
         passes_before = passes_run()
-        cpu_before = cpu_by_role(web_pid, procs, postmaster)
-        parts = pool.map(api_client, jobs)
-        cpu_after = cpu_by_role(web_pid, procs, postmaster)
+        with supervisor_census() as census:
+            cpu_before = cpu_by_role(web_pid, procs, postmaster)
+            parts = pool.map(api_client, jobs)
+            cpu_after = cpu_by_role(web_pid, procs, postmaster, census)
         passes = passes_run() - passes_before
     merged = merge_clients(parts)
     latencies, statuses, wall, errors = (merged.latencies, merged.statuses, merged.wall_s,
@@ -371,6 +374,8 @@ def measure_throughput(scenario: Scenario, apis: list[Api], procs: list[Proc],
     every figure runs from the first POST until the last of them finished (or the limit)."""
     postmaster = postmaster_of_this_connection()
     work_before = database_work()  # first: its settling wait stays out of the CPU's window
+    census = SupervisorCensus()
+    census.start()
     cpu_before = cpu_by_role(web_pid, procs, postmaster)
     scheduler_log = next(p.log for p in procs if p.name == "scheduler")
     log_offset = scheduler_log.stat().st_size
@@ -407,7 +412,8 @@ def measure_throughput(scenario: Scenario, apis: list[Api], procs: list[Proc],
         # platform. So the poll waits longer while much is left (a second at 1,000).
         time.sleep(min(1.0, max(THROUGHPUT_POLL_S, left / 1000)))
     stopped = time.time()
-    cpu_after = cpu_by_role(web_pid, procs, postmaster)
+    census.stop()
+    cpu_after = cpu_by_role(web_pid, procs, postmaster, census)
     work_after = database_work()  # after the CPU's window, for the same reason
     passes = passes_run() - passes_before
     with open(scheduler_log, "rb") as log:

@@ -133,11 +133,14 @@ def connection_budget() -> db_connections.Budget:
 # once reaped, and each role's processes are one parent's tree. A spawner's tree holds the
 # supervisors it forked while they live (they supervise attempt after attempt:
 # SUPERVISOR_REUSE) and, once reaped by them, their tasks. One that exits during the phase is
-# reaped by the kernel (the spawner ignores SIGCHLD), which adds its time to nobody's: it, this
-# benchmark and the kernel's own threads are what the machine spent beyond the roles.
+# reaped by the kernel (the spawner ignores SIGCHLD), which adds its time to nobody's: it and
+# the kernel's own threads are what the machine spent beyond the roles.
 SPAWNERS = "spawners, supervisors and tasks"
 SUPERVISORS = "supervisors"  # cpu_by_role's own key: by process, not a sum
-CPU_ROLES = ("web (daphne)", "scheduler", "node agents", SPAWNERS, "PostgreSQL")
+# This process: the clients' requests and the polling for the end, which the machine's total
+# (and so each line's rate) includes; kept apart so that the rest is the kernel's and nobody's.
+BENCH_CPU = "this bench (clients, polling)"
+CPU_ROLES = ("web (daphne)", "scheduler", "node agents", SPAWNERS, "PostgreSQL", BENCH_CPU)
 CPU_REST = "the rest"
 
 
@@ -162,27 +165,75 @@ def _machine_busy_s() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-def _supervisors() -> list[tuple[tuple[int, float], psutil.Process]]:
-    """The supervisors alive now that ran an attempt in the bench's database (running one or
-    idle at their spawner), each with its key: (pid, start time)."""
+def _supervisor_keys() -> set[tuple[int, float]]:
+    """Every supervisor that ran an attempt in the bench's database, alive or not: (pid, start
+    time)."""
     rows = TaskAttempt.objects.exclude(supervisor_pid=None).values_list(
         "supervisor_pid", "supervisor_started"
     )
-    found = []
-    for pid, started in set(rows):
-        if ProcessId(pid, started).alive():
-            with suppress(psutil.Error):
-                found.append(((pid, started), psutil.Process(pid)))
-    return found
+    return set(rows)
 
 
-def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | None) -> dict:
+CENSUS_S = 0.25
+SUPERVISOR_NAME = "gpup-supervisor"  # its process name (setproctitle), idle or running
+
+
+class SupervisorCensus(threading.Thread):
+    """What each supervisor process had spent (it and the tasks it reaped) when last seen,
+    sampled every CENSUS_S while a phase runs. A supervisor leaves when it has served
+    SUPERVISOR_REUSE attempts or finds its spawner's pool full; init reaps it, and what it spent
+    would vanish with it, unseen by any role: most of what these figures once called the rest.
+    It misses what one spends in its last CENSUS_S."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.seen: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU seconds
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(CENSUS_S):
+            for proc in psutil.process_iter(["name", "create_time"]):
+                if not (proc.info["name"] or "").startswith(SUPERVISOR_NAME):
+                    continue
+                with suppress(psutil.Error):  # not its tree: that walks every process
+                    self.seen[(proc.pid, proc.info["create_time"])] = _own_cpu(proc)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
+    def last_seen(self, pid: int, started: float) -> float | None:
+        for (seen_pid, created), cpu in self.seen.items():
+            if seen_pid == pid and abs(created - started) < 0.01:
+                return cpu
+        return None
+
+
+@contextmanager
+def supervisor_census() -> Iterator[SupervisorCensus]:
+    """A ``SupervisorCensus`` running while the block runs; give it to ``cpu_by_role`` at the
+    block's end."""
+    census = SupervisorCensus()
+    census.start()
+    try:
+        yield census
+    finally:
+        census.stop()
+
+
+def cpu_by_role(
+    web_pid: int,
+    procs: list[Proc],
+    postmaster: psutil.Process | None,
+    census: SupervisorCensus | None = None,
+) -> dict:
     """CPU seconds spent so far by each role's processes, and by the whole machine.
 
     A spawner's supervisors are detached (a double fork puts them out of its tree, see
     ``Spawner.fork``) and reaped by init, so what one spent vanishes with it rather than joining
     its parent's children's times, as a reaped child's does. They are found through the attempts
-    they recorded, and kept apart, by process (``SUPERVISORS``), for ``role_spent``."""
+    they recorded, and kept apart, by process (``SUPERVISORS``), for ``role_spent``; one that
+    has left counts what the ``census`` last saw of it."""
     spent = dict.fromkeys((*CPU_ROLES, "machine"), 0.0)
     supervisors: dict[tuple[int, float], float] = {}
     spent[SUPERVISORS] = supervisors
@@ -204,9 +255,15 @@ def cpu_by_role(web_pid: int, procs: list[Proc], postmaster: psutil.Process | No
                 spent[SPAWNERS] += _own_cpu(child)
         except psutil.Error:
             continue
-    for key, supervisor in _supervisors():
-        with suppress(psutil.Error):  # ended meanwhile
-            supervisors[key] = _tree_cpu(supervisor)
+    for pid, started in _supervisor_keys():
+        key = (pid, started)
+        if ProcessId(pid, started).alive():
+            with suppress(psutil.Error):  # ended meanwhile: the census may have it
+                supervisors[key] = _tree_cpu(psutil.Process(pid))
+                continue
+        if census is not None and (last := census.last_seen(pid, started)) is not None:
+            supervisors[key] = last
+    spent[BENCH_CPU] = _own_cpu(psutil.Process())
     if postmaster is not None:
         try:
             spent["PostgreSQL"] = _tree_cpu(postmaster)
@@ -229,8 +286,8 @@ def postmaster_of_this_connection() -> psutil.Process | None:
 def role_spent(before: dict, after: dict) -> dict[str, float]:
     """CPU seconds each role spent between two ``cpu_by_role`` readings. A supervisor counts
     what it spent since the first (all it spent, if it started since); one that ended between
-    them counts nothing, so its role's figure is a little low rather than wrong by all the
-    supervisor had spent before the window."""
+    them counts what the census last saw of it, or nothing without one, so its role's figure is
+    low rather than wrong by all the supervisor had spent before the window."""
     spent = {role: after[role] - before[role] for role in CPU_ROLES}
     was = before[SUPERVISORS]
     spent[SPAWNERS] += sum(cpu - was.get(key, 0.0) for key, cpu in after[SUPERVISORS].items())

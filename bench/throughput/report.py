@@ -211,9 +211,10 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
         cpu = phase["cpu_ms_per_accepted"]
         parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
         print(f"  while the clients submitted: {cpu['all']:.1f} ms of CPU per accepted "
-              f"submission ({parts}; the rest includes the clients), {phase['passes']:,} "
-              f"scheduling passes ({phase['passes_per_accepted']:.2f} per accepted "
-              f"submission); at that cost the machine's {CPUS} CPUs allow at most "
+              f"submission ({parts}; the API's clients are other processes, in the rest), "
+              f"{phase['passes']:,} scheduling passes "
+              f"({phase['passes_per_accepted']:.2f} per accepted submission); at that cost "
+              f"the machine's {CPUS} CPUs allow at most "
               f"{CPUS * 1000 / max(cpu['all'], 1e-9):,.0f} submissions a second "
               f"{what}")  # fmt: skip
     lifecycle = head["cpu_ms_per_task"]["all"]
