@@ -45,6 +45,7 @@ from bench.common import (
     web_server,
 )
 from bench.throughput.accounting import (
+    BENCH_CPU,
     cpu_by_role,
     cpu_per_task,
     postmaster_of_this_connection,
@@ -105,7 +106,7 @@ def pss_mib(pid: int) -> float:
 
 
 def platform_pct(cpu: dict[str, float]) -> float:
-    return sum(pct for role, pct in cpu.items() if role != "PostgreSQL")
+    return sum(pct for role, pct in cpu.items() if role not in ("PostgreSQL", BENCH_CPU))
 
 
 def measure_idle(procs: list[Proc], web_pid: int, postmaster: psutil.Process | None) -> dict:

@@ -559,7 +559,7 @@ class Successor(models.Model):
     # (migration 0018).
     gpu_ids = ArrayField(models.IntegerField(), help_text="The GPUs it may take.")
     fenced = models.BooleanField(
-        help_text="Its tenant has a quota: a pass takes the row before it reads anything."
+        help_text="Charged to its tenant's quota: a pass counts it as started while it is pending."
     )
     # A plain id, not a key: written by passes from the task's row, read by hand-offs only.
     swap_tenant = models.BigIntegerField(

@@ -187,21 +187,24 @@ def _read_for_pass(
 
 # A pass and the node agents' hand-offs (``launcher.handoff``) are kept apart where it matters.
 # Agents take from the newest list only. A pass, before it reads anything, deletes the older
-# lists and the successors charged to a tenant's quota (``fenced``): a hand-off holds its rows
-# until it commits, so this waits for every hand-off under way from them, and the snapshot
-# sees its placements; a later one finds them locked or gone. So no pass places a tenant's
-# tasks on a count of its usage that a hand-off changes meanwhile (a swap, ``Successor.swap``,
-# changes none: it takes only GPUs its own tenant's ended tasks free). The other successors of
-# the newest list stay usable while the pass runs (a GPU freed and handed on in one transaction is
-# never free in any snapshot; a task placed by both is placed by the first: each placement
-# needs the task still pending), and the pass's own list, a new generation, takes over when it
-# commits. It only inserts rows: it never waits for an agent while it holds what the agent's
-# hand-off needs (the tasks it placed, its tenants' usage counters). Waiting for the agents
-# there, the passes and the agents deadlocked; deleting the whole list before reading left the
-# agents nothing to hand for most of each pass.
+# lists: a hand-off holds its rows until it commits, so this waits for every hand-off under way
+# from them, and the snapshot sees its placements; a later one finds them gone. The newest list
+# stays usable while the pass runs (a GPU freed and handed on in one transaction is never free in
+# any snapshot; a task placed by both is placed by the first: each placement needs the task still
+# pending), and the pass's own list, a new generation, takes over when it commits. So that no pass
+# places a tenant's tasks on a count of its usage that a hand-off changes meanwhile, the pass
+# counts each successor of that list charged to a quota (``fenced``) that it reads still pending
+# as started (``snapshot._PROMISED``, ``policy.Promise``); a swap (``Successor.swap``) changes no
+# count: it takes only what its own tenant's ended tasks free. Deleting the charged successors
+# before reading instead (and waiting for the hand-offs that held them) left the agents nothing to
+# hand a quota-bound tenant for most of each pass, and passes followed one another. It only
+# inserts rows: it never waits for an agent while it holds what the agent's hand-off needs (the
+# tasks it placed, its tenants' usage counters). Waiting for the agents there, the passes and the
+# agents deadlocked; deleting the whole list before reading left the agents nothing to hand for
+# most of each pass.
 _FORGET_SPENT = """
     DELETE FROM scheduling_successor
-     WHERE fenced OR generation < (SELECT max(generation) FROM scheduling_successor)
+     WHERE generation < (SELECT max(generation) FROM scheduling_successor)
 """
 
 

@@ -24,6 +24,7 @@ from scheduling.policy import (
     GpuView,
     Limits,
     PendingView,
+    Promise,
     RunningView,
     Snapshot,
     TenantView,
@@ -112,6 +113,7 @@ def _ts(moment: datetime | None) -> float | None:
 class SnapshotRows(NamedTuple):
     """What ``snapshot_queries`` read, in their order."""
 
+    promised: list[tuple]
     names: list[tuple]
     gpus: list[tuple]
     running: list[tuple]
@@ -121,8 +123,8 @@ class SnapshotRows(NamedTuple):
 
     @classmethod
     def of(cls, read: list[list[tuple]]) -> SnapshotRows:
-        names, gpus, running, pending, quotas, *usage = read
-        return cls(names, gpus, running, pending, quotas, tuple(usage))
+        promised, names, gpus, running, pending, quotas, *usage = read
+        return cls(promised, names, gpus, running, pending, quotas, tuple(usage))
 
 
 def snapshot_queries(now: datetime, half_life: float) -> list[Query]:
@@ -131,6 +133,7 @@ def snapshot_queries(now: datetime, half_life: float) -> list[Query]:
     pass's CPU."""
     offline_after = estate.config().heartbeat.offline_after_s
     return [
+        Query(_PROMISED),  # first: before the tasks (see _PROMISED)
         Query(_NAMES),
         Query(_GPUS, [now - timedelta(seconds=offline_after), NodeState.OFFLINE, GpuState.OFFLINE]),
         Query(_RUNNING, {"now": now}),
@@ -223,6 +226,7 @@ def build_snapshot(
         gpus=tuple(gpu_views),
         running=tuple(running),
         pending=tuple(pending),
+        promised=tuple(Promise(task_id, tuple(gpu_ids)) for task_id, gpu_ids in rows.promised),
         tenants=_tenant_views(
             tenants, pool_names, rows.quotas, fairshare.usage_from(rows.usage, now, half_life)
         ),
@@ -230,6 +234,17 @@ def build_snapshot(
 
 
 # Tenants, nodes and pools by name (tenants in name order: the order of the snapshot's tenants).
+# The successors of the newest list that their tenants' quotas were charged for
+# (``Successor.fenced``), each with the GPUs it would take first: a node agent may place any of
+# them while the pass runs (``handoff``), so the pass counts each one it reads still pending as
+# started (``policy.Promise``). Read before the tasks, each statement seeing what was committed
+# when it began: a hand-off committed between the two reads is counted twice (it is listed,
+# and runs), never not at all.
+_PROMISED = """
+    SELECT task_id, gpu_ids[1:gpus] FROM scheduling_successor
+     WHERE fenced AND generation = (SELECT max(generation) FROM scheduling_successor)
+"""
+
 _NAMES = """
     SELECT 'tenant', id, name FROM tenants_tenant
     UNION ALL SELECT 'node', id, name FROM scheduling_node

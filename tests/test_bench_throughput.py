@@ -12,12 +12,12 @@ import threading
 import time
 from collections import Counter
 
-import psutil
 import pytest
 
 from bench import common
 from bench.throughput import accounting, figures, peers, scenarios
 from bench.throughput import report as tput_report
+from gpuplatform import procid
 from scheduling.config import load_config
 
 
@@ -136,7 +136,8 @@ def test_sigterm_unwinds_so_that_the_daemons_are_stopped():
 
 
 def _cpu(each: float, rest: float, total: float) -> dict:
-    return {**dict.fromkeys(accounting.CPU_ROLES, each), accounting.CPU_REST: rest, "all": total}
+    return {**dict.fromkeys((*accounting.CPU_ROLES, accounting.BENCH_CPU), each),
+            accounting.CPU_REST: rest, "all": total}  # fmt: skip
 
 
 def _run(total: int, finished: int, **changes) -> dict:
@@ -340,6 +341,9 @@ def test_the_default_scenario_is_four_tenants_under_quotas_each_posting_a_mix_at
     unlimited = scenarios.SCENARIOS[1]
     assert unlimited.quota_gpus is None
     assert [len(post) for post in unlimited.batches("p")[0]] == [1_000, 1_000]
+    roomy = scenarios.SCENARIOS[2]
+    assert roomy.quota_gpus * roomy.tenants > figures.SLOTS  # never reached, even all at once
+    assert roomy.mix == quotas.mix
 
 
 def test_every_task_the_scenarios_submit_is_a_spec_the_platform_accepts():
@@ -393,7 +397,7 @@ def test_sessions_are_counted_by_the_role_their_application_name_names():
 
 def test_cpu_per_task_splits_the_machine_among_the_roles_and_the_rest():
     before = {
-        **dict.fromkeys((*accounting.CPU_ROLES, "machine"), 100.0),
+        **dict.fromkeys((*accounting.CPU_ROLES, accounting.BENCH_CPU, "machine"), 100.0),
         accounting.SUPERVISORS: {},
     }
     after = {**before, "PostgreSQL": 101.0, accounting.SPAWNERS: 100.5, "machine": 104.0}
@@ -407,16 +411,48 @@ def test_cpu_per_task_splits_the_machine_among_the_roles_and_the_rest():
 
 def test_a_supervisor_counts_what_it_spent_in_the_window_and_one_that_ended_nothing():
     # The kernel reaps a spawner's supervisors: what one spent leaves no trace once it ends.
-    before = {**dict.fromkeys((*accounting.CPU_ROLES, "machine"), 100.0),
+    before = {**dict.fromkeys((*accounting.CPU_ROLES, accounting.BENCH_CPU, "machine"), 100.0),
               accounting.SUPERVISORS: {(11, 1.0): 3.0, (12, 1.0): 7.0}}  # fmt: skip
-    after = {**before, accounting.SPAWNERS: 100.1, "machine": 102.0,
+    after = {**before, accounting.SPAWNERS: 100.1, accounting.BENCH_CPU: 100.3, "machine": 102.0,
              accounting.SUPERVISORS: {(11, 1.0): 3.2, (13, 2.0): 0.4}}  # fmt: skip
     spent = accounting.role_spent(before, after)
     # The spawner's own 0.1, supervisor 11's 0.2, new 13's 0.4; 12 ended: nothing, not -7.
     assert spent[accounting.SPAWNERS] == pytest.approx(0.7)
     per = accounting.cpu_per_task(before, after, 100)
     assert per[accounting.SPAWNERS] == pytest.approx(7.0)
-    assert per[accounting.CPU_REST] == pytest.approx(13.0)
+    assert per[accounting.BENCH_CPU] == pytest.approx(3.0)  # this bench's own: not the rest
+    assert per[accounting.CPU_REST] == pytest.approx(10.0)
+
+
+CHILD = """
+import ctypes, time
+ctypes.CDLL(None).prctl(15, b"gpup-supervisor", 0, 0, 0)  # PR_SET_NAME, as setproctitle does
+began = time.process_time()
+while time.process_time() - began < 0.3:
+    pass
+time.sleep(60)
+"""
+
+
+def test_the_census_keeps_what_a_supervisor_spent_once_it_has_left():
+    """A supervisor that leaves during a phase is reaped by init, and what it spent with it;
+    the census's last sight of it is what the phase counts."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD])  # noqa: S603 - this interpreter
+    try:
+        started = procid.start_time(child.pid)
+        with accounting.supervisor_census() as census:
+            deadline = time.monotonic() + 20
+            while (census.last_seen(child.pid, started) or 0.0) < 0.3:
+                assert time.monotonic() < deadline, census.seen
+                time.sleep(0.05)
+            child.kill()
+            child.wait()
+            time.sleep(3 * accounting.CENSUS_S)
+    finally:
+        child.kill()
+        child.wait()
+    assert census.last_seen(child.pid, started) >= 0.3
+    assert census.last_seen(child.pid, started + 5) is None  # another process of that pid
 
 
 @pytest.mark.django_db(transaction=True)
@@ -434,11 +470,25 @@ def test_database_work_counts_transactions_those_that_wrote_and_their_log():
     assert work["wal_kb"] > 0, work
 
 
-def test_a_process_tree_counts_the_cpu_of_the_children_it_reaped():
-    me = psutil.Process()
-    before = accounting._tree_cpu(me)
+def test_a_process_tree_counts_the_cpu_of_the_children_it_reaped_and_of_those_alive():
+    me = os.getpid()
+    before = accounting._tree_cpu(accounting.process_table(), me)
     subprocess.run([sys.executable, "-c", "sum(range(10_000_000))"], check=True)
-    assert accounting._tree_cpu(me) - before >= 0.05  # the child's work, counted once it was reaped
+    reaped = accounting._tree_cpu(accounting.process_table(), me)
+    assert reaped - before >= 0.05  # the child's work, counted once it was reaped
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
+    grandchild = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {busy!r}]); "
+        "time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", grandchild])  # noqa: S603 - this interpreter
+    try:
+        time.sleep(1.0)
+        alive = accounting._tree_cpu(accounting.process_table(), me)
+    finally:
+        child.kill()
+        child.wait()
+    assert alive - reaped >= 0.2  # a grandchild still running, under a child still running
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,11 +3,13 @@ work, and how many processes were runnable."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import psutil
 from django.conf import settings
@@ -16,7 +18,7 @@ from django.db import connection, connections
 from bench.common import MAKE_RUN_WEB_WORKERS, Proc
 from bench.throughput.figures import NODES, SAMPLE_S
 from gpuplatform import connections as db_connections
-from gpuplatform.procid import ProcessId
+from gpuplatform.procid import CLOCK_TICKS, read_proc
 from scheduling.models import SchedulerState, TaskAttempt
 
 
@@ -140,23 +142,56 @@ SUPERVISORS = "supervisors"  # cpu_by_role's own key: by process, not a sum
 # This process: the clients' requests and the polling for the end, which the machine's total
 # (and so each line's rate) includes; kept apart so that the rest is the kernel's and nobody's.
 BENCH_CPU = "this bench (clients, polling)"
-CPU_ROLES = ("web (daphne)", "scheduler", "node agents", SPAWNERS, "PostgreSQL", BENCH_CPU)
+CPU_ROLES = ("web (daphne)", "scheduler", "node agents", SPAWNERS, "PostgreSQL")  # the platform
 CPU_REST = "the rest"
+CPU_ROWS = (*CPU_ROLES, BENCH_CPU, CPU_REST)  # where a phase's CPU went, all of it
 
 
-def _own_cpu(proc: psutil.Process) -> float:
-    """CPU seconds of ``proc`` and of the children it reaped."""
-    times = proc.cpu_times()
-    return times.user + times.system + times.children_user + times.children_system
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A process as ``/proc/<pid>/stat`` shows it."""
+
+    comm: bytes
+    ppid: int
+    cpu_s: float  # its own CPU and that of the children it reaped
+    started: float  # as psutil's create_time() and ``procid.start_time`` say
 
 
-def _tree_cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for member in (proc, *proc.children(recursive=True)):
+def process_table() -> dict[int, _Row]:
+    """Every process on the machine, from one raw read of its ``stat`` each: psutil's objects,
+    and its ``children()`` (a walk of every process for each call), cost this bench more than
+    some of the roles it measured (2 ms per task with 32 hosts' supervisors)."""
+    boot = psutil.boot_time()
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
         try:
-            total += _own_cpu(member)
-        except psutil.Error:
+            stat = read_proc(f"/proc/{entry.name}/stat")
+        except OSError:
             continue  # ended meanwhile: its parent has it (or will, once it reaps it)
+        # The command name, in parentheses, may itself hold spaces and parentheses.
+        close = stat.rindex(b")")
+        fields = stat[close + 2 :].split()
+        table[int(entry.name)] = _Row(
+            comm=stat[stat.index(b"(") + 1 : close],
+            ppid=int(fields[1]),
+            cpu_s=sum(int(f) for f in fields[11:15]) / CLOCK_TICKS,
+            started=int(fields[19]) / CLOCK_TICKS + boot,
+        )
+    return table
+
+
+def _tree_cpu(table: dict[int, _Row], pid: int) -> float:
+    """CPU seconds of ``pid`` and of every process under it (0 when it is gone)."""
+    children: dict[int, list[int]] = {}
+    for child, row in table.items():
+        children.setdefault(row.ppid, []).append(child)
+    total, todo = 0.0, [pid] if pid in table else []
+    while todo:
+        member = todo.pop()
+        total += table[member].cpu_s
+        todo += children.get(member, ())
     return total
 
 
@@ -174,8 +209,13 @@ def _supervisor_keys() -> set[tuple[int, float]]:
     return set(rows)
 
 
+def _same_start(a: float, b: float) -> bool:
+    return abs(a - b) < 0.01  # as ``ProcessId.alive`` compares them
+
+
 CENSUS_S = 0.25
-SUPERVISOR_NAME = "gpup-supervisor"  # its process name (setproctitle), idle or running
+# A supervisor's process name (setproctitle), idle or running, as the kernel keeps it: 15 bytes.
+SUPERVISOR_COMM = b"gpup-supervisor"[:15]
 
 
 class SupervisorCensus(threading.Thread):
@@ -192,11 +232,9 @@ class SupervisorCensus(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.wait(CENSUS_S):
-            for proc in psutil.process_iter(["name", "create_time"]):
-                if not (proc.info["name"] or "").startswith(SUPERVISOR_NAME):
-                    continue
-                with suppress(psutil.Error):  # not its tree: that walks every process
-                    self.seen[(proc.pid, proc.info["create_time"])] = _own_cpu(proc)
+            for pid, row in process_table().items():
+                if row.comm.startswith(SUPERVISOR_COMM):
+                    self.seen[(pid, row.started)] = row.cpu_s
 
     def stop(self) -> None:
         self.stopping.set()
@@ -204,7 +242,7 @@ class SupervisorCensus(threading.Thread):
 
     def last_seen(self, pid: int, started: float) -> float | None:
         for (seen_pid, created), cpu in self.seen.items():
-            if seen_pid == pid and abs(created - started) < 0.01:
+            if seen_pid == pid and _same_start(created, started):
                 return cpu
         return None
 
@@ -221,6 +259,13 @@ def supervisor_census() -> Iterator[SupervisorCensus]:
         census.stop()
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return read_proc(f"/proc/{pid}/cmdline").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def cpu_by_role(
     web_pid: int,
     procs: list[Proc],
@@ -234,41 +279,36 @@ def cpu_by_role(
     its parent's children's times, as a reaped child's does. They are found through the attempts
     they recorded, and kept apart, by process (``SUPERVISORS``), for ``role_spent``; one that
     has left counts what the ``census`` last saw of it."""
-    spent = dict.fromkeys((*CPU_ROLES, "machine"), 0.0)
+    spent = dict.fromkeys((*CPU_ROLES, BENCH_CPU, "machine"), 0.0)
     supervisors: dict[tuple[int, float], float] = {}
     spent[SUPERVISORS] = supervisors
     spent["machine"] = _machine_busy_s()
+    table = process_table()
     roots = [("web (daphne)", web_pid)] + [
         ("scheduler" if p.name == "scheduler" else "node agents", p.proc.pid) for p in procs
     ]
     for role, pid in roots:
-        try:
-            root = psutil.Process(pid)
-            if role != "node agents":
-                spent[role] += _tree_cpu(root)
-                continue
-            spent[role] += _own_cpu(root)  # its threads: relay, jobs, sampler, heartbeat
-            for child in root.children():
-                if "spawner" not in " ".join(child.cmdline()):
-                    spent[role] += _tree_cpu(child)
-                    continue
-                spent[SPAWNERS] += _own_cpu(child)
-        except psutil.Error:
+        if role != "node agents":
+            spent[role] += _tree_cpu(table, pid)
             continue
+        if pid not in table:
+            continue
+        spent[role] += table[pid].cpu_s  # its threads: relay, jobs, sampler, heartbeat
+        for child in [c for c, row in table.items() if row.ppid == pid]:
+            if "spawner" in _cmdline(child):
+                spent[SPAWNERS] += table[child].cpu_s
+            else:
+                spent[role] += _tree_cpu(table, child)
     for pid, started in _supervisor_keys():
-        key = (pid, started)
-        if ProcessId(pid, started).alive():
-            with suppress(psutil.Error):  # ended meanwhile: the census may have it
-                supervisors[key] = _tree_cpu(psutil.Process(pid))
-                continue
-        if census is not None and (last := census.last_seen(pid, started)) is not None:
-            supervisors[key] = last
-    spent[BENCH_CPU] = _own_cpu(psutil.Process())
+        row = table.get(pid)
+        if row is not None and _same_start(row.started, started):
+            supervisors[(pid, started)] = _tree_cpu(table, pid)
+        elif census is not None and (last := census.last_seen(pid, started)) is not None:
+            supervisors[(pid, started)] = last
+    if (own := table.get(os.getpid())) is not None:
+        spent[BENCH_CPU] = own.cpu_s
     if postmaster is not None:
-        try:
-            spent["PostgreSQL"] = _tree_cpu(postmaster)
-        except psutil.Error:
-            pass
+        spent["PostgreSQL"] = _tree_cpu(table, postmaster.pid)
     return spent
 
 
@@ -288,7 +328,7 @@ def role_spent(before: dict, after: dict) -> dict[str, float]:
     what it spent since the first (all it spent, if it started since); one that ended between
     them counts what the census last saw of it, or nothing without one, so its role's figure is
     low rather than wrong by all the supervisor had spent before the window."""
-    spent = {role: after[role] - before[role] for role in CPU_ROLES}
+    spent = {role: after[role] - before[role] for role in (*CPU_ROLES, BENCH_CPU)}
     was = before[SUPERVISORS]
     spent[SPAWNERS] += sum(cpu - was.get(key, 0.0) for key, cpu in after[SUPERVISORS].items())
     return spent

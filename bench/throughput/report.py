@@ -14,8 +14,8 @@ from bench.common import CPUS, percentile, table, target
 from bench.throughput.accounting import (
     BENCH_ROLE,
     CONNECTION_ROLES,
-    CPU_REST,
     CPU_ROLES,
+    CPU_ROWS,
     PLATFORM,
     connection_budget,
 )
@@ -83,7 +83,7 @@ def budget_ms(tsp: dict) -> tuple[float, float, str]:
 
 def what_is_left(cpu: dict[str, float], budget: float) -> str:
     """Each role's CPU per task, largest first, against the whole budget of a task."""
-    roles = sorted((*CPU_ROLES, CPU_REST), key=lambda role: -cpu[role])
+    roles = sorted(CPU_ROWS, key=lambda role: -cpu[role])
     parts = ", ".join(f"{role} {cpu[role]:.1f} ({cpu[role] / budget:.1f}x)" for role in roles)
     over = cpu["all"] - budget
     verdict = f"{over:.1f} ms over it" if over > 0 else f"{-over:.1f} ms under it"
@@ -149,7 +149,7 @@ def scenario_rows(runs: dict[str, dict], shown: list[Scenario]) -> list[list[str
             lambda t: f"{t['cpu_ms_per_task']['all']:.1f}",
         ),
     ]
-    for role in (*CPU_ROLES, CPU_REST):
+    for role in CPU_ROWS:
         rows.append(row(f"  {role}", lambda t, role=role: f"{t['cpu_ms_per_task'][role]:.1f}"))
     rows.append(row("PostgreSQL transactions per finished task", db))
     return rows
@@ -209,7 +209,7 @@ def report(ours: dict, tsp: dict, slurm: dict) -> list[tuple[str, bool | None]]:
         if phase["error_sample"]:
             print(f"  e.g. {phase['error_sample']}")
         cpu = phase["cpu_ms_per_accepted"]
-        parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in (*CPU_ROLES, CPU_REST))
+        parts = ", ".join(f"{role} {cpu[role]:.1f}" for role in CPU_ROWS)
         print(f"  while the clients submitted: {cpu['all']:.1f} ms of CPU per accepted "
               f"submission ({parts}; the API's clients are other processes, in the rest), "
               f"{phase['passes']:,} scheduling passes "

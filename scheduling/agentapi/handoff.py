@@ -22,21 +22,21 @@ the same transaction:
    attempt, if it offered to take one (``ExitReport.ready``): it runs it at once, with no
    fork and no spawner; any other attempt goes to the node's spawner, as a launch job's would.
 
-Why this keeps the pass's promises: agents take from the newest list only, and a pass, before
-it reads anything, deletes the older lists and the successors charged to a tenant's quota
-(``scheduler._FORGET_SPENT``), waiting for every hand-off that holds one of those rows, so its
-snapshot sees their placements and no later hand-off takes one. The quotas of a list count
-every one of its successors as started, and between two passes only hand-offs place, and only
-listed tasks. A tenant with no room left in its quota has its tasks listed as swaps
-(``policy.Successor.swap``): a swap takes only what its own tenant's tasks ended here freed
-(GPUs, or memory on them), one ended task for one started, so its tenant holds no more than
-it did, in any count a pass may read, and it needs no fence. A successor without a quota (or
-a swap) may still start while a pass runs: its GPU (or the memory it shares of one) was never
-free in the pass's snapshot, and a task that both would place is taken off the list by the
-pass before it places it (``scheduler._place_unlisted``), waiting for a hand-off under way; a
-placement needs the task still pending, so the second one is skipped, and the pass gives its
-GPUs to its next successors that no agent holds (``scheduler._stand_ins``; swaps excepted). A
-listed task cancelled meanwhile is skipped by the same condition.
+Why this keeps the pass's promises: agents take from the newest list only, and a pass, before it
+reads anything, deletes the older lists (``scheduler._FORGET_SPENT``), waiting for every
+hand-off that holds one of their rows, so its snapshot sees their placements and no later
+hand-off takes one. The quotas of a list count every one of its successors as started, and so
+does the next pass for each one charged to a quota that it reads still pending
+(``policy.Promise``): between two passes only hand-offs place, and only listed tasks. A tenant
+with no room left in its quota has its tasks listed as swaps (``policy.Successor.swap``): a swap
+takes only what its own tenant's tasks ended here freed (GPUs, or memory on them), one ended
+task for one started, so its tenant holds no more than it did, in any count a pass may read, and
+it needs no counting. Any successor may start while a pass runs: its GPU (or the memory it
+shares of one) was never free in the pass's snapshot, and a task that both would place is taken
+off the list by the pass before it places it (``scheduler._place_unlisted``), waiting for a
+hand-off under way; a placement needs the task still pending, so the second one is skipped, and
+the pass gives its GPUs to its next successors that no agent holds (``scheduler._stand_ins``;
+swaps excepted). A listed task cancelled meanwhile is skipped by the same condition.
 
 A pass is requested as before when GPUs freed here went to nobody, and when fewer than half of
 the list is left, so the next list is ready before this one runs out.
@@ -224,28 +224,46 @@ def _place(
 
 # The GPUs this batch of plain ends released on the agent's node (``released_at`` is the
 # statement's own time), available and with no foreign process, each once: with its memory when
-# no task holds any of it now (0 when others still share it: then only shares of it go on), what
-# the ended tasks held of it (shares of it take no more: the rest may be a pass's to give), one
-# of those tasks, how many of them there were and, when they were all one tenant's, that tenant
-# (a swap takes only what its own tenant's tasks freed). Cards others still share come first: a
-# share goes there before it splits a card a task could take whole.
+# an ended task held it whole (0 otherwise: then only shares of it go on), what the ended tasks
+# held of it (shares of it take no more), one of those tasks, how many of them there were and,
+# when they were all one tenant's, that tenant (a swap takes only what its own tenant's tasks
+# freed). Only what the ended tasks held was never free in a pass's snapshot: the rest of a
+# card they shared is a pass's to give, even once nobody holds any of it. Given whole too, a
+# pass's shares and a hand-off's whole placement met on such cards, and the capacity trigger
+# failed the later transaction: an agent's whole batch of ends, whose supervisors then each
+# loaded Django to write their own. What an earlier round of the same hand-off gave of a card
+# (``HAND_OFF_ROUNDS``; its placements are stamped with the same time) is not offered again,
+# and nothing of one a task now holds whole.
+# Cards others still share come first: a share goes there before it splits a card a task could
+# take whole.
 _FREED = """
-    SELECT r.gpu_id, CASE WHEN r.whole THEN r.card_mb ELSE 0 END AS whole_mb,
-           sum(r.held_mb) AS shares_mb, min(r.task_id) AS task_id,
+    SELECT r.gpu_id,
+           CASE WHEN r.holders = 0 AND bool_and(r.exclusive) THEN r.card_mb ELSE 0 END
+               AS whole_mb,
+           CASE WHEN r.held_whole THEN 0 ELSE greatest(sum(r.held_mb) - r.given_mb, 0) END
+               AS shares_mb,
+           min(r.task_id) AS task_id,
            CASE WHEN min(r.tenant_id) = max(r.tenant_id) THEN min(r.tenant_id) END AS tenant_id,
-           count(*) AS ends, r.index, r.whole
+           count(*) AS ends, r.index
       FROM (SELECT a.gpu_id, g.memory_mb AS card_mb, a.task_id, g.index,
                    CASE WHEN a.exclusive THEN g.memory_mb ELSE a.memory_mb END AS held_mb,
+                   a.exclusive,
                    (SELECT k.tenant_id FROM scheduling_task k WHERE k.id = a.task_id) AS tenant_id,
-                   NOT EXISTS (SELECT 1 FROM scheduling_allocation o
-                                WHERE o.gpu_id = a.gpu_id AND o.released_at IS NULL) AS whole
+                   o.holders, o.given_mb, o.held_whole
               FROM scheduling_allocation a
               JOIN scheduling_gpu g ON g.id = a.gpu_id
               JOIN scheduling_node n ON n.id = g.node_id
+              CROSS JOIN LATERAL (
+                  SELECT count(*) AS holders,
+                         COALESCE(sum(o.memory_mb) FILTER (WHERE o.started_at = %(now)s), 0)
+                             AS given_mb,
+                         COALESCE(bool_or(o.exclusive), false) AS held_whole
+                    FROM scheduling_allocation o
+                   WHERE o.gpu_id = a.gpu_id AND o.released_at IS NULL) o
              WHERE a.task_id = ANY(%(tasks)s::bigint[]) AND a.released_at = %(now)s
                AND n.name = %(node)s AND n.state = 'available' AND g.state = 'available'
                AND g.foreign_memory_mb = 0) r
-     GROUP BY r.gpu_id, r.card_mb, r.index, r.whole
+     GROUP BY r.gpu_id, r.card_mb, r.index, r.holders, r.given_mb, r.held_whole
 """
 
 # The first successors of the newest list, by rank, that may take some of those GPUs and are still
@@ -271,12 +289,12 @@ _CANDIDATES = f"""
     entire AS (SELECT s.id FROM scheduling_successor s
                WHERE s.generation = (SELECT generation FROM newest) AND s.swap_tenant IS NULL
                  AND s.memory_mb = 0
-                 AND s.gpus <= (SELECT count(*) FROM freed WHERE whole)
-                 AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed WHERE whole)
+                 AND s.gpus <= (SELECT count(*) FROM freed WHERE whole_mb > 0)
+                 AND s.gpu_ids && ARRAY(SELECT gpu_id::integer FROM freed WHERE whole_mb > 0)
                  AND (SELECT t.state = 'pending' AND t.hold_reason = ''
                         FROM scheduling_task t WHERE t.id = s.task_id)
                ORDER BY s.rank
-               LIMIT (SELECT count(*) FROM freed WHERE whole)
+               LIMIT (SELECT count(*) FROM freed WHERE whole_mb > 0)
                  FOR UPDATE SKIP LOCKED),
     sharing AS (SELECT s.id FROM scheduling_successor s
                  WHERE s.generation = (SELECT generation FROM newest)
@@ -305,7 +323,7 @@ _CANDIDATES = f"""
            (SELECT count(*) FROM scheduling_successor o
              WHERE o.generation = (SELECT generation FROM newest)),
            ARRAY(SELECT ARRAY[gpu_id, whole_mb, shares_mb, task_id, tenant_id] FROM freed
-                  ORDER BY whole, index),
+                  ORDER BY whole_mb > 0, index),
            s.swap_tenant IS NOT NULL, s.swap_tenant, s.memory_mb
       FROM scheduling_successor s
      WHERE s.id IN (SELECT id FROM entire UNION ALL SELECT id FROM sharing

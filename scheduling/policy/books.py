@@ -44,6 +44,10 @@ class Usage:
         self.memory_mb += memory_mb
         self.tasks += tasks
 
+    def less(self, other: Usage) -> Usage:
+        return Usage(self.gpus - other.gpus, self.memory_mb - other.memory_mb,
+                     self.tasks - other.tasks)  # fmt: skip
+
 
 @dataclass(slots=True)
 class Books:
@@ -55,9 +59,11 @@ class Books:
 
     def charge(
         self, tenant: str, task_class: str, gpus: tuple[tuple[int, int], ...], exclusive: bool
-    ) -> None:
+    ) -> Usage:
+        """Count a task holding ``gpus`` (GPU id, MiB) to its tenant and class; returns what
+        it added to its tenant's usage."""
         pools: dict[str, Usage] = defaultdict(Usage)
-        total = Usage()
+        total = Usage(tasks=1)
         for gpu_id, memory_mb in gpus:
             capacity = self.gpu_memory.get(gpu_id, memory_mb)
             share = card_share(exclusive=exclusive, memory_mb=memory_mb, card_memory_mb=capacity)
@@ -67,6 +73,7 @@ class Books:
         for pool, usage in pools.items():
             self.tenant_pool[(tenant, pool)].add(usage.gpus, usage.memory_mb)
         self.by_class[task_class] += total.gpus
+        return total
 
 
 def request_usage(task: PendingView, placement: Placement | None, gpu_memory_mb: int) -> Usage:

@@ -53,6 +53,7 @@ from scheduling.policy.books import (
     SUCCESSORS_PER_GPU,
     Books,
     Reservation,
+    Usage,
     format_gib,
     format_utc,
     quota_problem_of,
@@ -94,6 +95,7 @@ class Pass(Preempting):
         self.typical_gpu_mb = max((g.memory_mb for g in snapshot.gpus), default=0)
         for task in snapshot.running:
             self.books.charge(task.tenant, task.task_class, task.gpus, task.exclusive)
+        self.promised = self.charge_promises(snapshot)
         self.busy_queues = {(t.tenant, t.queue): t.id for t in snapshot.running if t.queue}
         # GPUs held for blocked tasks: at most one backfill reservation (the first blocked task)
         # plus one per task waiting for its preemption victims to stop.
@@ -348,10 +350,27 @@ class Pass(Preempting):
         )
         return allowed, held
 
+    def charge_promises(self, snapshot: Snapshot) -> dict[int, Usage]:
+        """Charge the books for the last list's charged successors still pending (``Promise``):
+        each may start while this pass runs, so it counts as started, once, whether this pass
+        places it, lists it again or leaves it waiting. Returns what each added to its
+        tenant's usage, by task id (its own quota check leaves that out: ``quota_problem``)."""
+        views = {task.id: task for task in snapshot.pending}
+        charged: dict[int, Usage] = {}
+        for promise in snapshot.promised:
+            task = views.get(promise.task_id)
+            if task is None or task.id in charged:
+                continue  # placed before the snapshot (it runs, and counts), or gone
+            shared = task.gpu_memory_mb or 0
+            gpus = tuple((g, shared or self.books.gpu_memory.get(g, 0)) for g in promise.gpu_ids)
+            charged[task.id] = self.books.charge(task.tenant, task.task_class, gpus, not shared)
+        return charged
+
     def place(self, task: PendingView, placement: Placement) -> None:
         self.changes += 1
         self.capacity.take(placement)
-        self.books.charge(task.tenant, task.task_class, placement.gpus, placement.exclusive)
+        if task.id not in self.promised:  # a promise is charged already
+            self.books.charge(task.tenant, task.task_class, placement.gpus, placement.exclusive)
         self.lenders.clear()  # what each class holds changed
         if task.queue:
             self.busy_queues[(task.tenant, task.queue)] = task.id
@@ -371,7 +390,10 @@ class Pass(Preempting):
         if view.limits == NO_LIMITS and not view.pool_limits:
             return None
         extra = request_usage(task, placement, self.typical_gpu_mb)
-        problem = quota_problem_of(task.tenant, view.limits, self.books.tenant[task.tenant], extra)
+        used = self.books.tenant[task.tenant]
+        if (promised := self.promised.get(task.id)) is not None:
+            used = used.less(promised)  # counted already as if started: not twice
+        problem = quota_problem_of(task.tenant, view.limits, used, extra)
         if problem or not view.pool_limits:
             return problem
         pools = {task.pool} if task.pool else set(view.pool_limits)
@@ -527,7 +549,7 @@ class Pass(Preempting):
             )
             if swap:
                 swaps[task.tenant] += 1
-            else:
+            elif task.id not in self.promised:  # a promise is charged already
                 self.books.charge(task.tenant, task.task_class, some, not shared)
         return successors
 

@@ -133,6 +133,18 @@ class Snapshot:
     running: tuple[RunningView, ...] = ()
     pending: tuple[PendingView, ...] = ()
     tenants: dict[str, TenantView] = field(default_factory=dict)
+    promised: tuple[Promise, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    """A pending task that the last pass listed as a successor charged to its tenant's quota
+    (``Successor.fenced``), with the GPUs it would take first: a node agent may start it at any
+    moment, this pass's own included, so a pass counts it as started, as the pass that listed
+    it did, for as long as it is pending in the pass's snapshot."""
+
+    task_id: int
+    gpu_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +192,8 @@ class Successor:
     """A waiting task that would start as soon as GPUs it may take free up, before the next
     pass (``Decision.successors``): ``gpus`` GPUs on one node, among ``gpu_ids``, freed whole
     (``memory_mb``: what it reserves on each, sharing the card from then on; 0: held whole).
-    ``fenced``: its tenant has a quota, which holds only if no pass places the tenant's tasks
-    while it starts (the caller keeps the two apart). ``swap``: its tenant has no room left in
+    ``fenced``: charged to its tenant's quota as if it had started, which the next pass does
+    too while it is pending (``Promise``). ``swap``: its tenant has no room left in
     its quotas for it, so it takes only GPUs that its own tenant's ended tasks free, one ended
     task for one started (``hand_on``): its tenant then holds what it held, and no pass can
     count that wrong, so it needs no fence."""

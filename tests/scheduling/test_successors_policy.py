@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduling.policy import (
     ONLINE,
     Freed,
     Limits,
     PolicySettings,
+    Promise,
     Successor,
     TenantView,
     hand_on,
@@ -183,9 +186,9 @@ def test_a_task_sharing_gpus_by_memory_is_listed_to_take_a_gpu_freed_whole():
 
 def test_tasks_sharing_gpus_split_what_ended_tasks_held_of_a_card_and_no_more():
     # GPU 10: an ended task held it whole. GPU 11: two ended tasks held 8 GiB of it, others
-    # still share it (not free whole). GPU 12: free whole now, but its ended task held 4 GiB of
-    # it; the rest was free before, a pass's to give.
-    freed = [Freed(11, 0, 8192), Freed(12, 24576, 4096), Freed(10, 24576, 24576)]
+    # still share it. GPU 12: an ended task held 4 GiB of it, and nobody holds any of it now:
+    # the rest was free before, a pass's to give, so it is not free whole here (``_FREED``).
+    freed = [Freed(11, 0, 8192), Freed(12, 0, 4096), Freed(10, 24576, 24576)]
     sharing = [Successor(i, 1, (10, 11, 12), memory_mb=6144) for i in range(1, 7)]
     whole = Successor(7, 1, (10, 11, 12))
     placements, left = hand_on([*sharing, whole], freed, "node-0")
@@ -195,12 +198,10 @@ def test_tasks_sharing_gpus_split_what_ended_tasks_held_of_a_card_and_no_more():
         (3, ((10, 6144),), False),
         (4, ((10, 6144),), False),
         (5, ((10, 6144),), False),  # GPU 10 is full; the sixth fits nowhere
-        (7, ((12, 24576),), True),  # the whole one takes the card free whole
     ]
-    assert left == []
-    # A card that others share is never taken whole.
-    placements, left = hand_on([whole], [Freed(11, 0, 24576)], "node-0")
-    assert placements == [] and left == [Freed(11, 0, 24576)]
+    assert left == [Freed(12, 0, 4096)]  # and the whole one takes no card others shared
+    placements, left = hand_on([whole], [Freed(10, 24576, 24576)], "node-0")
+    assert [(p.task_id, p.gpus, p.exclusive) for p in placements] == [(7, ((10, 24576),), True)]
 
 
 def test_a_swap_shares_only_what_its_own_tenants_tasks_held_and_takes_whole_only_a_whole_one():
@@ -226,3 +227,28 @@ def test_a_task_sharing_gpus_waiting_for_its_quota_is_a_swap():
         (waiting[0].id, True, 4096),
         (waiting[1].id, True, 0),
     ]
+
+
+def test_a_promised_successor_counts_as_started_once_whoever_places_it():
+    """The last list's successor charged to its tenant's quota may start at any moment (a node
+    agent's hand-off): a pass counts it as started while it is pending, and does not count its
+    own placement of it again."""
+    cluster = gpus(per_node=4)
+    holders = [running("vision", [cluster[0]]), *full(cluster[1:3])]
+    promised, behind = task("vision"), task("vision")
+    tenants = [TenantView("vision", limits=Limits(gpus=2))]
+    base = snap(cluster, [promised, behind], holders, tenants)
+    promise = (Promise(promised.id, (cluster[3].id,)),)
+
+    decision = schedule(replace(base, promised=promise))
+    # One GPU free: the promised task takes it (its promise is its own room), not the one behind.
+    assert [p.task_id for p in decision.placements] == [promised.id]
+    assert decision.waits[behind.id].code == "quota"
+    # Placed before the snapshot, it is no longer pending: its promise counts nothing.
+    decision = schedule(replace(base, pending=(behind,), promised=promise))
+    assert [p.task_id for p in decision.placements] == [behind.id]
+    # Pending, but not placed by the pass (it leaves its tenant no room for the one behind).
+    pinned = replace(promised, node="elsewhere")
+    decision = schedule(replace(base, pending=(pinned, behind), promised=promise))
+    assert decision.placements == []
+    assert decision.waits[behind.id].code == "quota"

@@ -16,12 +16,13 @@ from nodeagent.launcher import lifecycle
 from scheduling import controls, passes, scheduler
 from scheduling.agentapi import handoff, reports
 from scheduling.agentapi.messages import ExitReport, StartReport
-from scheduling.models import GPU, Allocation, Successor, Task, TaskAttempt, TaskEvent
+from scheduling.models import GPU, Allocation, GpuState, Successor, Task, TaskAttempt, TaskEvent
 from scheduling.policy import Placement
 from scheduling.spec import PRIORITIES, TaskSpec
 from scheduling.states import TaskState
 from scheduling.submission import task_submit
 from tenants.models import Quota
+from tests.factories import NodeFactory, TenantFactory, make_gpus
 from tests.nodeagent.launcher.conftest import state_of, wait_for
 from tests.nodeagent.launcher.test_relay import blocked_on_a_lock, submit
 from tests.nodeagent.launcher.test_spawner import running_spawner
@@ -138,55 +139,99 @@ def test_ends_on_another_node_or_without_one_hand_nothing(launcher, node, lab, m
     assert len(queued) == 1  # the first end asked for a pass; the second found it queued
 
 
+def open_hand_off(node, ended: list[Task], successor: Task, gpu: int) -> psycopg.Connection:
+    """An agent's transaction, stopped after its hand-off's writes, before its commit: it ended
+    ``ended`` and handed ``gpu`` to ``successor``, whose row it holds."""
+    other = psycopg.connect(current_database_url(), autocommit=False)
+    now = reports.timezone.now()
+    ends = [ExitReport(t.pk, 1, 0) for t in ended]
+    other.execute(handoff._SUCCEEDED, handoff.succeeded_params(ends, now, claim=False))
+    other.execute(handoff._CANDIDATES, {"tasks": [ended[0].pk], "now": now, "node": node.name})
+    place = scheduler.place_query(
+        [Placement(successor.pk, node.name, ((gpu, 24576),), exclusive=True)], now
+    )
+    other.execute(place.sql, place.params)
+    return other
+
+
+def pass_beside(other: psycopg.Connection) -> dict:
+    """A pass run while ``other``'s hand-off is open, which it must not wait for; then the
+    hand-off commits. Returns what the pass placed."""
+    result: dict = {}
+
+    def run_pass() -> None:
+        try:
+            result["placed"] = scheduler.schedule_pass().placed
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run_pass)
+    thread.start()
+    try:
+        wait_for(lambda: blocked_on_a_lock(other) or result, timeout=10)
+        thread.join(timeout=10)
+        assert result, "the pass waited for a hand-off under way"
+        other.commit()
+    finally:
+        other.close()
+        thread.join(timeout=10)
+    return result
+
+
 @pytest.mark.parametrize("quota", [None, 8], ids=["no quota", "a quota"])
 def test_a_pass_beside_a_hand_off_under_way(launcher, node, lab, monkeypatch, quota):
-    """With a quota, the pass waits for the hand-off before it reads (its count of the
-    tenant's GPUs must include the placement); without one, it does not wait. Either way each
-    GPU and each task is placed once."""
+    """With a quota or without, the pass does not wait for the hand-off: it read both GPUs busy,
+    and places nothing. Each GPU and each task is placed once."""
     if quota:
         Quota.objects.create(tenant=lab, max_gpus=quota)
     first, later, queued = running_and_waiting(lab, node, monkeypatch, 4, 2)
     assert set(Successor.objects.values_list("fenced", flat=True)) == {bool(quota)}
-    freed, also = gpu_of(first[0]), gpu_of(first[1])
-    # An agent's transaction, stopped after its hand-off's writes, before its commit: it ended
-    # two tasks and handed one GPU on.
-    other = psycopg.connect(current_database_url(), autocommit=False)
-    try:
-        now = reports.timezone.now()
-        ends = [ExitReport(t.pk, 1, 0) for t in first[:2]]
-        other.execute(handoff._SUCCEEDED, handoff.succeeded_params(ends, now, claim=False))
-        other.execute(handoff._CANDIDATES, {"tasks": [first[0].pk], "now": now, "node": node.name})
-        place = scheduler.place_query(
-            [Placement(later[0].pk, node.name, ((freed, 24576),), exclusive=True)], now
-        )
-        other.execute(place.sql, place.params)
-        result: dict = {}
+    freed = gpu_of(first[0])
+    result = pass_beside(open_hand_off(node, first[:2], later[0], freed))
+    assert result["placed"] == []
+    assert gpu_of(later[0]) == freed
+    assert Allocation.objects.filter(task__in=later, released_at__isnull=True).count() == 1
 
-        def run_pass() -> None:
-            try:
-                result["placed"] = scheduler.schedule_pass().placed
-            finally:
-                connection.close()
 
-        thread = threading.Thread(target=run_pass)
-        thread.start()
-        wait_for(lambda: blocked_on_a_lock(other) or result, timeout=10)
-        if quota:
-            assert not result, "the pass went on while a hand-off held its successor"
-        else:
-            thread.join(timeout=10)
-            assert result, "the pass waited for a hand-off of a tenant without quotas"
-        other.commit()
-        thread.join(timeout=10)
-    finally:
-        other.close()
-    if quota:  # it read after the hand-off: the other waiting task goes on the other GPU
-        assert result["placed"] == [later[1].pk]
-        assert (gpu_of(later[0]), gpu_of(later[1])) == (freed, also)
-    else:  # it read before: both GPUs were busy then, it placed nothing
-        assert result["placed"] == []
-        assert gpu_of(later[0]) == freed
-        assert Allocation.objects.filter(task__in=later, released_at__isnull=True).count() == 1
+def test_a_pass_counts_a_quota_charged_successor_an_agent_may_be_starting(
+    launcher, node, lab, monkeypatch
+):
+    """A tenant with room for one more GPU has its next task (pinned to a busy node) listed,
+    charged to its quota. While that node's agent hands the task a GPU (not yet committed), a
+    pass finds a GPU free on another node: it must not give it to the tenant's task behind,
+    which would hold one GPU over the quota once the hand-off commits; nor wait for the
+    hand-off."""
+    spare = NodeFactory(name="workstation-2")
+    (free_gpu,) = make_gpus(spare, count=1)
+    GPU.objects.filter(pk=free_gpu.pk).update(state=GpuState.OFFLINE)  # none free at first
+    other_lab = TenantFactory(name="other-lab")
+    Quota.objects.create(tenant=lab, max_gpus=2)
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
+    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: None)
+    with transaction.atomic():  # one pass: the lab holds one GPU, the other lab three
+        mine = submit(lab, "true", name="mine")
+        theirs = [submit(other_lab, "true", name=f"theirs{i}") for i in range(3)]
+    scheduler.schedule_pass()
+    attempts = [
+        TaskAttempt.objects.create(task=t, number=1, node=node, gpu_uuids=[], log_path="")
+        for t in [mine, *theirs]
+    ]
+    reports.attempts_started([StartReport(a.pk, GONE, GONE) for a in attempts])
+    pinned = task_submit(tenant=lab, spec=TaskSpec(name="pinned", command="true", node=node.name))
+    behind = submit(lab, "true", name="behind")
+    scheduler.schedule_pass()
+    listed = dict(Successor.objects.values_list("task_id", "fenced"))
+    assert listed[pinned.pk] is True, "charged to the lab's quota: room for one"
+    GPU.objects.filter(pk=free_gpu.pk).update(state=GpuState.AVAILABLE)  # back: free for a pass
+    open_ = open_hand_off(node, [theirs[0]], pinned, gpu_of(theirs[0]))
+
+    result = pass_beside(open_)
+
+    assert result["placed"] == [], "the lab's task behind went over its quota"
+    assert state_of(pinned, "scheduled")() == "scheduled"
+    assert state_of(behind, "pending")() == "pending"
+    held = Allocation.objects.filter(task__tenant=lab, released_at__isnull=True).count()
+    assert held == 2
 
 
 def test_through_the_relay_tasks_follow_each_other_on_the_freed_gpus(
@@ -380,37 +425,47 @@ def test_the_candidates_count_the_list_once_whatever_they_skip(launcher, node, l
     assert visited <= 5 * listed
 
 
+def sharing_a_card(node, lab, monkeypatch, count: int, waiting: list[tuple[str, int]]):
+    """``count`` tasks sharing one card by 8 GiB each and three holding the others whole,
+    placed by a pass and reported started; then ``waiting`` tasks (name, MiB shared; 0: whole),
+    listed by a second pass. Returns the sharing tasks, their card, the waiting tasks and the
+    passes asked for since."""
+    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
+    queued: list = []
+    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: queued.append(kwargs))
+
+    def sharing(name: str, mb: int) -> Task:
+        if not mb:
+            return submit(lab, "true", name=name)
+        return task_submit(tenant=lab, spec=TaskSpec(name=name, command="true", gpu_memory_mb=mb))
+
+    with transaction.atomic():  # one pass: they share a card, three hold the others whole
+        shares = [sharing(f"s{i}", 8192) for i in range(count)]
+        whole = [submit(lab, "true", name=f"r{i}") for i in range(3)]
+    scheduler.schedule_pass()
+    (card,) = {gpu_of(t) for t in shares}
+    assert {gpu_of(t) for t in whole}.isdisjoint({card})
+    attempts = [
+        TaskAttempt.objects.create(task=t, number=1, node=node, gpu_uuids=[], log_path="")
+        for t in [*shares, *whole]
+    ]
+    reports.attempts_started([StartReport(a.pk, GONE, GONE) for a in attempts])
+    later = [sharing(name, mb) for name, mb in waiting]
+    scheduler.schedule_pass()
+    assert Successor.objects.count() == len(later)
+    queued.clear()
+    return shares, card, later, queued
+
+
 def test_memory_freed_on_a_card_others_still_share_goes_to_a_sharing_successor(
     launcher, node, lab, monkeypatch
 ):
     """A task sharing a card ends while others go on sharing it: what it held of the card goes
     to the first successor that shares no more than that, never to one that takes a card whole
     (the card is not free whole), and no pass is needed for it."""
-    monkeypatch.setattr(controls, "dispatch_launches", lambda placed: None)
-    queued: list = []
-    monkeypatch.setattr(passes, "async_task", lambda *args, **kwargs: queued.append(kwargs))
-
-    def sharing(name: str, mb: int) -> Task:
-        return task_submit(tenant=lab, spec=TaskSpec(name=name, command="true", gpu_memory_mb=mb))
-
-    with transaction.atomic():  # one pass: three share a card, three hold the others whole
-        shares = [sharing(f"s{i}", 8192) for i in range(3)]
-        whole = [submit(lab, "true", name=f"r{i}") for i in range(3)]
-    scheduler.schedule_pass()
-    (card,) = {gpu_of(t) for t in shares}
-    assert {gpu_of(t) for t in whole}.isdisjoint({card})
-    running = [*shares, *whole]
-    attempts = [
-        TaskAttempt.objects.create(task=t, number=1, node=node, gpu_uuids=[], log_path="")
-        for t in running
-    ]
-    reports.attempts_started([StartReport(a.pk, GONE, GONE) for a in attempts])
-    # Waiting: one to hold a card whole (first in line), one sharing more than an ended task
-    # held, one sharing less.
-    later = [submit(lab, "true", name="w0"), sharing("w1", 12288), sharing("w2", 6144)]
-    scheduler.schedule_pass()
-    assert Successor.objects.count() == 3
-    queued.clear()
+    shares, card, later, queued = sharing_a_card(
+        node, lab, monkeypatch, 3, [("w0", 0), ("w1", 12288), ("w2", 6144)]
+    )
 
     hand = end(node, shares[0])
 
@@ -419,3 +474,61 @@ def test_memory_freed_on_a_card_others_still_share_goes_to_a_sharing_successor(
     assert (share.gpu_id, share.memory_mb, share.exclusive) == (card, 6144, False)
     assert [state_of(t, "pending")() for t in later[:2]] == ["pending", "pending"]
     assert queued == [], "two of three are left on the list, and nothing freed went to nobody"
+
+
+def test_a_card_its_last_sharing_tasks_leave_is_not_handed_on_whole(
+    launcher, node, lab, monkeypatch
+):
+    """Both tasks sharing a card end: nobody holds any of it now, but the rest of it was free to
+    any pass meanwhile (one may be placing a share there), so a hand-off gives on only what they
+    held, to a task that shares no more than that, never the card whole."""
+    shares, card, later, _ = sharing_a_card(node, lab, monkeypatch, 2, [("w0", 0), ("w1", 12288)])
+
+    hand = end(node, *shares)
+
+    assert [a.task_id for a in hand.rest] == [later[1].pk]
+    assert state_of(later[0], "pending")() == "pending"
+    share = Allocation.objects.get(task=later[1], released_at__isnull=True)
+    assert (share.gpu_id, share.memory_mb, share.exclusive) == (card, 12288, False)
+
+
+def test_a_second_round_offers_nothing_the_first_gave(launcher, node, lab, monkeypatch):
+    """A round of a hand-off whose placement was skipped reads the freed GPUs again
+    (``HAND_OFF_ROUNDS``): what the first round gave of them, whole or in part, is not free.
+    Offered again, a share went onto a GPU just given whole, and the capacity trigger failed the
+    agent's whole batch of ends."""
+    shares, card, later, _ = sharing_a_card(node, lab, monkeypatch, 2, [("w0", 0)])
+    whole = Task.objects.filter(tenant=lab, state=TaskState.RUNNING).exclude(
+        pk__in=[t.pk for t in shares]
+    )[0]
+    other = psycopg.connect(current_database_url(), autocommit=False)
+    try:
+        now = reports.timezone.now()
+        ended = [whole, *shares]
+        ends = [ExitReport(t.pk, 1, 0) for t in ended]
+        other.execute(handoff._SUCCEEDED, handoff.succeeded_params(ends, now, claim=False))
+        where = {"tasks": [t.pk for t in ended], "now": now, "node": node.name}
+
+        def offered() -> dict[int, tuple[int, int]]:
+            rows = other.execute(handoff._FREED, where).fetchall()
+            return {gpu: (whole_mb, shares_mb) for gpu, whole_mb, shares_mb, *_ in rows}
+
+        held = gpu_of(whole)
+        assert offered() == {held: (24576, 24576), card: (0, 16384)}
+        # The first round gives the whole one's GPU whole, and 6 GiB of the shared card.
+        first = later[0]
+        sharer = task_submit(
+            tenant=lab, spec=TaskSpec(name="x", command="true", gpu_memory_mb=6144)
+        )
+        place = scheduler.place_query(
+            [
+                Placement(first.pk, node.name, ((held, 24576),), exclusive=True),
+                Placement(sharer.pk, node.name, ((card, 6144),), exclusive=False),
+            ],
+            now,
+        )
+        other.execute(place.sql, place.params)
+        assert offered() == {held: (0, 0), card: (0, 10240)}
+    finally:
+        other.rollback()
+        other.close()
