@@ -300,7 +300,7 @@ def test_the_report_gives_both_lines_what_is_left_and_the_peers_last(capsys, mon
     assert recorded["tasks completed per second" + default].value == "8.0"
     cpu = recorded["CPU per finished task, every role" + default]
     assert (cpu.goal, cpu.met) == ("<= 4 ms", False)
-    assert recorded["task batches, every POST of both lines"].value == (
+    assert recorded["task batches, every POST of every line"].value == (
         "400 / 90 / 5,000 / 3,000 tasks/s"
     )
     assert (
