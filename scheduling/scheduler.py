@@ -197,7 +197,7 @@ def _read_for_pass(
 # as started (``snapshot._PROMISED``, ``policy.Promise``); a swap (``Successor.swap``) changes no
 # count: it takes only what its own tenant's ended tasks free. Deleting the charged successors
 # before reading instead (and waiting for the hand-offs that held them) left the agents nothing to
-# hand a quota-bound tenant for most of each pass, and passes followed one another. It only
+# hand a tenant under a quota for most of each pass, and passes followed one another. It only
 # inserts rows: it never waits for an agent while it holds what the agent's hand-off needs (the
 # tasks it placed, its tenants' usage counters). Waiting for the agents there, the passes and the
 # agents deadlocked; deleting the whole list before reading left the agents nothing to hand for

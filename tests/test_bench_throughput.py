@@ -472,9 +472,9 @@ def test_database_work_counts_transactions_those_that_wrote_and_their_log():
 
 def test_a_process_tree_counts_the_cpu_of_the_children_it_reaped_and_of_those_alive():
     me = os.getpid()
-    before = accounting._tree_cpu(accounting.process_table(), me)
+    before = accounting.ProcessTable().tree_cpu(me)
     subprocess.run([sys.executable, "-c", "sum(range(10_000_000))"], check=True)
-    reaped = accounting._tree_cpu(accounting.process_table(), me)
+    reaped = accounting.ProcessTable().tree_cpu(me)
     assert reaped - before >= 0.05  # the child's work, counted once it was reaped
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
     grandchild = (
@@ -484,7 +484,7 @@ def test_a_process_tree_counts_the_cpu_of_the_children_it_reaped_and_of_those_al
     child = subprocess.Popen([sys.executable, "-c", grandchild])  # noqa: S603 - this interpreter
     try:
         time.sleep(1.0)
-        alive = accounting._tree_cpu(accounting.process_table(), me)
+        alive = accounting.ProcessTable().tree_cpu(me)
     finally:
         child.kill()
         child.wait()

@@ -132,11 +132,11 @@ def connection_budget() -> db_connections.Budget:
 
 # Where the CPU of the 2,000-task phase goes, by role. Two snapshots (start and end of the
 # phase) suffice: a process that ends is counted in its parent's children_user/children_system
-# once reaped, and each role's processes are one parent's tree. A spawner's tree holds the
-# supervisors it forked while they live (they supervise attempt after attempt:
-# SUPERVISOR_REUSE) and, once reaped by them, their tasks. One that exits during the phase is
-# reaped by the kernel (the spawner ignores SIGCHLD), which adds its time to nobody's: it and
-# the kernel's own threads are what the machine spent beyond the roles.
+# once reaped, and each role's processes are one parent's tree. A spawner's supervisors are
+# not in its tree (a double fork detaches them: ``cpu_by_role``); each holds its tasks, once
+# reaped, and supervises attempt after attempt (SUPERVISOR_REUSE). One that exits during the
+# phase is reaped by init, which adds its time to nobody's (``SupervisorCensus`` keeps most of
+# it); the kernel's own threads are what the machine spent beyond the roles.
 SPAWNERS = "spawners, supervisors and tasks"
 SUPERVISORS = "supervisors"  # cpu_by_role's own key: by process, not a sum
 # This process: the clients' requests and the polling for the end, which the machine's total
@@ -157,42 +157,42 @@ class _Row:
     started: float  # as psutil's create_time() and ``procid.start_time`` say
 
 
-def process_table() -> dict[int, _Row]:
+class ProcessTable:
     """Every process on the machine, from one raw read of its ``stat`` each: psutil's objects,
     and its ``children()`` (a walk of every process for each call), cost this bench more than
     some of the roles it measured (2 ms per task with 32 hosts' supervisors)."""
-    boot = psutil.boot_time()
-    table = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = read_proc(f"/proc/{entry.name}/stat")
-        except OSError:
-            continue  # ended meanwhile: its parent has it (or will, once it reaps it)
-        # The command name, in parentheses, may itself hold spaces and parentheses.
-        close = stat.rindex(b")")
-        fields = stat[close + 2 :].split()
-        table[int(entry.name)] = _Row(
-            comm=stat[stat.index(b"(") + 1 : close],
-            ppid=int(fields[1]),
-            cpu_s=sum(int(f) for f in fields[11:15]) / CLOCK_TICKS,
-            started=int(fields[19]) / CLOCK_TICKS + boot,
-        )
-    return table
 
+    def __init__(self) -> None:
+        boot = psutil.boot_time()
+        self.rows: dict[int, _Row] = {}
+        self.children: dict[int, list[int]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = read_proc(f"/proc/{entry.name}/stat")
+            except OSError:
+                continue  # ended meanwhile: its parent has it (or will, once it reaps it)
+            # The command name, in parentheses, may itself hold spaces and parentheses.
+            close = stat.rindex(b")")
+            fields = stat[close + 2 :].split()
+            pid, ppid = int(entry.name), int(fields[1])
+            self.rows[pid] = _Row(
+                comm=stat[stat.index(b"(") + 1 : close],
+                ppid=ppid,
+                cpu_s=sum(int(f) for f in fields[11:15]) / CLOCK_TICKS,
+                started=int(fields[19]) / CLOCK_TICKS + boot,
+            )
+            self.children.setdefault(ppid, []).append(pid)
 
-def _tree_cpu(table: dict[int, _Row], pid: int) -> float:
-    """CPU seconds of ``pid`` and of every process under it (0 when it is gone)."""
-    children: dict[int, list[int]] = {}
-    for child, row in table.items():
-        children.setdefault(row.ppid, []).append(child)
-    total, todo = 0.0, [pid] if pid in table else []
-    while todo:
-        member = todo.pop()
-        total += table[member].cpu_s
-        todo += children.get(member, ())
-    return total
+    def tree_cpu(self, pid: int) -> float:
+        """CPU seconds of ``pid`` and of every process under it (0 when it is gone)."""
+        total, todo = 0.0, [pid] if pid in self.rows else []
+        while todo:
+            member = todo.pop()
+            total += self.rows[member].cpu_s
+            todo += self.children.get(member, ())
+        return total
 
 
 def _machine_busy_s() -> float:
@@ -232,7 +232,7 @@ class SupervisorCensus(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.wait(CENSUS_S):
-            for pid, row in process_table().items():
+            for pid, row in ProcessTable().rows.items():
                 if row.comm.startswith(SUPERVISOR_COMM):
                     self.seen[(pid, row.started)] = row.cpu_s
 
@@ -283,32 +283,32 @@ def cpu_by_role(
     supervisors: dict[tuple[int, float], float] = {}
     spent[SUPERVISORS] = supervisors
     spent["machine"] = _machine_busy_s()
-    table = process_table()
+    table = ProcessTable()
     roots = [("web (daphne)", web_pid)] + [
         ("scheduler" if p.name == "scheduler" else "node agents", p.proc.pid) for p in procs
     ]
     for role, pid in roots:
         if role != "node agents":
-            spent[role] += _tree_cpu(table, pid)
+            spent[role] += table.tree_cpu(pid)
             continue
-        if pid not in table:
+        if pid not in table.rows:
             continue
-        spent[role] += table[pid].cpu_s  # its threads: relay, jobs, sampler, heartbeat
-        for child in [c for c, row in table.items() if row.ppid == pid]:
+        spent[role] += table.rows[pid].cpu_s  # its threads: relay, jobs, sampler, heartbeat
+        for child in table.children.get(pid, ()):
             if "spawner" in _cmdline(child):
-                spent[SPAWNERS] += table[child].cpu_s
+                spent[SPAWNERS] += table.rows[child].cpu_s
             else:
-                spent[role] += _tree_cpu(table, child)
+                spent[role] += table.tree_cpu(child)
     for pid, started in _supervisor_keys():
-        row = table.get(pid)
+        row = table.rows.get(pid)
         if row is not None and _same_start(row.started, started):
-            supervisors[(pid, started)] = _tree_cpu(table, pid)
+            supervisors[(pid, started)] = table.tree_cpu(pid)
         elif census is not None and (last := census.last_seen(pid, started)) is not None:
             supervisors[(pid, started)] = last
-    if (own := table.get(os.getpid())) is not None:
+    if (own := table.rows.get(os.getpid())) is not None:
         spent[BENCH_CPU] = own.cpu_s
     if postmaster is not None:
-        spent["PostgreSQL"] = _tree_cpu(table, postmaster.pid)
+        spent["PostgreSQL"] = table.tree_cpu(postmaster.pid)
     return spent
 
 

@@ -10,7 +10,7 @@ the same transaction:
 
 1. releases the ended tasks' GPUs (``_SUCCEEDED``) and locks the first successors
    that may take some of them still fit to use (``_FREED``: on its node, available, no
-   foreign process; whole where nobody holds any of it now, and as the memory the ended tasks
+   foreign process; whole where an ended task held it whole, and as the memory the ended tasks
    held of it for tasks that share GPUs), in one round trip (``_CANDIDATES``, ``SKIP LOCKED``);
 2. gives each successor, in rank order, the first freed GPUs it may take
    (``policy.hand_on``: several sharing successors may split one), places them as a pass
@@ -233,7 +233,7 @@ def _place(
 # failed the later transaction: an agent's whole batch of ends, whose supervisors then each
 # loaded Django to write their own. What an earlier round of the same hand-off gave of a card
 # (``HAND_OFF_ROUNDS``; its placements are stamped with the same time) is not offered again,
-# and nothing of one a task now holds whole.
+# nor a card a task now holds whole: a card with nothing left to give is not listed.
 # Cards others still share come first: a share goes there before it splits a card a task could
 # take whole.
 _FREED = """
@@ -264,6 +264,8 @@ _FREED = """
                AND n.name = %(node)s AND n.state = 'available' AND g.state = 'available'
                AND g.foreign_memory_mb = 0) r
      GROUP BY r.gpu_id, r.card_mb, r.index, r.holders, r.given_mb, r.held_whole
+    HAVING (r.holders = 0 AND bool_and(r.exclusive))
+        OR (NOT r.held_whole AND sum(r.held_mb) > r.given_mb)
 """
 
 # The first successors of the newest list, by rank, that may take some of those GPUs and are still

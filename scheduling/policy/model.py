@@ -194,7 +194,7 @@ class Successor:
     (``memory_mb``: what it reserves on each, sharing the card from then on; 0: held whole).
     ``fenced``: charged to its tenant's quota as if it had started, which the next pass does
     too while it is pending (``Promise``). ``swap``: its tenant has no room left in
-    its quotas for it, so it takes only GPUs that its own tenant's ended tasks free, one ended
+    its quotas for it, so it takes only what its own tenant's ended tasks free, one ended
     task for one started (``hand_on``): its tenant then holds what it held, and no pass can
     count that wrong, so it needs no fence."""
 
@@ -209,9 +209,9 @@ class Successor:
 
 class Freed(NamedTuple):
     """A GPU an agent's batch of ends freed, as ``hand_on`` may give it: ``whole_mb``, its
-    memory, when no task holds any of it now (0: others still share it), and ``shares_mb``,
-    what the ended tasks held of it, which shares of it may take (never free in a pass's
-    snapshot: held until the transaction that hands it on)."""
+    memory, when an ended task held it whole (0 otherwise: tasks shared it, and may still),
+    and ``shares_mb``, what the ended tasks held of it, which shares of it may take (never
+    free in a pass's snapshot: held until the transaction that hands it on)."""
 
     gpu: int
     whole_mb: int
@@ -228,10 +228,10 @@ def hand_on(
     """Freed GPUs of ``node`` (in the order to take them) given to ``successors`` (each with
     ``task_id``, ``gpus``, ``gpu_ids``, ``memory_mb`` and ``swap``, as a ``Successor`` has), in
     their order: each takes the first freed GPUs it may take, if enough are left for it. One
-    that holds its GPUs whole takes GPUs nobody holds any of; one that shares them by memory
-    (``memory_mb``) takes that much of what the ended tasks held on each (``Freed.shares_mb``),
-    several of them one card, which is then no longer free whole. Returns the placements and
-    the GPUs nobody took any of.
+    that holds its GPUs whole takes GPUs freed whole (``Freed.whole_mb``); one that shares them
+    by memory (``memory_mb``) takes that much of what the ended tasks held on each
+    (``Freed.shares_mb``), several of them one card, which is then no longer free whole.
+    Returns the placements and the GPUs nobody took any of.
 
     A successor that ``swap``s (its tenant has no room in its quotas) takes only what ended
     tasks of its own tenant freed (``owners``: GPU id -> the tenant of the tasks that freed
