@@ -160,7 +160,7 @@ class _Row:
 class ProcessTable:
     """Every process on the machine, from one raw read of its ``stat`` each: psutil's objects,
     and its ``children()`` (a walk of every process for each call), cost this bench more than
-    some of the roles it measured (2 ms per task with 32 hosts' supervisors)."""
+    some of the roles it measured, with 32 hosts' supervisors."""
 
     def __init__(self) -> None:
         boot = psutil.boot_time()
