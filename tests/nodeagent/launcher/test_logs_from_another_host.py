@@ -153,6 +153,8 @@ def test_a_long_poll_of_another_hosts_log_answers_when_the_line_comes(node_b, ap
     """``wait``: the web asks node-b's agent to wait for the log to grow; one read brings the
     line the task writes seconds later, and the end once the attempt is over."""
     task = submit(owner.tenant, "echo start; sleep 2; echo later; sleep 1")
+    # Until node-b's launcher has recorded the attempt, the log is a 404 (not started yet).
+    wait_for(state_of(task, "running", "succeeded"))
     url = f"{API}tasks/{task.pk}/log/"
     deadline = time.monotonic() + 60
     first = {"text": ""}
