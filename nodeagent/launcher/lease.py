@@ -25,13 +25,15 @@ class Lease:
 
     Asked on a thread of its own: a partition answers nothing (a query waits, it is not
     refused), and the watch loop must see the lease lapse on time. ``ask`` returns
-    ``{"wanted", "age"}`` or None (no answer)."""
+    ``{"wanted", "age"}`` or None (no answer). ``fence_after``: the estate's
+    ``heartbeat.fence_after`` as the assignment carried it; None, and the thread reads the
+    configuration (its parser, imported in a supervisor, costs more CPU than a short task)."""
 
-    def __init__(self, ask, started: float) -> None:
+    def __init__(self, ask, started: float, fence_after: int | None = None) -> None:
         self.ask = ask
         self.started = started
         self.renewed = started  # the attempt was just placed on a node that heartbeats
-        self.fence_after: int | None = None  # known once the thread has read the estate's
+        self.fence_after = fence_after  # else known once the thread has read the estate's
         self.superseded = False
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -54,12 +56,13 @@ class Lease:
             self._thread.join(CLOSE_WAIT_S)  # at once unless a question is out
 
     def _run(self) -> None:
-        from scheduling import estate
+        if self.fence_after is None:
+            try:
+                from scheduling import estate
 
-        try:
-            self.fence_after = estate.config().heartbeat.fence_after_s
-        except Exception:  # noqa: BLE001 - a broken file was refused at the agent's start
-            logger.exception("cannot read heartbeat.fence_after: the lease is not enforced")
+                self.fence_after = estate.config().heartbeat.fence_after_s
+            except Exception:  # noqa: BLE001 - a broken file was refused at the agent's start
+                logger.exception("cannot read heartbeat.fence_after: the lease is not enforced")
         every = min(FENCE_EVERY_S, (self.fence_after or FENCE_EVERY_S * 4) / 4)
         while True:
             sent = time.monotonic()

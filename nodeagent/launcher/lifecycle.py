@@ -28,7 +28,7 @@ from gpuplatform.db import Query, server_bound_cursor
 from gpuplatform.procid import ProcessId
 from nodeagent.launcher import cgroups, procs, supervisor, tracking, unitcgroup, wire
 from nodeagent.launcher.environ import platform_environment
-from scheduling import paths, reasons
+from scheduling import estate, paths, reasons
 from scheduling.agentapi.messages import Assignment
 from scheduling.agentapi.reports import attempt_finished
 from scheduling.controls import requeue_lost
@@ -85,6 +85,7 @@ def launch_assignments(
     """What ``launch_query`` read: what became of each pair, in order, and the assignments of
     the attempts it recorded (to ``start_supervisors``)."""
     by_pair = {(row[0], row[15]): row for row in rows}
+    fence_after_s = estate.config().heartbeat.fence_after_s  # for each supervisor's lease
     results: list[str] = []
     recorded: list[Assignment] = []
     seen: set[tuple[int, int]] = set()
@@ -120,6 +121,7 @@ def launch_assignments(
                 resources=json.loads(resources or "null") or {},
                 gpu_uuids=gpu_uuids,
                 service=json.loads(service or "null"),
+                fence_after_s=fence_after_s,
             )
         )
     return results, recorded

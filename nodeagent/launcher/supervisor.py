@@ -295,7 +295,7 @@ class Supervisor:
     def watch(self, child: subprocess.Popen, exited: int | None) -> int:
         """Until the command ends; ``exited``: its pidfd (``procs.exit_fd``), or None."""
         started = time.monotonic()
-        self.lease = lease = Lease(self.fence, started)
+        self.lease = lease = Lease(self.fence, started, self.assignment.fence_after_s)
         timeout = self.assignment.timeout_s
         timed_out = False
         open_pipe = True

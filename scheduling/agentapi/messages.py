@@ -40,9 +40,13 @@ class Assignment:
     resources: dict = field(default_factory=dict)  # the spec's resources (cgroup limits)
     gpu_uuids: list[str] = field(default_factory=list)
     service: dict | None = None  # the spec's service block (port, health, replicas)
+    # The estate's ``heartbeat.fence_after`` when the attempt was assigned: the supervisor's
+    # lease (``Lease``), without the configuration's parser loaded in every supervisor. None:
+    # the supervisor reads the configuration itself.
+    fence_after_s: int | None = None
 
     @classmethod
-    def of(cls, attempt) -> Assignment:
+    def of(cls, attempt, *, fence_after_s: int | None = None) -> Assignment:
         """From a ``TaskAttempt`` with its task, the task's tenant and its node."""
         task = attempt.task
         return cls(
@@ -61,6 +65,7 @@ class Assignment:
             resources=dict((task.spec or {}).get("resources") or {}),
             gpu_uuids=list(attempt.gpu_uuids),
             service=(task.spec or {}).get("service"),
+            fence_after_s=fence_after_s,
         )
 
     @classmethod
@@ -86,6 +91,7 @@ class Assignment:
             "resources": deepcopy(self.resources),
             "gpu_uuids": list(self.gpu_uuids),
             "service": deepcopy(self.service),
+            "fence_after_s": self.fence_after_s,
         }
 
     def __str__(self) -> str:

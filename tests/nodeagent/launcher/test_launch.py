@@ -19,7 +19,7 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from nodeagent.launcher import lifecycle, procs
-from scheduling import controls, passes, paths, scheduler
+from scheduling import controls, estate, passes, paths, scheduler
 from scheduling.agentapi.messages import Assignment
 from scheduling.models import Task, TaskAttempt
 from scheduling.spec import TaskSpec
@@ -505,8 +505,10 @@ def test_a_pair_asked_twice_in_one_launch_is_launched_once(launcher, node, lab, 
         "stale: the task moved on",
     ]
     assert [a.task_id for a in spawned] == [task.pk]
-    # What the launch read in plain SQL is what the models say.
-    assert spawned[0] == Assignment.of(attempt_of(task))
+    # What the launch read in plain SQL is what the models say; the lease's fence_after is the
+    # estate's, so that the supervisor needs no configuration parser of its own.
+    fence_after_s = estate.config().heartbeat.fence_after_s
+    assert spawned[0] == Assignment.of(attempt_of(task), fence_after_s=fence_after_s)
     assert spawned[0].resources["pids"] == 50 and len(spawned[0].gpu_uuids) == 2
 
 

@@ -109,6 +109,20 @@ def test_a_closed_lease_stops_asking(estate):
     wait_for(lambda: not lease.asking())
 
 
+def test_a_lease_given_fence_after_by_its_assignment_reads_no_configuration(settings, tmp_path):
+    """The assignment carries ``heartbeat.fence_after``: with a configuration file the
+    supervisor could not read, its lease still lapses when nobody answers."""
+    broken = tmp_path / "estate.yaml"
+    broken.write_text("heartbeat: [")
+    settings.GPUPLATFORM_CONFIG = str(broken)
+    lease = Lease(Answers(None), time.monotonic() - lease_module.FIRST_FENCE_S, fence_after=2)
+    try:
+        wait_for(lambda: lease.lapsed(time.monotonic()), timeout=10)
+        assert time.monotonic() - lease.started > 2 and lease.fence_after == 2
+    finally:
+        lease.close()
+
+
 def test_a_command_over_at_once_never_asks(estate):
     answers = Answers({"wanted": True, "age": 0.0})
     lease = Lease(answers, time.monotonic())
