@@ -92,7 +92,20 @@ def forecast(
     snapshot = _with_placements(snapshot, list(placements))
     pending = {task.id: task for task in snapshot.pending}
     ahead = [pending[task_id] for task_id in ids if task_id in pending]
-    scenarios = [_simulate(snapshot, ahead, runtimes, which) for which in range(3)]
+    nodes: dict[str, list] = {}  # node -> its schedulable GPUs (views)
+    for gpu in snapshot.gpus:
+        if gpu.schedulable:
+            nodes.setdefault(gpu.node, []).append(gpu)
+    # The nodes each task could ever run on, worked out once per kind of task (most tasks in
+    # line ask alike), not once per task and scenario.
+    kinds: dict[tuple, list[str]] = {}
+    eligible = {}
+    for task in ahead:
+        kind = (task.gpu_type, task.pool, task.node, task.gpus_min)
+        if kind not in kinds:
+            kinds[kind] = [node for node, gpus in nodes.items() if _fits(task, gpus)]
+        eligible[task.id] = kinds[kind]
+    scenarios = [_simulate(snapshot, nodes, ahead, eligible, runtimes, which) for which in range(3)]
     estimates: dict[int, Estimate] = {}
     for task in ahead:
         low, mid, high = (scenario.get(task.id) for scenario in scenarios)
@@ -109,19 +122,20 @@ def forecast(
 
 
 def _simulate(
-    snapshot: Snapshot, ahead: list[PendingView], runtimes: Mapping[int, Runtime], which: int
+    snapshot: Snapshot,
+    nodes: Mapping[str, list],
+    ahead: list[PendingView],
+    eligible: Mapping[int, list[str]],
+    runtimes: Mapping[int, Runtime],
+    which: int,
 ) -> dict[int, tuple[float, str]]:
     """Start time and weakest basis of each task of ``ahead``, in order, with runtimes of kind
-    ``which`` (0 short, 1 typical, 2 long). INF once a GPU it needs is held for good."""
+    ``which`` (0 short, 1 typical, 2 long). INF once a GPU it needs is held for good.
+    ``nodes``: each node's schedulable GPUs; ``eligible``: by task, the nodes it fits."""
     now = snapshot.now
-    nodes: dict[str, list] = {}  # node -> GPUs (views), to match a task's constraints
     free: dict[str, int] = defaultdict(int)
-    for gpu in snapshot.gpus:
-        if not gpu.schedulable:
-            continue
-        nodes.setdefault(gpu.node, []).append(gpu)
-        if gpu.idle:
-            free[gpu.node] += 1
+    for node, gpus in nodes.items():
+        free[node] = sum(1 for gpu in gpus if gpu.idle)
     used: dict[str, int] = defaultdict(int)  # tenant -> whole GPUs held
     ends: list[tuple[float, int, str, str, int]] = []  # (end, seq, node, tenant, gpus)
     basis_by_end: dict[int, str] = {}
@@ -143,13 +157,13 @@ def _simulate(
     for task in ahead:
         need = task.gpus_min
         limit = limits.get(task.tenant)
-        eligible = [node for node, gpus in nodes.items() if _fits(task, gpus)]
+        fits = eligible[task.id]
         while True:
             quota_ok = limit is None or used[task.tenant] + need <= limit
-            node = next((n for n in eligible if free[n] >= need), None)
+            node = next((n for n in fits if free[n] >= need), None)
             if quota_ok and node is not None:
                 break
-            if not ends or ends[0][0] == INF or not eligible:
+            if not ends or ends[0][0] == INF or not fits:
                 # Nothing that fits it will ever free up by what we know: neither it nor
                 # anything after it (they start in order) has an estimate.
                 for rest in ahead[ahead.index(task) :]:
