@@ -100,6 +100,9 @@ class Target:
 
 
 TARGETS: list[Target] = []  # every target of this process's run, in the order they were judged
+# Each benchmark's figures once it has run, by name (bench/run.py): one judged beside another's
+# reads them here, and declares it in RUNS_AFTER so that the other runs first.
+FIGURES: dict[str, object] = {}
 
 
 def target(figure: str, value: str, goal: str, met: bool | None) -> str:

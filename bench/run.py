@@ -56,6 +56,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def in_order(modules: dict[str, object]) -> dict[str, object]:
+    """The benchmarks in the order asked, each after those of this run it names in its
+    ``RUNS_AFTER`` (it is judged beside their figures: ``common.FIGURES``)."""
+    ordered: dict[str, object] = {}
+
+    def add(name: str) -> None:
+        if name in ordered:
+            return
+        for first in getattr(modules[name], "RUNS_AFTER", ()):
+            if first in modules:
+                add(first)
+        ordered[name] = modules[name]
+
+    for name in modules:
+        add(name)
+    return ordered
+
+
 def header(name: str, module: object) -> str:
     summary = report.summary(module)
     title = f"{name}: {summary}" if summary else name
@@ -82,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
     from django.test.utils import setup_test_environment, teardown_test_environment
 
-    modules = {name: importlib.import_module(f"bench.bench_{name}") for name in args.names}
+    modules = in_order(
+        {name: importlib.import_module(f"bench.bench_{name}") for name in args.names}
+    )
     needs_database = any(getattr(module, "NEEDS_DATABASE", False) for module in modules.values())
     cpus = os.cpu_count()
     print(f"gpuplatform benchmarks: Python {platform.python_version()}, {cpus} CPUs, "
-          f"{', '.join(args.names)}")  # fmt: skip
+          f"{', '.join(modules)}")  # fmt: skip
 
-    figures: dict[str, object] = {}
+    figures = common.FIGURES
     failed: list[str] = []
     results: list[report.BenchResult] = []
     postgres = "not used"

@@ -150,3 +150,27 @@ def test_the_checked_in_file_is_the_writers():
     text = report.DEFAULT_PATH.read_text()
     assert text.startswith(report.INTRO)
     assert "| benchmark | figure | measured | target | verdict |" in text
+
+
+class _Bench:
+    def __init__(self, *after: str) -> None:
+        self.RUNS_AFTER = after
+
+
+def test_a_benchmark_judged_beside_another_runs_after_it():
+    modules = {"api": _Bench(), "estate32": _Bench("throughput"), "policy": _Bench(),
+               "throughput": _Bench()}  # fmt: skip
+    assert list(run.in_order(modules)) == ["api", "throughput", "estate32", "policy"]
+    # One it names that this run leaves out is not waited for.
+    assert list(run.in_order({"estate32": _Bench("throughput")})) == ["estate32"]
+
+
+def test_32_hosts_are_judged_beside_the_4_node_default_line_of_the_same_run(monkeypatch):
+    from bench import bench_estate32
+
+    monkeypatch.setattr(bench_estate32, "FIGURES", {})
+    assert bench_estate32.four_node_rate() is None  # not in this run: not measured
+    line = {"completion": {"per_s": 117.5}}
+    ran = {"gpuplatform": {"throughput": {"quotas": line, "unlimited": {}}}}
+    monkeypatch.setattr(bench_estate32, "FIGURES", {"throughput": ran})
+    assert bench_estate32.four_node_rate() == 117.5
