@@ -309,7 +309,7 @@ def report(figures: dict) -> None:
 
 def four_node_rate() -> float | None:
     """Tasks per second of the throughput benchmark's default line (4 nodes, tenants under
-    quotas) in this run, or None where it did not run or did not finish."""
+    quotas) in this run, or None where it did not run or failed."""
     ran = FIGURES.get("throughput")
     try:
         return float(ran["gpuplatform"]["throughput"][QUOTAS.key]["completion"]["per_s"])
