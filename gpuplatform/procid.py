@@ -29,12 +29,17 @@ class ProcessId:
     def alive(self) -> bool:
         try:
             proc = psutil.Process(self.pid)
-            return (
-                abs(proc.create_time() - self.started) < 0.01
-                and proc.status() != psutil.STATUS_ZOMBIE
+            return same_start(proc.create_time(), self.started) and (
+                proc.status() != psutil.STATUS_ZOMBIE
             )
         except psutil.Error:
             return False
+
+
+def same_start(a: float, b: float) -> bool:
+    """Whether two start times (``start_time``, psutil's ``create_time``) are one process's:
+    computed from clock ticks, they may differ in the last digits."""
+    return abs(a - b) < 0.01
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -47,10 +52,15 @@ def start_time(pid: int) -> float:
     Two raw reads instead of psutil's objects: a supervisor calls it twice per task, and in a
     freshly forked supervisor psutil's path costs several times more. Raises OSError when
     ``pid`` is gone."""
-    data = read_proc(f"/proc/{pid}/stat")
-    # The command name, in parentheses, may itself hold spaces and parentheses.
-    ticks = int(data[data.rindex(b")") + 2 :].split()[19])
+    ticks = int(stat_fields(read_proc(f"/proc/{pid}/stat"))[19])
     return ticks / CLOCK_TICKS + _boot_time()
+
+
+def stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of a ``/proc/<pid>/stat`` after the command name (``[0]`` is the state,
+    ``[1]`` the parent's pid, ``[19]`` the start time in clock ticks after boot)."""
+    # The command name, in parentheses, may itself hold spaces and parentheses.
+    return stat[stat.rindex(b")") + 2 :].split()
 
 
 def _boot_time() -> float:

@@ -18,7 +18,8 @@ from django.db import connection, connections
 from bench.common import MAKE_RUN_WEB_WORKERS, Proc
 from bench.throughput.figures import NODES, SAMPLE_S
 from gpuplatform import connections as db_connections
-from gpuplatform.procid import CLOCK_TICKS, read_proc
+from gpuplatform.procid import CLOCK_TICKS, read_proc, same_start, stat_fields
+from nodeagent.launcher.procs import SPAWNER_NAME, SUPERVISOR_NAME
 from scheduling.models import SchedulerState, TaskAttempt
 
 
@@ -173,12 +174,10 @@ class ProcessTable:
                 stat = read_proc(f"/proc/{entry.name}/stat")
             except OSError:
                 continue  # ended meanwhile: its parent has it (or will, once it reaps it)
-            # The command name, in parentheses, may itself hold spaces and parentheses.
-            close = stat.rindex(b")")
-            fields = stat[close + 2 :].split()
+            fields = stat_fields(stat)
             pid, ppid = int(entry.name), int(fields[1])
             self.rows[pid] = _Row(
-                comm=stat[stat.index(b"(") + 1 : close],
+                comm=stat[stat.index(b"(") + 1 : stat.rindex(b")")],
                 ppid=ppid,
                 cpu_s=sum(int(f) for f in fields[11:15]) / CLOCK_TICKS,
                 started=int(fields[19]) / CLOCK_TICKS + boot,
@@ -209,13 +208,10 @@ def _supervisor_keys() -> set[tuple[int, float]]:
     return set(rows)
 
 
-def _same_start(a: float, b: float) -> bool:
-    return abs(a - b) < 0.01  # as ``ProcessId.alive`` compares them
-
-
 CENSUS_S = 0.25
-# A supervisor's process name (setproctitle), idle or running, as the kernel keeps it: 15 bytes.
-SUPERVISOR_COMM = b"gpup-supervisor"[:15]
+# Supervisors' and spawners' process names (setproctitle), as the kernel keeps them: 15 bytes.
+SUPERVISOR_COMM = SUPERVISOR_NAME.encode()[:15]
+SPAWNER_COMM = SPAWNER_NAME.encode()[:15]
 
 
 class SupervisorCensus(threading.Thread):
@@ -242,7 +238,7 @@ class SupervisorCensus(threading.Thread):
 
     def last_seen(self, pid: int, started: float) -> float | None:
         for (seen_pid, created), cpu in self.seen.items():
-            if seen_pid == pid and _same_start(created, started):
+            if seen_pid == pid and same_start(created, started):
                 return cpu
         return None
 
@@ -257,13 +253,6 @@ def supervisor_census() -> Iterator[SupervisorCensus]:
         yield census
     finally:
         census.stop()
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return read_proc(f"/proc/{pid}/cmdline").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def cpu_by_role(
@@ -295,13 +284,13 @@ def cpu_by_role(
             continue
         spent[role] += table.rows[pid].cpu_s  # its threads: relay, jobs, sampler, heartbeat
         for child in table.children.get(pid, ()):
-            if "spawner" in _cmdline(child):
+            if table.rows[child].comm.startswith(SPAWNER_COMM):
                 spent[SPAWNERS] += table.rows[child].cpu_s
             else:
                 spent[role] += table.tree_cpu(child)
     for pid, started in _supervisor_keys():
         row = table.rows.get(pid)
-        if row is not None and _same_start(row.started, started):
+        if row is not None and same_start(row.started, started):
             supervisors[(pid, started)] = table.tree_cpu(pid)
         elif census is not None and (last := census.last_seen(pid, started)) is not None:
             supervisors[(pid, started)] = last

@@ -24,6 +24,7 @@ PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 # The name a supervisor shows in ps/top (a forked one would otherwise look like its parent).
 SUPERVISOR_NAME = "gpup-supervisor"
+SPAWNER_NAME = "gpup-spawner"
 
 
 @functools.cache

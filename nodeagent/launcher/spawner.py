@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
 
     logger.info("node %s: %s", node_name, unitcgroup.prepared(settings.CGROUP_NAME, node_name)[1])
     procs.hide_from_same_user()
-    procs.set_title(f"gpup-spawner node={node_name}")
+    procs.set_title(f"{procs.SPAWNER_NAME} node={node_name}")
     try:
         spawner = Spawner(node_name)
     except OSError as exc:

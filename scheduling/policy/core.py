@@ -359,7 +359,7 @@ class Pass(Preempting):
         charged: dict[int, Usage] = {}
         for promise in snapshot.promised:
             task = views.get(promise.task_id)
-            if task is None or task.id in charged:
+            if task is None:
                 continue  # placed before the snapshot (it runs, and counts), or gone
             shared = task.gpu_memory_mb or 0
             gpus = tuple((g, shared or self.books.gpu_memory.get(g, 0)) for g in promise.gpu_ids)
