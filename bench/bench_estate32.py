@@ -10,7 +10,11 @@ counts; otherwise it says why it did not run.
   together and by role, as the throughput bench counts roles) and each agent's proportional
   memory (PSS).
 - End to end: 2,000 `true` tasks from 8 tenants, each under a 32-GPU quota, through the API,
-  with the CPU per finished task by role.
+  with the CPU per finished task by role, twice. The first round runs cold: each of the 256
+  GPUs' first task forks a supervisor of its own (a node keeps one per running task) and makes
+  its tenant's cgroups, about 8 tasks per GPU for that to spread over. The second round, at
+  once, finds them ready, as every line of the throughput benchmark does (its API phases
+  warmed its 32 GPUs' supervisors): the round judged against the 4-node bench.
 (A pass over a 10,000-task backlog on 256 GPUs is the ``history`` benchmark's, in-process.)
 
 The agents share this machine's CPUs, which 32 hosts would not: every figure is the whole
@@ -72,6 +76,8 @@ NODES, GPUS_PER_NODE = 32, 8
 POOL = "bench-estate32"
 TENANTS, QUOTA_GPUS = 8, 32  # 8 x 32 = every GPU of the estate
 TASKS = 2_000
+ROUNDS = ("cold", "throughput")  # the second, warm, is the one judged (and kept as before)
+THROUGHPUT_FIGURE = "tasks completed per second (the warm round)"
 # Two whole periods of the agents' reconciliation (every 6 heartbeats: 30 s), which all 32
 # agents, started together, run in the same few seconds: a window of one period holds one round
 # or two, by phase.
@@ -186,7 +192,7 @@ def main() -> dict:
     if cannot is not None:
         reason = f"not run: {why} (raise max_connections: docs/scale.md), and {cannot}"
         print(reason)
-        for figure in ("idle estate, CPU of every platform process", "tasks completed per second"):
+        for figure in ("idle estate, CPU of every platform process", THROUGHPUT_FIGURE):
             target(f"32 hosts: {figure}", "not measured", reason, None)
         return {"skipped": reason}
     print(
@@ -265,8 +271,9 @@ def run_estate(postmaster: psutil.Process | None = None) -> dict:
             apis = [Api(port, token) for token in tokens]
             for api in apis:
                 stack.callback(api.close)
-            figures["throughput"] = measure_throughput(apis, procs, web.pid, postmaster)
-            print(f"throughput: {figures['throughput']}", flush=True)
+            for key in ROUNDS:
+                figures[key] = measure_throughput(apis, procs, web.pid, postmaster)
+                print(f"{key}: {figures[key]}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report(figures)
@@ -274,7 +281,7 @@ def run_estate(postmaster: psutil.Process | None = None) -> dict:
 
 
 def report(figures: dict) -> None:
-    idle, tput = figures["idle"], figures["throughput"]
+    idle, cold, tput = figures["idle"], figures["cold"], figures["throughput"]
     agents = idle["agent_pss_mib"]
     print(f"{NODES} node agents x {GPUS_PER_NODE} simulated GPUs, scheduler, daphne; up in "
           f"{figures['startup_s']:.1f} s")  # fmt: skip
@@ -288,11 +295,8 @@ def report(figures: dict) -> None:
         ["node agents' PSS, all 32", f"{sum(agents):,.0f} MiB"],
         ["scheduler / web PSS",
          f"{idle['scheduler_pss_mib']:.0f} / {idle['web_pss_mib']:.0f} MiB"],
-        [f"{TASKS:,} `true` tasks, {TENANTS} tenants x {QUOTA_GPUS}-GPU quota",
-         f"{tput['per_s']:.1f} tasks/s ({tput['finished']:,} in {tput['seconds']:.1f} s)"],
-        ["  CPU per finished task, all", f"{tput['cpu_ms_per_task']['all']:.1f} ms"],
-        *[[f"    {role}", f"{ms:.1f} ms"] for role, ms in sorted(
-            tput["cpu_ms_per_task"].items(), key=lambda item: -item[1]) if role != "all"],
+        *throughput_rows(f"cold: the first {TASKS:,} after start-up", cold),
+        *throughput_rows(f"warm: {TASKS:,} more, at once", tput),
     ]))  # fmt: skip
     print()
     print("target: idle estate <= 5% of one core:", target(
@@ -303,8 +307,18 @@ def report(figures: dict) -> None:
     if four is not None:
         goal += f": {four:.1f} in this run"
     print("target: throughput at least the 4-node bench's:", target(
-        "32 hosts: tasks completed per second", f"{tput['per_s']:.1f}", goal,
+        f"32 hosts: {THROUGHPUT_FIGURE}", f"{tput['per_s']:.1f}", goal,
         None if four is None else tput["per_s"] >= four))  # fmt: skip
+
+
+def throughput_rows(label: str, tput: dict) -> list[list[str]]:
+    return [
+        [f"{TASKS:,} `true` tasks, {TENANTS} tenants x {QUOTA_GPUS}-GPU quota, {label}",
+         f"{tput['per_s']:.1f} tasks/s ({tput['finished']:,} in {tput['seconds']:.1f} s)"],
+        ["  CPU per finished task, all", f"{tput['cpu_ms_per_task']['all']:.1f} ms"],
+        *[[f"    {role}", f"{ms:.1f} ms"] for role, ms in sorted(
+            tput["cpu_ms_per_task"].items(), key=lambda item: -item[1]) if role != "all"],
+    ]  # fmt: skip
 
 
 def four_node_rate() -> float | None:

@@ -566,7 +566,13 @@ class Successor(models.Model):
         null=True,
         blank=True,
         help_text="Set (its tenant's id) when its tenant has no room in its quota: it takes "
-        "only GPUs its tenant's ended tasks free, one ended task for one started.",
+        "only GPUs its tenant's ended tasks free.",
+    )
+    one_for_one = models.BooleanField(
+        default=True,
+        db_default=True,
+        help_text="A swap whose tenant's quota counts running tasks: it replaces one ended task "
+        "of its tenant, no more.",
     )
     memory_mb = models.PositiveIntegerField(
         default=0,

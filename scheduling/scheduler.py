@@ -239,6 +239,7 @@ def list_successors(decision: Decision, placed: Container[int] = frozenset()) ->
                 "sets": ["{" + ",".join(map(str, ids)) + "}" for ids in sets],
                 "fenced": [s.fenced for s in successors],
                 "swap": [s.swap for s in successors],
+                "one_for_one": [s.one_for_one for s in successors],
                 "memory": [s.memory_mb for s in successors],
                 "listed": len(successors),
             },
@@ -251,13 +252,16 @@ def list_successors(decision: Decision, placed: Container[int] = frozenset()) ->
 _LIST_SUCCESSORS = """
     WITH sets AS (SELECT n, ids::integer[] AS ids
                     FROM unnest(%(sets)s::text[]) WITH ORDINALITY AS u(ids, n)),
-    new AS (SELECT s.task_id, s.rank, s.gpus, sets.ids, s.fenced, s.swap, s.memory_mb
+    new AS (SELECT s.task_id, s.rank, s.gpus, sets.ids, s.fenced, s.swap, s.memory_mb,
+                   s.one_for_one
               FROM unnest(%(tasks)s::bigint[], %(gpus)s::integer[], %(set_of)s::integer[],
-                          %(fenced)s::boolean[], %(swap)s::boolean[], %(memory)s::integer[])
-                   WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, swap, memory_mb, rank)
+                          %(fenced)s::boolean[], %(swap)s::boolean[], %(memory)s::integer[],
+                          %(one_for_one)s::boolean[])
+                   WITH ORDINALITY AS s(task_id, gpus, set_of, fenced, swap, memory_mb,
+                                        one_for_one, rank)
               JOIN sets ON sets.n = s.set_of),
     newest AS (SELECT task_id, rank, gpus, gpu_ids, fenced, swap_tenant IS NOT NULL AS swap,
-                      memory_mb
+                      memory_mb, one_for_one
                  FROM scheduling_successor
                 WHERE generation = (SELECT max(generation) FROM scheduling_successor)),
     kept AS (SELECT (SELECT count(*) FROM newest) = %(listed)s
@@ -267,14 +271,16 @@ _LIST_SUCCESSORS = """
                                         OR o.fenced IS DISTINCT FROM new.fenced
                                         OR o.swap IS DISTINCT FROM new.swap
                                         OR o.memory_mb IS DISTINCT FROM new.memory_mb
+                                        OR o.one_for_one IS DISTINCT FROM new.one_for_one
                                         OR o.gpu_ids IS DISTINCT FROM new.ids) AS same)
     INSERT INTO scheduling_successor
-           (generation, task_id, rank, listed, gpus, gpu_ids, fenced, swap_tenant, memory_mb)
+           (generation, task_id, rank, listed, gpus, gpu_ids, fenced, swap_tenant, memory_mb,
+            one_for_one)
     SELECT (SELECT COALESCE(max(generation), 0) + 1 FROM scheduling_successor),
            task_id, rank, %(listed)s, gpus, ids, fenced,
            CASE WHEN swap THEN (SELECT t.tenant_id FROM scheduling_task t WHERE t.id = new.task_id)
            END,
-           memory_mb
+           memory_mb, one_for_one
       FROM new
      WHERE NOT (SELECT same FROM kept)
 """

@@ -6,12 +6,13 @@ way). The program here denies NVIDIA GPU nodes (char major 195, minors ``denied_
 ``denied_to``) except the minors given, and allows every other device: the attempt's
 ``/dev/null``, ttys, ``nvidiactl``, ``nvidia-uvm`` and ``/dev/dri`` are left as they were.
 
-Why ctypes and the ``bpf()`` system call rather than a library: what Python offers is bcc
-(compiles C with clang at run time, and needs the kernel's headers on every node), or young
-bindings and compilers on PyPI (``pylibbpf`` 0.0.x, ``pythonbpf``, ``bpf-asm``) that bring more
-than they save. The program is a dozen fixed instructions, assembled below, and two commands
-load and attach it (``BPF_PROG_LOAD``, ``BPF_PROG_ATTACH``); the attachment keeps it alive and
-it goes away with the cgroup. Root only (CAP_SYS_ADMIN or CAP_BPF).
+Why ctypes and the ``bpf()`` system call rather than a library: what Python offers is bcc (compiles
+C with clang at run time, and needs the kernel's headers on every node), or young bindings and
+compilers on PyPI (``pylibbpf`` 0.0.x, ``pythonbpf``, ``bpf-asm``) that bring more than they save.
+The program is a dozen fixed instructions, assembled below, and two commands load and attach it
+(``BPF_PROG_LOAD``, ``BPF_PROG_ATTACH``); the attachment keeps it alive and it goes away with the
+last cgroup it is attached to, or with the descriptor of the process that loaded it, which keeps a
+few for its next attempts (``attach``). Root only (CAP_SYS_ADMIN or CAP_BPF).
 """
 
 from __future__ import annotations
@@ -99,19 +100,28 @@ def _libc() -> ctypes.CDLL:
 
 
 def load(code: bytes) -> int:
-    """Load a device program; its file descriptor. The verifier's log is in the error."""
+    """Load a device program; its file descriptor. The verifier's log is in the error: it is
+    asked for only when a load failed, and the load tried again for it (writing it cost each
+    load as much as the rest of the verifier's work)."""
+    try:
+        return _load(code, explain=False)
+    except BpfError:
+        return _load(code, explain=True)
+
+
+def _load(code: bytes, *, explain: bool) -> int:
     insns = ctypes.create_string_buffer(code, len(code))
     license_ = ctypes.create_string_buffer(b"GPL")  # no helper is called: any licence would do
-    log = ctypes.create_string_buffer(_LOG_SIZE)
+    log = ctypes.create_string_buffer(_LOG_SIZE if explain else 1)
     attr = struct.pack(
         "<IIQQIIQ",
         BPF_PROG_TYPE_CGROUP_DEVICE,
         len(code) // 8,
         ctypes.addressof(insns),
         ctypes.addressof(license_),
-        1,  # log level: the verifier explains a refusal
-        _LOG_SIZE,
-        ctypes.addressof(log),
+        1 if explain else 0,  # log level 1: the verifier explains a refusal
+        _LOG_SIZE if explain else 0,
+        ctypes.addressof(log) if explain else 0,
     )
     try:
         return _bpf(BPF_PROG_LOAD, attr)
@@ -121,18 +131,28 @@ def load(code: bytes) -> int:
                        + (f" ({'; '.join(detail)})" if detail else "")) from None  # fmt: skip
 
 
+# Programs this process loaded, by their code, kept for its next attempts: a supervisor runs
+# attempt after attempt, mostly on the same GPUs, and each load ran the verifier again. A
+# program lives while a cgroup holds it or a descriptor refers to it; at most KEEP are held.
+_LOADED: dict[bytes, int] = {}
+KEEP = 8
+
+
 def attach(cgroup: Path, code: bytes) -> None:
-    """Load ``code`` and attach it to the cgroup v2 directory ``cgroup``."""
-    prog = load(code)
+    """Attach a device program of ``code`` to the cgroup v2 directory ``cgroup``, loading it
+    unless this process has it loaded already."""
+    prog = _LOADED.pop(code, None)
+    if prog is None:
+        prog = load(code)
+        while len(_LOADED) >= KEEP:
+            os.close(_LOADED.pop(next(iter(_LOADED))))  # the least recently used
+    _LOADED[code] = prog
+    target = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        target = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            attr = struct.pack("<IIII", target, prog, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI)
-            _bpf(BPF_PROG_ATTACH, attr)
-        finally:
-            os.close(target)
+        attr = struct.pack("<IIII", target, prog, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI)
+        _bpf(BPF_PROG_ATTACH, attr)
     finally:
-        os.close(prog)  # the attachment holds the program now
+        os.close(target)
 
 
 @functools.cache

@@ -23,20 +23,20 @@ the same transaction:
    fork and no spawner; any other attempt goes to the node's spawner, as a launch job's would.
 
 Why this keeps the pass's promises: agents take from the newest list only, and a pass, before it
-reads anything, deletes the older lists (``scheduler._FORGET_SPENT``), waiting for every
-hand-off that holds one of their rows, so its snapshot sees their placements and no later
-hand-off takes one. The quotas of a list count every one of its successors as started, and so
-does the next pass for each one charged to a quota that it reads still pending
-(``policy.Promise``): between two passes only hand-offs place, and only listed tasks. A tenant
-with no room left in its quota has its tasks listed as swaps (``policy.Successor.swap``): a swap
-takes only what its own tenant's tasks ended here freed (GPUs, or memory on them), one ended
-task for one started, so its tenant holds no more than it did, in any count a pass may read, and
-it needs no counting. Any successor may start while a pass runs: its GPU (or the memory it
-shares of one) was never free in the pass's snapshot, and a task that both would place is taken
-off the list by the pass before it places it (``scheduler._place_unlisted``), waiting for a
-hand-off under way; a placement needs the task still pending, so the second one is skipped, and
-the pass gives its GPUs to its next successors that no agent holds (``scheduler._stand_ins``;
-swaps excepted). A listed task cancelled meanwhile is skipped by the same condition.
+reads anything, deletes the older lists (``scheduler._FORGET_SPENT``), waiting for every hand-off
+that holds one of their rows, so its snapshot sees their placements and no later hand-off takes one.
+The quotas of a list count every one of its successors as started, and so does the next pass for
+each one charged to a quota that it reads still pending (``policy.Promise``): between two passes
+only hand-offs place, and only listed tasks. A tenant with no room left in its quota has its tasks
+listed as swaps (``policy.Successor.swap``): a swap takes only what its own tenant's tasks ended
+here freed (GPUs, or memory on them), and one ended task for one started where the tenant's quotas
+count running tasks (``one_for_one``), so its tenant holds no more than it did, in any count a pass
+may read, and it needs no counting. Any successor may start while a pass runs: its GPU (or the
+memory it shares of one) was never free in the pass's snapshot, and a task that both would place is
+taken off the list by the pass before it places it (``scheduler._place_unlisted``), waiting for a
+hand-off under way; a placement needs the task still pending, so the second one is skipped, and the
+pass gives its GPUs to its next successors that no agent holds (``scheduler._stand_ins``; swaps
+excepted). A listed task cancelled meanwhile is skipped by the same condition.
 
 A pass is requested as before when GPUs freed here went to nobody, and when fewer than half of
 the list is left, so the next list is ready before this one runs out.
@@ -113,6 +113,7 @@ class Candidate:
     swap: bool = False  # it takes only GPUs its own tenant's ended tasks free (``hand_on``)
     tenant: int | None = None  # a swap's tenant's id
     memory_mb: int = 0  # what it reserves on each GPU it takes, sharing it; 0: held whole
+    one_for_one: bool = True  # a swap that replaces one ended task of its tenant, no more
 
 
 def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
@@ -145,7 +146,7 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
             # Each row also carries the list's length, what is left of it and the freed GPUs.
             listed, left, freed = locked[0][5:8] if locked else (0, 0, [])
             candidates = [
-                Candidate(*row[:3], frozenset(row[3]), row[4], *row[8:11]) for row in locked
+                Candidate(*row[:3], frozenset(row[3]), row[4], *row[8:12]) for row in locked
             ]
             owners = {gpu: tenant for gpu, *_, tenant in freed}
             placements, unused = hand_on(
@@ -162,7 +163,9 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
             placed = _place(
                 placements, candidates, hand, now, claim=claim, donors=donors, ready=ready
             )
-            ends.subtract(c.tenant for c in candidates if c.swap and c.task_id in placed)
+            ends.subtract(
+                c.tenant for c in candidates if c.one_for_one and c.swap and c.task_id in placed
+            )
             if len(placed) == len(placements):
                 break
         else:  # GPUs still free after the last round
@@ -272,7 +275,8 @@ _FREED = """
 # pending, locked (those another agent or a pass holds are skipped): of those that hold their GPUs
 # whole, at most one per GPU freed whole (``entire``); of those that share them, at most
 # ``SHARES_PER_GPU`` per GPU freed (``sharing``); of swaps, for what its own tenant's tasks freed
-# (whole, a GPU they held whole), at most one per task of its that ended (``swaps``, tenant by
+# (whole, a GPU they held whole), at most one per task of its that ended or per GPU they freed,
+# whichever is more (``swaps``: ``hand_on`` holds a ``one_for_one`` swap to the first; tenant by
 # tenant: taken in rank order with the others, a tenant's swaps ranked first used up the limit while
 # the GPUs of the others went to nobody); none that needs more GPUs, or more of one, than were freed
 # (for it), which would take the place of one that fits. Each with how many the list had and has
@@ -318,7 +322,7 @@ _CANDIDATES = f"""
                    AND (SELECT t.state = 'pending' AND t.hold_reason = ''
                           FROM scheduling_task t WHERE t.id = s.task_id)
                  ORDER BY s.rank
-                 LIMIT mine.ends
+                 LIMIT greatest(mine.ends, mine.n)
                    FOR UPDATE SKIP LOCKED) c)
     SELECT s.id, s.task_id, s.gpus, s.gpu_ids,
            (SELECT t.attempt FROM scheduling_task t WHERE t.id = s.task_id), s.listed,
@@ -326,7 +330,7 @@ _CANDIDATES = f"""
              WHERE o.generation = (SELECT generation FROM newest)),
            ARRAY(SELECT ARRAY[gpu_id, whole_mb, shares_mb, task_id, tenant_id] FROM freed
                   ORDER BY whole_mb > 0, index),
-           s.swap_tenant IS NOT NULL, s.swap_tenant, s.memory_mb
+           s.swap_tenant IS NOT NULL, s.swap_tenant, s.memory_mb, s.one_for_one
       FROM scheduling_successor s
      WHERE s.id IN (SELECT id FROM entire UNION ALL SELECT id FROM sharing
                     UNION ALL SELECT id FROM swaps)

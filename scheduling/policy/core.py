@@ -453,21 +453,21 @@ class Pass(Preempting):
         as GPUs free up, each with the GPUs it may take: at most ``SUCCESSORS_PER_GPU`` per
         schedulable GPU, and ``SUCCESSORS_MAX`` in all.
 
-        The order is the pass's own (``ordered``: starving first, priority, fair share, age),
-        with each successor charged to its tenant as if it had started, so quotas hold however
-        many of them start before the next pass and fair share turns as they do. A task whose
-        tenant has no room left in its quotas (or has quotas per pool, which depend on where a
-        task lands) is listed as a ``swap``: it may take only GPUs its own tenant's ended
-        tasks free, one ended task for one started, which leaves the tenant holding what it
-        held, so it is not charged; at most ``SUCCESSORS_PER_GPU`` per GPU its tenant holds,
-        and none while it holds more than its quotas allow. No successor may take a GPU held
-        for a blocked task (a backfill reservation, a preemption's victims) but its own. Called
-        last: it charges the books. Nothing is nominated while a class may take back borrowed
-        GPUs (that order is the lenders' and changes with every placement), and the list ends
-        at the first task only a pass can place (an elastic one): none behind it may overtake
-        it (of its own tenant only, when it waits for its quota). A task that shares GPUs by
-        memory is listed to take GPUs freed whole: a pass would have placed it already on a
-        card with that much memory to spare, had there been one."""
+        The order is the pass's own (``ordered``: starving first, priority, fair share, age), with
+        each successor charged to its tenant as if it had started, so quotas hold however many of
+        them start before the next pass and fair share turns as they do. A task whose tenant has no
+        room left in its quotas (or has quotas per pool, which depend on where a task lands) is
+        listed as a ``swap``: it may take only GPUs its own tenant's ended tasks free (one ended
+        task for one started where its quotas count running tasks: ``one_for_one``), which leaves
+        the tenant holding what it held, so it is not charged; at most ``SUCCESSORS_PER_GPU`` per
+        GPU its tenant holds, and none while it holds more than its quotas allow. No successor may
+        take a GPU held for a blocked task (a backfill reservation, a preemption's victims) but its
+        own. Called last: it charges the books. Nothing is nominated while a class may take back
+        borrowed GPUs (that order is the lenders' and changes with every placement), and the list
+        ends at the first task only a pass can place (an elastic one): none behind it may overtake
+        it (of its own tenant only, when it waits for its quota). A task that shares GPUs by memory
+        is listed to take GPUs freed whole: a pass would have placed it already on a card with that
+        much memory to spare, had there been one."""
         if self.entitled:
             return []
         waits = self.decision.waits
@@ -544,8 +544,11 @@ class Pass(Preempting):
             if not ids:
                 continue
             fenced = not swap and view.limits != NO_LIMITS
+            one_for_one = swap and view.counts_tasks
             successors.append(
-                Successor(task.id, task.gpus_min, ids, fenced, swap, task.tenant, shared)
+                Successor(
+                    task.id, task.gpus_min, ids, fenced, swap, task.tenant, shared, one_for_one
+                )
             )
             if swap:
                 swaps[task.tenant] += 1

@@ -125,6 +125,13 @@ class TenantView:
     limits: Limits = field(default_factory=Limits)
     pool_limits: dict[str, Limits] = field(default_factory=dict)
 
+    @property
+    def counts_tasks(self) -> bool:
+        """Whether one of its quotas limits how many tasks it runs."""
+        return any(
+            limits.running_tasks is not None for limits in (self.limits, *self.pool_limits.values())
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -194,9 +201,11 @@ class Successor:
     (``memory_mb``: what it reserves on each, sharing the card from then on; 0: held whole).
     ``fenced``: charged to its tenant's quota as if it had started, which the next pass does
     too while it is pending (``Promise``). ``swap``: its tenant has no room left in
-    its quotas for it, so it takes only what its own tenant's ended tasks free, one ended
-    task for one started (``hand_on``): its tenant then holds what it held, and no pass can
-    count that wrong, so it needs no fence."""
+    its quotas for it, so it takes only what its own tenant's ended tasks free (``hand_on``):
+    its tenant then holds what it held, and no pass can count that wrong, so it needs no fence.
+    ``one_for_one``: a swap whose tenant's quotas count running tasks, which replaces one ended
+    task; otherwise every GPU its tenant's ended tasks free may go to a swap (two one-GPU
+    tasks for an ended two-GPU one), since only the count of tasks would grow."""
 
     task_id: int
     gpus: int
@@ -205,6 +214,7 @@ class Successor:
     swap: bool = False
     tenant: str = ""
     memory_mb: int = 0
+    one_for_one: bool = True
 
 
 class Freed(NamedTuple):
@@ -235,10 +245,11 @@ def hand_on(
 
     A successor that ``swap``s (its tenant has no room in its quotas) takes only what ended
     tasks of its own tenant freed (``owners``: GPU id -> the tenant of the tasks that freed
-    it, as the successor's ``tenant`` names it; whole, only a GPU they held whole), and only
-    while ``ends`` (tenant -> how many of its tasks ended and were not yet replaced) has one
-    left for it: its tenant then holds no more GPUs, memory or tasks than it did, whatever its
-    quotas count."""
+    it, as the successor's ``tenant`` names it; whole, only a GPU they held whole), and, if
+    it is ``one_for_one`` (its tenant's quotas count running tasks), only while ``ends``
+    (tenant -> how many of its tasks ended and were not yet replaced) has one left for it: its
+    tenant then holds no more GPUs, memory or (where they count) tasks than it did, whatever
+    its quotas count."""
     whole = {f.gpu: f.whole_mb for f in freed if f.whole_mb}
     shares = {f.gpu: f.shares_mb for f in freed}
     order = [f.gpu for f in freed]
@@ -248,7 +259,7 @@ def hand_on(
         mine = None
         if successor.swap:
             mine = successor.tenant
-            if spare.get(mine, 0) < 1:
+            if successor.one_for_one and spare.get(mine, 0) < 1:
                 continue
         need = successor.memory_mb
         fits = []
@@ -267,7 +278,7 @@ def hand_on(
                     break
         if len(fits) < successor.gpus:
             continue
-        if mine is not None:
+        if mine is not None and successor.one_for_one:
             spare[mine] -= 1
         gpus = tuple((gpu, need or whole[gpu]) for gpu in fits)
         placements.append(Placement(successor.task_id, node, gpus, exclusive=not need))

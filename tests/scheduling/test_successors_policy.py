@@ -126,6 +126,40 @@ def test_a_swap_takes_only_gpus_its_own_tenants_ended_tasks_freed_one_for_each()
     assert placements == []
 
 
+def test_swaps_replace_one_ended_task_each_only_where_the_quota_counts_running_tasks():
+    cluster = gpus(per_node=4)
+    holders = [*full(cluster[:2], "vision"), *full(cluster[2:], "nlp")]
+    waiting = [task("vision"), task("nlp")]
+    tenants = [
+        TenantView("vision", limits=Limits(gpus=2)),
+        TenantView("nlp", limits=Limits(gpus=2, running_tasks=2)),
+    ]
+    decision = schedule(snap(cluster, waiting, holders, tenants))
+    assert [(s.tenant, s.swap, s.one_for_one) for s in decision.successors] == [
+        ("vision", True, False),
+        ("nlp", True, True),
+    ]
+
+
+def test_a_two_gpu_task_ending_hands_both_gpus_to_its_tenants_swaps_unless_tasks_are_counted():
+    freed = [Freed(11, 24576, 24576), Freed(12, 24576, 24576)]
+    owners = {11: "vision", 12: "vision"}  # one two-GPU task of vision's ended
+    swaps = [
+        Successor(n, 1, (11, 12), swap=True, tenant="vision", one_for_one=False) for n in (1, 2)
+    ]
+    placements, left = hand_on(swaps, freed, "node-0", owners, {"vision": 1})
+    assert [(p.task_id, p.gpus) for p in placements] == [
+        (1, ((11, 24576),)),
+        (2, ((12, 24576),)),
+    ]
+    assert left == []
+    # Its quota counts running tasks: one ended, one starts, and a GPU waits for a pass.
+    counted = [replace(s, one_for_one=True) for s in swaps]
+    placements, left = hand_on(counted, freed, "node-0", owners, {"vision": 1})
+    assert [p.task_id for p in placements] == [1]
+    assert left == [Freed(12, 24576, 24576)]
+
+
 def test_no_successor_may_take_gpus_held_for_a_blocked_task_but_that_task():
     cluster = gpus(nodes=2, per_node=2)
     big, small = task("vision", gpus=2), task("nlp")

@@ -185,3 +185,30 @@ def test_a_tenant_over_a_lowered_quota_starts_nothing_until_it_is_back_under(lau
     assert Successor.objects.filter(swap_tenant=lab.pk).count() == 2 * NODES * PER_NODE
     estate.end_running(estate.nodes[3])
     assert estate.handed == PER_NODE
+
+
+@pytest.mark.parametrize(("running_tasks", "handed"), [(None, 2), (1, 1)],
+                         ids=["a quota of GPUs", "a quota of GPUs and running tasks"])  # fmt: skip
+def test_a_two_gpu_tasks_end_starts_two_one_gpu_tasks_of_its_tenant_at_its_quota(
+    launcher, monkeypatch, running_tasks, handed
+):
+    """A tenant at its quota of GPUs whose two-GPU task ends: both GPUs go to its next
+    one-GPU tasks in the same hand-off (it still holds two), not one of them to a pass later;
+    one only where its quota also counts running tasks."""
+    estate = Estate(monkeypatch)
+    lab = TenantFactory(name="lab")
+    Quota.objects.create(tenant=lab, max_gpus=2, max_running_tasks=running_tasks)
+    estate.limits[lab.pk] = 2
+    big = task_submit(tenant=lab, spec=TaskSpec(name="big", command="true", gpus_min=2, gpus_max=2))
+    backlog(lab, 4)
+    estate.run_pass()
+    big.refresh_from_db()
+    assert big.state == TaskState.RUNNING
+    assert Successor.objects.filter(swap_tenant=lab.pk, one_for_one=running_tasks is not None)
+
+    estate.end_running(big.node)
+
+    assert estate.handed == handed
+    running = Task.objects.filter(state=TaskState.RUNNING)
+    assert running.count() == handed
+    assert all(t.node_id == big.node_id for t in running)
