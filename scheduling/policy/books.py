@@ -58,10 +58,16 @@ class Books:
     by_class: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def charge(
-        self, tenant: str, task_class: str, gpus: tuple[tuple[int, int], ...], exclusive: bool
+        self,
+        tenant: str,
+        task_class: str,
+        gpus: tuple[tuple[int, int], ...],
+        exclusive: bool,
+        *,
+        in_class: bool = True,
     ) -> Usage:
-        """Count a task holding ``gpus`` (GPU id, MiB) to its tenant and class; returns what
-        it added to its tenant's usage."""
+        """Count a task holding ``gpus`` (GPU id, MiB) to its tenant and (``in_class``) its
+        class; returns what it added to its tenant's usage."""
         pools: dict[str, Usage] = defaultdict(Usage)
         total = Usage(tasks=1)
         for gpu_id, memory_mb in gpus:
@@ -72,7 +78,8 @@ class Books:
         self.tenant[tenant].add(total.gpus, total.memory_mb)
         for pool, usage in pools.items():
             self.tenant_pool[(tenant, pool)].add(usage.gpus, usage.memory_mb)
-        self.by_class[task_class] += total.gpus
+        if in_class:
+            self.by_class[task_class] += total.gpus
         return total
 
 

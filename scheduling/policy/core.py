@@ -314,6 +314,7 @@ class Pass(Preempting):
             if reservation is not None:
                 self.backfill_reserved = True
                 self.reservations.append(reservation)
+                self.hold_quota(task, reservation)
                 self.changes += 1
                 when = reservation.start
                 # A time, not a countdown frozen at this pass.
@@ -361,10 +362,26 @@ class Pass(Preempting):
             task = views.get(promise.task_id)
             if task is None:
                 continue  # placed before the snapshot (it runs, and counts), or gone
-            shared = task.gpu_memory_mb or 0
-            gpus = tuple((g, shared or self.books.gpu_memory.get(g, 0)) for g in promise.gpu_ids)
-            charged[task.id] = self.books.charge(task.tenant, task.task_class, gpus, not shared)
+            charged[task.id] = self.charge_held(task, promise.gpu_ids)
         return charged
+
+    def charge_held(self, task: PendingView, gpu_ids, *, in_class: bool = True) -> Usage:
+        """Charge the books for ``task`` holding ``gpu_ids`` (whole, or its memory of each)."""
+        shared = task.gpu_memory_mb or 0
+        gpus = tuple((g, shared or self.books.gpu_memory.get(g, 0)) for g in gpu_ids)
+        return self.books.charge(task.tenant, task.task_class, gpus, not shared, in_class=in_class)
+
+    def hold_quota(self, task: PendingView, reservation: Reservation) -> None:
+        """Count the task that GPUs are held for as started, in its tenant's quotas too, as a
+        promise is (``promised``): its tenant's later tasks then cannot take the room it needs
+        (they wait for their quota, listed as swaps). Without this a pass held a free GPU for
+        a two-GPU task whose tenant's one-GPU tasks, placed after it, filled its quota: the GPU
+        stood idle for a task that could not start, and the next pass did the same."""
+        if task.id not in self.promised:  # a promise is charged already
+            # Its tenant's, not its class's: a class's guarantee counts what runs (``lenders``).
+            self.promised[task.id] = self.charge_held(
+                task, sorted(reservation.gpu_ids), in_class=False
+            )
 
     def place(self, task: PendingView, placement: Placement) -> None:
         self.changes += 1

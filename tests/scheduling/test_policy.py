@@ -350,6 +350,26 @@ def test_backfill_uses_gpus_outside_the_reservation():
     assert placed(decision)[small.id][0] // 100 != reserved_node
 
 
+def test_gpus_held_for_a_task_hold_its_tenants_quota_room_too():
+    cluster = gpus(nodes=3, per_node=2)  # one GPU of each node idle: 1, 101, 201
+    holders = [running("vision", [cluster[0]]), running("vision", [cluster[2]]),
+               running("nlp", [cluster[4]])]  # fmt: skip
+    big = task("vision", gpus=2, submitted_at=NOW - 60 + 1.0)
+    smalls = [task("vision", submitted_at=NOW - 60 + 2.0 + i) for i in range(2)]
+    other = task("nlp", submitted_at=NOW - 60 + 5.0)
+    tenants = [
+        TenantView("vision", limits=Limits(gpus=4)),
+        TenantView("nlp", limits=Limits(gpus=2)),
+    ]
+    decision = schedule(snap(cluster, [big, *smalls, other], holders, tenants))
+    # vision holds 2 of 4 and its two-GPU task needs the other 2: its one-GPU tasks wait for
+    # that room, not fill it while a GPU stands idle, held for a task that then could not
+    # start. nlp's task takes an idle GPU that is not held.
+    assert "held for it" in decision.waiting[big.id]
+    assert [decision.waits[t.id].code for t in smalls] == ["quota", "quota"]
+    assert set(placed(decision)) == {other.id}
+
+
 def test_without_backfill_setting_small_tasks_take_any_idle_gpu():
     cluster = gpus(nodes=1, per_node=8)
     holders = [running("other", [g]) for g in cluster[:4]]
