@@ -112,7 +112,7 @@ def load(code: bytes) -> int:
 def _load(code: bytes, *, explain: bool) -> int:
     insns = ctypes.create_string_buffer(code, len(code))
     license_ = ctypes.create_string_buffer(b"GPL")  # no helper is called: any licence would do
-    log = ctypes.create_string_buffer(_LOG_SIZE if explain else 1)
+    log = ctypes.create_string_buffer(_LOG_SIZE) if explain else None
     attr = struct.pack(
         "<IIQQIIQ",
         BPF_PROG_TYPE_CGROUP_DEVICE,
@@ -121,12 +121,13 @@ def _load(code: bytes, *, explain: bool) -> int:
         ctypes.addressof(license_),
         1 if explain else 0,  # log level 1: the verifier explains a refusal
         _LOG_SIZE if explain else 0,
-        ctypes.addressof(log) if explain else 0,
+        ctypes.addressof(log) if log is not None else 0,
     )
     try:
         return _bpf(BPF_PROG_LOAD, attr)
     except BpfError as exc:
-        detail = log.value.decode(errors="replace").strip().splitlines()[-3:]
+        said = log.value.decode(errors="replace") if log is not None else ""
+        detail = said.strip().splitlines()[-3:]
         raise BpfError(exc.errno, f"cannot load the device program: {exc.strerror}"
                        + (f" ({'; '.join(detail)})" if detail else "")) from None  # fmt: skip
 

@@ -163,9 +163,8 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
             placed = _place(
                 placements, candidates, hand, now, claim=claim, donors=donors, ready=ready
             )
-            ends.subtract(
-                c.tenant for c in candidates if c.one_for_one and c.swap and c.task_id in placed
-            )
+            # Read only for ``one_for_one`` swaps, which all of a tenant's swaps are or none.
+            ends.subtract(c.tenant for c in candidates if c.swap and c.task_id in placed)
             if len(placed) == len(placements):
                 break
         else:  # GPUs still free after the last round
