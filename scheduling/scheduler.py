@@ -426,12 +426,15 @@ def place_query(placements: list[Placement], now: datetime) -> Query:
 # statistics (no ANALYZE yet, or autovacuum off), took the state's index and read every pending
 # task to place one (each of a node agent's hand-offs read the whole backlog: tests/scheduling/
 # test_place_query.py); ``transitions.moved`` checks the state in a form no index serves.
+# The arrays through scalar subqueries and the tasks matched by key with ANY, as in
+# ``agentapi.handoff._SUCCEEDED``: a node agent's hand-off places one or two tasks, and each
+# call was planned again.
 _PLACING = transitions.moved(
     "t",
     TaskState.PENDING,
     TaskState.SCHEDULED,
     source="v",
-    where="t.id = v.id",
+    where="t.id = v.id AND t.id = ANY((SELECT %(ids)s::bigint[])::bigint[])",
     sets="node_id = v.node_id, attempt = t.attempt + 1",
     event_reason="v.reason",
     event_code="'placed'",
@@ -443,21 +446,22 @@ _PLACE = f"""
                       v.reason || ' (GPU ' || COALESCE(i.indexes, 'none') || ')' AS reason,
                       jsonb_build_object('node', v.node, 'gpus', COALESCE(i.indexes, 'none'))
                           AS params
-                 FROM unnest(%(ids)s::bigint[], %(nodes)s::text[], %(reasons)s::text[])
-                      AS v(id, node, reason)
+                 FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(nodes)s::text[]),
+                             (SELECT %(reasons)s::text[])) AS v(id, node, reason)
                  JOIN scheduling_node n ON n.name = v.node
                  LEFT JOIN (SELECT s.task_id,
                                    string_agg(g.index::text, ', ' ORDER BY g.index) AS indexes
-                              FROM unnest(%(s_task)s::bigint[], %(s_gpu)s::bigint[])
-                                   AS s(task_id, gpu_id)
+                              FROM unnest((SELECT %(s_task)s::bigint[]),
+                                          (SELECT %(s_gpu)s::bigint[])) AS s(task_id, gpu_id)
                               JOIN scheduling_gpu g ON g.id = s.gpu_id
                              GROUP BY s.task_id) i ON i.task_id = v.id),
     {_PLACING},
     shares AS (INSERT INTO scheduling_allocation
                       (task_id, attempt, gpu_id, memory_mb, exclusive, started_at)
                SELECT s.task_id, t.attempt, s.gpu_id, s.mb, s.exclusive, %(now)s
-                 FROM unnest(%(s_task)s::bigint[], %(s_gpu)s::bigint[], %(s_mb)s::integer[],
-                             %(s_exclusive)s::boolean[]) AS s(task_id, gpu_id, mb, exclusive)
+                 FROM unnest((SELECT %(s_task)s::bigint[]), (SELECT %(s_gpu)s::bigint[]),
+                             (SELECT %(s_mb)s::integer[]), (SELECT %(s_exclusive)s::boolean[]))
+                      AS s(task_id, gpu_id, mb, exclusive)
                  JOIN t ON t.id = s.task_id)
     SELECT id, attempt, tenant_id, node_id FROM t
 """  # noqa: S608 - constant text

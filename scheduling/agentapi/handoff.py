@@ -336,9 +336,12 @@ _CANDIDATES = f"""
      ORDER BY s.rank
 """  # noqa: S608 - constant text
 
-# The placed successors leave the list; the pass flag is claimed when ``claim`` says so.
+# The placed successors leave the list; the pass flag is claimed when ``claim`` says so. The
+# array through a scalar subquery, as in ``_SUCCEEDED`` (the cast keeps it an array, not a row
+# set for ANY).
 _TAKEN = f"""
-    WITH gone AS (DELETE FROM scheduling_successor WHERE id = ANY(%(rows)s::bigint[])),
+    WITH gone AS (DELETE FROM scheduling_successor
+                   WHERE id = ANY((SELECT %(rows)s::bigint[])::bigint[])),
     {passes.claim_cte("%(claim)s")}
     SELECT {passes.CLAIMED}
 """  # noqa: S608 - constant text
@@ -379,6 +382,14 @@ def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
 # Exits with 0 of running tasks whose attempt nobody asked to stop: the task succeeds and its
 # GPUs are released (``transitions.moved``; the trigger of migration 0010 adds their use to the
 # fair-share counters).
+# The arrays are read through scalar subqueries, as ``lifecycle._LAUNCH``'s: seeing their values
+# (one or two ends), the planner costed each call's own plan below the statement's generic one
+# and planned every call again (pg_stat_statements: 744 plans in 744 calls, about a fifth of the
+# server's CPU in the throughput bench with three other statements like it). The tasks are
+# also matched to the array with ANY, which the primary key's index serves: the generic plan
+# counts ten rows for an array it cannot see, and with no statistics yet it took a scan of
+# every running task to be cheaper than ten lookups by key
+# (tests/nodeagent/launcher/test_report_plans.py).
 # When it released some and ``claim`` is set (it commits by itself), it also claims the pass
 # flag (``passes.claim_cte``), which would otherwise be a statement of its own right after
 # this one.
@@ -396,11 +407,12 @@ _SUCCEEDING = transitions.moved(
     returning="a.id AS attempt_id, k.tenant_id, k.name, k.reason, k.node_id",
 )
 _SUCCEEDED = f"""
-    WITH r AS (SELECT * FROM unnest(%(tasks)s::bigint[], %(numbers)s::integer[], %(notes)s::text[],
-                                    %(notes_data)s::jsonb[])
+    WITH r AS (SELECT * FROM unnest((SELECT %(tasks)s::bigint[]), (SELECT %(numbers)s::integer[]),
+                                    (SELECT %(notes)s::text[]), (SELECT %(notes_data)s::jsonb[]))
                           AS r(task_id, number, note, notes_data)),
     locked AS (SELECT k.id, k.attempt FROM scheduling_task k JOIN r ON r.task_id = k.id
-                WHERE k.attempt = r.number AND k.state = 'running'
+                WHERE k.id = ANY((SELECT %(tasks)s::bigint[])::bigint[])
+                  AND k.attempt = r.number AND k.state IS NOT DISTINCT FROM 'running'
                 -- NO KEY: other transactions' foreign keys to these tasks (a pass's commit)
                 -- pass; FOR UPDATE held them until our commit, and deadlocked with them.
                 ORDER BY k.id FOR NO KEY UPDATE OF k),

@@ -78,12 +78,16 @@ _STARTING = transitions.moved(
     params="jsonb_build_object('node', n.name, 'pid', a.pid)",
     returning="a.id AS attempt_id, k.tenant_id, k.name, k.reason, k.node_id",
 )
+# The arrays through scalar subqueries, and the attempts matched by key with ANY, as in
+# ``handoff._SUCCEEDED`` (and for the same reason).
 _STARTED = f"""
-    WITH r AS (SELECT * FROM unnest(%(ids)s::bigint[], %(spid)s::integer[], %(sst)s::float8[],
-                                    %(pid)s::integer[], %(pst)s::float8[])
+    WITH r AS (SELECT * FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(spid)s::integer[]),
+                                    (SELECT %(sst)s::float8[]), (SELECT %(pid)s::integer[]),
+                                    (SELECT %(pst)s::float8[]))
                           AS r(id, spid, sst, pid, pst)),
     locked AS (SELECT k.id FROM scheduling_task k
                  JOIN scheduling_taskattempt a ON a.task_id = k.id JOIN r ON r.id = a.id
+                WHERE a.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
                 -- NO KEY: other transactions' foreign keys to these tasks (a pass's commit)
                 -- pass; FOR UPDATE held them until our commit, and deadlocked with them.
                 ORDER BY k.id FOR NO KEY UPDATE OF k),
