@@ -28,7 +28,6 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import replace
 
 from django.db import DatabaseError, OperationalError
 
@@ -230,8 +229,8 @@ def again_on_conflict(write, *args, **kwargs):
 
 
 def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
-    """One statement for the starts (those that ends carry too), one transaction for the plain
-    ends (any other end on its own), whose GPUs are handed on to the next tasks with
+    """One statement for the starts, one transaction for the plain ends and the starts they
+    carry (any other end on its own), whose GPUs are handed on to the next tasks with
     ``hand_off`` (a node agent's ``handoff.HandOff``), one query for the fences; an answer per
     message, in order: a ready supervisor's answer may name its next attempt (``next``,
     ``wire.signed``)."""
@@ -243,10 +242,8 @@ def write_reports(messages: list[dict], hand_off=None) -> list[dict]:
     starts = [StartReport.of(fields) for fields in of("started")]
     exits = [ExitReport.of(fields) for fields in of("finished")]
     fences = [fields["attempt_id"] for fields in of("fence")]
-    # The starts that ends carry are written with the others, before any end, not by
-    # ``attempts_finished`` in a statement of their own: fewer transactions per task.
-    starts += [report.started for report in exits if report.started is not None]
-    exits = [replace(report, started=None) for report in exits]
+    # The starts that ends carry are written by ``attempts_finished``: those of plain ends in
+    # the ends' own transaction, one fewer per batch.
     started = again_on_conflict(reports.attempts_started, starts) if starts else {}
     outcomes = (
         again_on_conflict(reports.attempts_finished, exits, hand_off=hand_off) if exits else {}

@@ -116,25 +116,29 @@ class Candidate:
     one_for_one: bool = True  # a swap that replaces one ended task of its tenant, no more
 
 
-def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
+def plain_ends(
+    plain: list[ExitReport], hand: HandOff | None, *, first: Query | None = None
+) -> tuple[list[tuple], list[tuple]]:
     """Record these plain ends (exits with 0 nobody asked for) and, with a ``hand``, hand
-    their GPUs on to the successors on ``hand.node``; returns the ended tasks as
-    ``_SUCCEEDED`` does (attempt id, task id, tenant id, name, reason, node id, reason code,
-    reason params). Runs in a
+    their GPUs on to the successors on ``hand.node``; returns the rows of ``first`` (a
+    statement run before the ends, in their transaction and round trip: the starts they
+    carry, ``reports.started_query``) and the ended tasks as ``_SUCCEEDED`` does (attempt id,
+    task id, tenant id, name, reason, node id, reason code, reason params). Runs in a
     transaction of its own (or the caller's).
 
     An agent confined to its node's rows (a node credential's, ``nodecredentials``) hands
     nothing on: the successors and their tenants' quotas are the control plane's, so their
     GPUs go to the next pass, which it requests."""
     if hand is None or node_scope() is not None:
-        return _record_alone(plain)
+        return _first_alone(first), _record_alone(plain)
     now = timezone.now()
     tasks = [r.task_id for r in plain]
     node = hand.node
     where = {"tasks": tasks, "now": now, "node": node}
     ready = {r.task_id for r in plain if r.ready}
     with transaction.atomic():
-        ended, locked = fetch_together(
+        *moved, ended, locked = fetch_together(
+            *([first] if first is not None else []),
             Query(_SUCCEEDED, succeeded_params(plain, now, claim=False)),
             Query(_CANDIDATES, where),
         )
@@ -169,7 +173,16 @@ def plain_ends(plain: list[ExitReport], hand: HandOff | None) -> list[tuple]:
                 break
         else:  # GPUs still free after the last round
             passes.request_pass()
-    return [row[:8] for row in ended]
+    return (moved[0] if moved else []), [row[:8] for row in ended]
+
+
+def _first_alone(first: Query | None) -> list[tuple]:
+    """``first`` as a statement of its own: its rows ([] without one)."""
+    if first is None:
+        return []
+    with server_bound_cursor() as cursor:
+        cursor.execute(first.sql, first.params)
+        return cursor.fetchall()
 
 
 def _place(
@@ -262,7 +275,8 @@ _FREED = """
                          COALESCE(bool_or(o.exclusive), false) AS held_whole
                     FROM scheduling_allocation o
                    WHERE o.gpu_id = a.gpu_id AND o.released_at IS NULL) o
-             WHERE a.task_id = ANY(%(tasks)s::bigint[]) AND a.released_at = %(now)s
+             WHERE a.task_id = ANY((SELECT %(tasks)s::bigint[])::bigint[])
+               AND a.released_at = %(now)s
                AND n.name = %(node)s AND n.state = 'available' AND g.state = 'available'
                AND g.foreign_memory_mb = 0) r
      GROUP BY r.gpu_id, r.card_mb, r.index, r.holders, r.given_mb, r.held_whole

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpuplatform import events
-from gpuplatform.db import server_bound_cursor
+from gpuplatform.db import Query, server_bound_cursor
 from scheduling import agent_notes, controls, reasons, transitions
 from scheduling.agentapi import handoff
 from scheduling.agentapi.handoff import HandOff
@@ -39,21 +39,33 @@ def attempts_started(reports: list[StartReport]) -> dict[int, bool]:
     Never in a transaction that goes on to lock other tasks: it locks its tasks until the
     commit, and held before the ends of a node agent's hand-off (``handoff.plain_ends``) they
     deadlocked with the commits of passes and other agents (never in a statement of its
-    own)."""
-    now = timezone.now()
+    own). The exception is ``started_query``'s for the starts that the ends of the same
+    transaction carry: it locks no task the ends do not."""
+    query = started_query(reports)
     with server_bound_cursor() as cursor:
-        cursor.execute(
-            _STARTED,
-            {
-                "ids": [r.attempt_id for r in reports],
-                "spid": [r.supervisor.pid for r in reports],
-                "sst": [r.supervisor.started for r in reports],
-                "pid": [r.pid.pid for r in reports],
-                "pst": [r.pid.started for r in reports],
-                "now": now,
-            },
-        )
+        cursor.execute(query.sql, query.params)
         moved = cursor.fetchall()
+    return record_started(reports, moved)
+
+
+def started_query(reports: list[StartReport]) -> Query:
+    """``_STARTED`` for these reports: run by ``attempts_started``, or sent with the plain ends
+    that carry them (``handoff.plain_ends``), whose rows then go to ``record_started``."""
+    return Query(
+        _STARTED,
+        {
+            "ids": [r.attempt_id for r in reports],
+            "spid": [r.supervisor.pid for r in reports],
+            "sst": [r.supervisor.started for r in reports],
+            "pid": [r.pid.pid for r in reports],
+            "pst": [r.pid.started for r in reports],
+            "now": timezone.now(),
+        },
+    )
+
+
+def record_started(reports: list[StartReport], moved: list[tuple]) -> dict[int, bool]:
+    """The tasks ``started_query`` moved, published; per attempt id, whether it may go on."""
     events.publish(events.TASKS, _row_tasks(moved, TaskState.RUNNING))
     started = dict.fromkeys((report.attempt_id for report in reports), False)
     started.update((row[0], True) for row in moved)
@@ -151,18 +163,23 @@ def attempts_finished(
     ``hand_off`` (a node agent's, whose supervisors these are): their GPUs are handed to the
     last pass's successors in the same transaction (``handoff``). Returns each outcome by
     (task id, attempt number)."""
-    plain = [
-        r
-        for r in reports
-        if r.exit_code == 0 and not (r.timed_out or r.problem or r.unhealthy) and r.fenced_s is None
-    ]
-    # Starts carried by ends (``ExitReport.started``) are written first, in a statement of
-    # their own (``relay.write_reports`` writes them with its other starts).
-    if starts := [r.started for r in reports if r.started is not None]:
+    plain, rest = [], []
+    for r in reports:
+        ok = r.exit_code == 0 and not (r.timed_out or r.problem or r.unhealthy)
+        (plain if ok and r.fenced_s is None else rest).append(r)
+    # Starts carried by ends (``ExitReport.started``) are written first: those of the plain
+    # ends in the ends' own transaction and round trip (``handoff.plain_ends``: the same tasks,
+    # so it locks nothing more, and one transaction fewer per batch), any other in a statement
+    # of its own.
+    carried = [r.started for r in plain if r.started is not None]
+    if starts := [r.started for r in rest if r.started is not None]:
         attempts_started(starts)
     outcomes: dict[tuple[int, int], str] = {}
     if plain:
-        done = handoff.plain_ends(plain, hand_off)
+        first = started_query(carried) if carried else None
+        moved, done = handoff.plain_ends(plain, hand_off, first=first)
+        if carried:
+            record_started(carried, moved)
         if done:
             events.publish(events.TASKS, _row_tasks(done, TaskState.SUCCEEDED))
         numbers = {report.task_id: report.attempt_no for report in plain}

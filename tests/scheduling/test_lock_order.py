@@ -21,9 +21,10 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from gpuplatform.procid import ProcessId
 from scheduling import scheduler, transitions
-from scheduling.agentapi import handoff
-from scheduling.agentapi.messages import ExitReport
+from scheduling.agentapi import handoff, reports
+from scheduling.agentapi.messages import ExitReport, StartReport
 from scheduling.models import Task, TaskAttempt, TaskEvent
 from scheduling.spec import parse_spec
 from scheduling.states import TaskState
@@ -84,12 +85,22 @@ def test_a_pass_skips_the_reason_of_a_task_an_agent_holds(placed_and_waiting):
     assert Task.objects.get(pk=held.pk).wait_digest != 0
 
 
-def test_an_agent_recording_ends_lets_foreign_keys_to_its_tasks_through(placed_and_waiting):
+@pytest.mark.parametrize("carried", [False, True])
+def test_an_agent_recording_ends_lets_foreign_keys_to_its_tasks_through(
+    placed_and_waiting, carried
+):
+    """``carried``: the end carries its start, written first in the same transaction."""
     task = placed_and_waiting[0]
-    TaskAttempt.objects.create(task=task, number=task.attempt, node=task.node)
-    transitions.task_transition(task=task, to_state=TaskState.RUNNING, reason="test")
+    attempt = TaskAttempt.objects.create(task=task, number=task.attempt, node=task.node)
     end = ExitReport(task_id=task.pk, attempt_no=task.attempt, exit_code=0)
     with other_transaction() as agent:
+        if carried:
+            gone = ProcessId(4_194_303, 0.0)  # no such process
+            start = reports.started_query([StartReport(attempt.pk, gone, gone)])
+            agent.execute(start.sql, start.params)
+            assert agent.fetchall()  # it started the task
+        else:
+            transitions.task_transition(task=task, to_state=TaskState.RUNNING, reason="test")
         agent.execute(
             handoff._SUCCEEDED, handoff.succeeded_params([end], timezone.now(), claim=False)
         )

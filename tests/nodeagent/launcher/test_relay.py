@@ -17,7 +17,7 @@ from gpuplatform.dburl import current_database_url
 from gpuplatform.procid import ProcessId
 from nodeagent.launcher import relay, supervisor, wire
 from scheduling import controls, passes, scheduler
-from scheduling.agentapi import reports
+from scheduling.agentapi import handoff, reports
 from scheduling.agentapi.messages import Assignment, ExitReport, StartReport
 from scheduling.models import PassRequest, Task, TaskAttempt, TaskEvent, TenantUsage
 from scheduling.spec import TaskSpec
@@ -63,13 +63,24 @@ def test_a_command_over_at_once_has_its_start_sent_with_its_end(listening, node,
         return attempts_started(starts)
 
     monkeypatch.setattr(reports, "attempts_started", spy)
+    carried = []  # the attempts whose starts went with the plain ends, in their transaction
+    plain_ends = handoff.plain_ends
+
+    def spy_ends(plain, hand, *, first=None):
+        carried.extend(first.params["ids"] if first is not None else [])
+        return plain_ends(plain, hand, first=first)
+
+    monkeypatch.setattr(handoff, "plain_ends", spy_ends)
     tasks = [submit(lab, "true", name=f"t{i}") for i in range(2)] + [submit(lab, "exit 3")]
     scheduler.schedule_pass()
 
     wait_for(lambda: listening.reports == 3, timeout=10)
-    # Before the ends, never in their transaction: holding the started tasks' locks while the
-    # hand-off locked others deadlocked with the commits of passes and other agents.
-    assert sum(n for n, _ in written) == 3 and not any(atomic for _, atomic in written)
+    # A plain end's start is written in the end's transaction, which locks those same tasks;
+    # any other end's before it, never in a transaction: holding the started tasks' locks while
+    # the hand-off locked others deadlocked with the commits of passes and other agents.
+    plain = TaskAttempt.objects.filter(task__in=tasks[:2]).values_list("pk", flat=True)
+    assert sorted(carried) == sorted(plain)
+    assert sum(n for n, _ in written) == 1 and not any(atomic for _, atomic in written)
     for task, end in zip(tasks, ("succeeded", "succeeded", "failed"), strict=True):
         task.refresh_from_db()
         assert task.state == end and task.started_at is not None
