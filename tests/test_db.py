@@ -15,6 +15,7 @@ from django_q.signals import pre_execute
 from gpuplatform.db import (
     Query,
     close_old_connections,
+    compact,
     fetch_together,
     no_flush_wait,
     server_bound_cursor,
@@ -161,3 +162,28 @@ def test_no_flush_wait_is_for_its_statements_own_transaction_alone():
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {no_flush_wait()}")
         assert synchronous_commit() == "on"
+
+
+def test_compact_drops_comments_and_spaces_and_keeps_literals():
+    sql = """
+        SELECT 'a  -- b', "odd  name", x -- the reason
+          FROM t   -- it's here
+         WHERE y = 'it''s  so'
+    """
+    assert compact(sql) == """SELECT 'a  -- b', "odd  name", x FROM t WHERE y = 'it''s  so'"""
+    with connection.cursor() as cursor:
+        cursor.execute(compact("SELECT 'a  -- b' -- gone\n , 2"))
+        assert cursor.fetchone() == ("a  -- b", 2)
+
+
+def test_the_hand_offs_statements_are_short_enough_for_psycopgs_cache():
+    """Longer, psycopg parsed their placeholders again on every execution."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    from nodeagent.launcher import lifecycle
+    from scheduling import scheduler
+    from scheduling.agentapi import handoff, reports
+
+    for sql in (handoff._CANDIDATES, handoff._SUCCEEDED, handoff._TAKEN, reports._STARTED,
+                scheduler._PLACE, lifecycle._LAUNCH):  # fmt: skip
+        assert len(sql.encode()) <= MAX_CACHED_STATEMENT_LENGTH

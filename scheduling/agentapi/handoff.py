@@ -53,7 +53,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from gpuplatform import events
-from gpuplatform.db import Query, fetch_together, server_bound_cursor
+from gpuplatform.db import Query, compact, fetch_together, server_bound_cursor
 from scheduling import agent_notes, passes, scheduler, transitions
 from scheduling.agentapi.messages import Assignment, ExitReport
 from scheduling.nodecredentials import node_scope
@@ -297,8 +297,8 @@ _FREED = """
 # GPU (0: it holds them whole). Every row of another table is looked up by its key in a subquery of
 # its own: as joins, with the statistics of tables emptied and filled within a minute, the planner
 # looped over every pending task for each successor. What is left of the list is counted once, not
-# for each row gone through (those skipped as locked too).
-_CANDIDATES = f"""
+# for each row gone through (those skipped as locked too). Compacted: see ``db.compact``.
+_CANDIDATES = compact(f"""
     WITH freed AS ({_FREED}),
     newest AS (SELECT max(generation) AS generation FROM scheduling_successor),
     mine AS (SELECT tenant_id, count(*) AS n, sum(ends) AS ends,
@@ -348,7 +348,7 @@ _CANDIDATES = f"""
      WHERE s.id IN (SELECT id FROM entire UNION ALL SELECT id FROM sharing
                     UNION ALL SELECT id FROM swaps)
      ORDER BY s.rank
-"""  # noqa: S608 - constant text
+""")  # noqa: S608 - constant text
 
 # The placed successors leave the list; the pass flag is claimed when ``claim`` says so. The
 # array through a scalar subquery, as in ``_SUCCEEDED`` (the cast keeps it an array, not a row
