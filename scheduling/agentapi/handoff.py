@@ -398,8 +398,8 @@ def succeeded_params(plain: list[ExitReport], now, *, claim: bool) -> dict:
 # fair-share counters).
 # The arrays are read through scalar subqueries, as ``lifecycle._LAUNCH``'s: seeing their values
 # (one or two ends), the planner costed each call's own plan below the statement's generic one
-# and planned every call again (pg_stat_statements: 744 plans in 744 calls, about a fifth of the
-# server's CPU in the throughput bench with three other statements like it). The tasks are
+# and planned every call again (pg_stat_statements: 744 plans in 744 calls; with three other
+# statements like it, a third of PostgreSQL's time in the throughput bench). The tasks are
 # also matched to the array with ANY, which the primary key's index serves: the generic plan
 # counts ten rows for an array it cannot see, and with no statistics yet it took a scan of
 # every running task to be cheaper than ten lookups by key
