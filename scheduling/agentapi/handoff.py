@@ -130,7 +130,8 @@ def plain_ends(
     nothing on: the successors and their tenants' quotas are the control plane's, so their
     GPUs go to the next pass, which it requests."""
     if hand is None or node_scope() is not None:
-        return _first_alone(first), _record_alone(plain)
+        moved = fetch_together(first)[0] if first is not None else []
+        return moved, _record_alone(plain)
     now = timezone.now()
     tasks = [r.task_id for r in plain]
     node = hand.node
@@ -174,15 +175,6 @@ def plain_ends(
         else:  # GPUs still free after the last round
             passes.request_pass()
     return (moved[0] if moved else []), [row[:8] for row in ended]
-
-
-def _first_alone(first: Query | None) -> list[tuple]:
-    """``first`` as a statement of its own: its rows ([] without one)."""
-    if first is None:
-        return []
-    with server_bound_cursor() as cursor:
-        cursor.execute(first.sql, first.params)
-        return cursor.fetchall()
 
 
 def _place(
