@@ -7,27 +7,51 @@ from __future__ import annotations
 
 import json
 
+from django.utils.translation import get_language
 from rest_framework import serializers
 
+from scheduling import reasons
 from scheduling.models import SchedulerState, Task
 from scheduling.states import TaskState
 
 _MOMENT = serializers.DateTimeField()  # how DRF writes a datetime (ISO 8601, UTC as Z)
 
 
-def _moment(value, written: dict) -> str | None:
-    """``value`` as DRF writes it, once per value in ``written`` (the tasks of one submission
-    share their submission time: DRF's conversion per task was a real share of a large POST)."""
-    if value is None:
-        return None
-    if value not in written:
-        written[value] = _MOMENT.to_representation(value)
-    return written[value]
+class _Answer:
+    """What the rows of one answer share, each worked out once: the times written (the tasks of
+    one submission share their submission time: DRF's conversion per task was a real share of a
+    large POST), the reasons decoded and rendered (a page's tasks mostly share a few: each row's
+    was a real share of a listing's CPU), and the active language."""
+
+    def __init__(self) -> None:
+        self.moments: dict = {}
+        self.reasons: dict = {}
+        self.language = get_language()
+
+    def moment(self, value) -> str | None:
+        """``value`` as DRF writes it."""
+        if value is None:
+            return None
+        if value not in self.moments:
+            self.moments[value] = _MOMENT.to_representation(value)
+        return self.moments[value]
+
+    def reason(self, reason: str, code: str, params) -> tuple[dict | None, str]:
+        """(the reason's params as data, the reason rendered without a place in line). A raw
+        row's jsonb comes as its text (Django's loader), which is the key; a Task's dict is not
+        kept."""
+        if not isinstance(params, str):
+            return params, reasons.render(code, params, reason)
+        key = (reason, code, params)
+        if key not in self.reasons:
+            decoded = json.loads(params)
+            self.reasons[key] = decoded, reasons.render(code, decoded, reason)
+        return self.reasons[key]
 
 
-def task_row(task: Task, written: dict) -> dict:
-    """What TaskOut makes of ``task``, field for field (tests/api compares the two).
-    ``written``: the times already written for the same answer (``_moment``)."""
+def task_row(task: Task, answer: _Answer) -> dict:
+    """What TaskOut makes of ``task``, field for field (tests/api compares the two), in
+    ``answer``."""
     return _row(
         (
             task.pk, task.name, task.state, task.reason, task.reason_code, task.reason_params,
@@ -38,7 +62,7 @@ def task_row(task: Task, written: dict) -> dict:
             task.attempt, task.exit_code, task.submitted_at, task.started_at, task.finished_at,
         ),
         task.place if task.wait else None,
-        written,
+        answer,
     )  # fmt: skip
 
 
@@ -48,23 +72,24 @@ def task_rows(rows: list[tuple]) -> list[dict]:
     instances were a real share of a page's CPU)."""
     waiting = [row[0] for row in rows if row[2] == TaskState.PENDING and row[6] is not None]
     places = SchedulerState.places(waiting) if waiting else {}
-    written: dict = {}
-    return [_row(row, places.get(row[0]), written) for row in rows]
+    answer = _Answer()
+    return [_row(row, places.get(row[0]), answer) for row in rows]
 
 
-def _row(values: tuple, place: tuple[int, int] | None, written: dict) -> dict:
-    """TaskOut's fields from a task's row (selectors.TASK_ROW), its place in line (None when
-    it is not in line) and ``written`` (``_moment``)."""
+def _row(values: tuple, place: tuple[int, int] | None, answer: _Answer) -> dict:
+    """TaskOut's fields from a task's row (selectors.TASK_ROW) and its place in line (None when
+    it is not in line), in ``answer``."""
     (pk, name, state, reason, reason_code, reason_params, wait_code, queue, priority, task_class,
      gpus_min, gpus_max, memory, node, owner, attempt, exit_code, submitted_at, started_at,
      finished_at) = values  # fmt: skip
-    if isinstance(reason_params, str):  # a raw row's jsonb comes as its text (Django's loader)
-        reason_params = json.loads(reason_params)
+    reason_params, text = answer.reason(reason, reason_code, reason_params)
+    if place is not None:
+        text = reasons.in_line(text, *place, language=answer.language)
     return {
         "id": pk,
         "name": name,
         "state": str(state),
-        "reason": Task.reason_in_line(reason, place, reason_code, reason_params),
+        "reason": text,
         "reason_code": reason_code,
         "reason_params": reason_params,
         "queue": queue,
@@ -76,9 +101,9 @@ def _row(values: tuple, place: tuple[int, int] | None, written: dict) -> dict:
         "owner": owner,
         "attempt": attempt,
         "exit_code": exit_code,
-        "submitted_at": _moment(submitted_at, written),
-        "started_at": _moment(started_at, written),
-        "finished_at": _moment(finished_at, written),
+        "submitted_at": answer.moment(submitted_at),
+        "started_at": answer.moment(started_at),
+        "finished_at": answer.moment(finished_at),
     }
 
 
@@ -88,8 +113,8 @@ def submitted_data(tasks: list[Task], warnings: dict[int, list[str]]) -> list[di
     and then runs each field of each task, a noticeable share of a submission's CPU. The
     serializer remains the schema; tests/api/test_tasks_api.py checks that
     this answers exactly what it would."""
-    written: dict = {}
-    return [{**task_row(task, written), "warnings": warnings.get(task.pk, [])} for task in tasks]
+    answer = _Answer()
+    return [{**task_row(task, answer), "warnings": warnings.get(task.pk, [])} for task in tasks]
 
 
 def gpus_range(low: int, high: int) -> str:

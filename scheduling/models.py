@@ -329,28 +329,16 @@ class Task(models.Model):
     def reason_text(self) -> str:
         """The reason as people read it, in the active language: while in line, with its place
         there."""
+        text = self.reason_rendered
         if not self.wait:  # not assessed by a pass (yet): no place to look up
-            return self.reason_rendered
-        return Task.reason_in_line(self.reason, self.place, self.reason_code, self.reason_params)
+            return text
+        place = self.place
+        return text if place is None else reasons.in_line(text, *place)
 
     @property
     def reason_rendered(self) -> str:
         """The reason in the active language, without a place in line (no query)."""
         return reasons.render(self.reason_code, self.reason_params, self.reason)
-
-    @staticmethod
-    def reason_in_line(
-        reason: str,
-        place: tuple[int, int] | None,
-        reason_code: str = "",
-        reason_params: dict | None = None,
-    ) -> str:
-        """``reason_text`` of a task with this reason (its English and as data) and its place
-        in line (None when it is not in line), for callers that read columns, not a Task."""
-        text = reasons.render(reason_code, reason_params, reason)
-        if place is None:
-            return text
-        return reasons.in_line(text, *place)
 
     @property
     def wait_view(self) -> dict | None:

@@ -286,11 +286,13 @@ def _translated(code: str, template: str) -> str:
     return pgettext(context, template) if context else gettext(template)
 
 
-def in_line(text: str, position: int, line: int) -> str:
-    """A pending task's reason (``text``, in the active language) with its place in line."""
+def in_line(text: str, position: int, line: int, *, language: str | None = None) -> str:
+    """A pending task's reason (``text``, in the active language) with its place in line;
+    ``language``: the active one, where the caller knows it (a listing's rows)."""
     # As render("in_line", ...) says it, from the templates looked up once per language and
     # ordinal: every waiting task of a listing has a place of its own.
-    separator, place, ordinal = _in_line_templates(get_language(), _suffix(position))
+    language = get_language() if language is None else language
+    separator, place, ordinal = _in_line_templates(language, _suffix(position))
     return f"{text}{separator}{place % {'ordinal': ordinal % {'n': position}, 'line': line}}"
 
 
