@@ -56,3 +56,17 @@ def test_a_table_that_changed_by_less_than_half_is_left_to_autovacuum(db, monkey
     monkeypatch.setattr(planner_stats, "_looked", -planner_stats.EVERY_S)
     monkeypatch.setattr(planner_stats, "MIN_CHANGED", 10**9)
     assert planner_stats.keep_up() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_analyse_skips_the_columns_no_query_filters(lab, workstation):
+    tasks_submit(tenant=lab, specs=[TaskSpec(name=f"t-{i}", command="true") for i in range(20)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE scheduling_task")
+        cursor.execute(
+            "SELECT attname FROM pg_stats WHERE schemaname = current_schema()"
+            " AND tablename = 'scheduling_task'"
+        )
+        analysed = {name for (name,) in cursor.fetchall()}
+    assert analysed.isdisjoint(planner_stats.UNFILTERED["scheduling_task"])
+    assert {"state", "tenant_id", "queue", "priority", "submitted_at"} <= analysed
