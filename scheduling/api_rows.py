@@ -38,13 +38,16 @@ class _Answer:
 
     def reason(self, reason: str, code: str, params) -> tuple[dict | None, str]:
         """(the reason's params as data, the reason rendered without a place in line). A raw
-        row's jsonb comes as its text (Django's loader), which is the key; a Task's dict is not
-        kept."""
-        if not isinstance(params, str):
+        row's jsonb comes as its text (Django's loader), which is the key; of a Task's dict,
+        only an empty one (a submission's tasks: "submitted")."""
+        if isinstance(params, str):
+            key = (reason, code, params)
+        elif isinstance(params, dict) and not params:
+            key = (reason, code, None)
+        else:
             return params, reasons.render(code, params, reason)
-        key = (reason, code, params)
         if key not in self.reasons:
-            decoded = json.loads(params)
+            decoded = json.loads(params) if isinstance(params, str) else params
             self.reasons[key] = decoded, reasons.render(code, decoded, reason)
         return self.reasons[key]
 
