@@ -53,10 +53,13 @@ from bench.throughput.accounting import (
     BENCH_CPU,
     cpu_by_role,
     cpu_per_task,
+    database_work,
+    describe_work,
     postmaster_of_this_connection,
     role_spent,
     server_connection_cap,
     supervisor_census,
+    work_per_task,
 )
 from bench.throughput.figures import STARTUP_LIMIT_S
 from bench.throughput.scenarios import QUOTAS
@@ -155,6 +158,7 @@ def measure_throughput(
     apis: list[Api], procs: list[Proc], web_pid: int, postmaster: psutil.Process | None
 ) -> dict:
     with supervisor_census() as census:
+        work_before = database_work()
         cpu_before = cpu_by_role(web_pid, procs, postmaster)
         began = time.time()
         ids = submit_all(apis, "true", TASKS // TENANTS)
@@ -170,7 +174,8 @@ def measure_throughput(
         done = finished.count()
         cpu_after = cpu_by_role(web_pid, procs, postmaster, census)
     return {"finished": done, "seconds": last - began, "per_s": done / max(last - began, 1e-9),
-            "cpu_ms_per_task": cpu_per_task(cpu_before, cpu_after, done)}  # fmt: skip
+            "cpu_ms_per_task": cpu_per_task(cpu_before, cpu_after, done),
+            "database": work_per_task(work_before, database_work(), done)}  # fmt: skip
 
 
 def needed_connections() -> int:
@@ -318,6 +323,9 @@ def throughput_rows(label: str, tput: dict) -> list[list[str]]:
         ["  CPU per finished task, all", f"{tput['cpu_ms_per_task']['all']:.1f} ms"],
         *[[f"    {role}", f"{ms:.1f} ms"] for role, ms in sorted(
             tput["cpu_ms_per_task"].items(), key=lambda item: -item[1]) if role != "all"],
+        # Most are the agents' reports: a transaction for what one node has to say at once.
+        ["  PostgreSQL transactions per finished task",
+         describe_work(tput["database"]) if "database" in tput else "not measured"],
     ]  # fmt: skip
 
 

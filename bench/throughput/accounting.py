@@ -376,6 +376,12 @@ def work_per_task(before: tuple[int, ...], after: tuple[int, ...], finished: int
     }
 
 
+def describe_work(work: dict) -> str:
+    """``work_per_task``'s figures as the benches print them."""
+    return (f"{work['transactions']:.2f} ({work['writes']:.2f} writing), "
+            f"{work['wal_kb']:.1f} kB of WAL")  # fmt: skip
+
+
 def server_connection_cap() -> int:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {db_connections.SERVER_ALLOWS}")

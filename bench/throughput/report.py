@@ -18,6 +18,7 @@ from bench.throughput.accounting import (
     CPU_ROWS,
     PLATFORM,
     connection_budget,
+    describe_work,
 )
 from bench.throughput.figures import (
     BATCH,
@@ -119,11 +120,6 @@ def scenario_rows(runs: dict[str, dict], shown: list[Scenario]) -> list[list[str
         by_pass = min(t["pass_placed"], total)  # a latency probe may be among the pass's
         return f"{by_pass:,} / {total - by_pass:,}"
 
-    def db(t: dict) -> str:
-        work = t["db_per_task"]
-        return (f"{work['transactions']:.2f} ({work['writes']:.2f} writing), "
-                f"{work['wal_kb']:.1f} kB of WAL")  # fmt: skip
-
     rows = [
         row("tasks completed per second", lambda t: t["completion"].describe()),
         row("final states", lambda t: states_cell(t["states"])),
@@ -151,7 +147,9 @@ def scenario_rows(runs: dict[str, dict], shown: list[Scenario]) -> list[list[str
     ]
     for role in CPU_ROWS:
         rows.append(row(f"  {role}", lambda t, role=role: f"{t['cpu_ms_per_task'][role]:.1f}"))
-    rows.append(row("PostgreSQL transactions per finished task", db))
+    rows.append(
+        row("PostgreSQL transactions per finished task", lambda t: describe_work(t["db_per_task"]))
+    )
     return rows
 
 
