@@ -537,7 +537,14 @@ class Successor(models.Model):
     ``generation``); agents take from the newest (``scheduler.list_successors``)."""
 
     generation = models.PositiveBigIntegerField(help_text="The list it belongs to.")
-    task = models.ForeignKey("Task", on_delete=models.CASCADE, related_name="+")
+    # No foreign key in the database: each pass writes a list of about 200 rows and deletes the
+    # last, and each row's key check locked its task's row (a write to the task's page, in the
+    # log) for a row every hand-off reads through the task anyway (a task gone, or no longer
+    # pending, is never placed from the list: ``handoff._CANDIDATES``). Django still deletes a
+    # deleted task's rows (CASCADE); one deleted otherwise leaves a row until the next pass.
+    task = models.ForeignKey(
+        "Task", on_delete=models.CASCADE, related_name="+", db_constraint=False
+    )
     rank = models.PositiveIntegerField(help_text="Its place in the list, from 1.")
     listed = models.PositiveIntegerField(help_text="How many the pass listed.")
     gpus = models.PositiveSmallIntegerField(help_text="GPUs it takes, on one node.")
