@@ -40,12 +40,9 @@ class _Answer:
         """(the reason's params as data, the reason rendered without a place in line). A raw
         row's jsonb comes as its text (Django's loader), which is the key; of a Task's dict,
         only an empty one (a submission's tasks: "submitted")."""
-        if isinstance(params, str):
-            key = (reason, code, params)
-        elif isinstance(params, dict) and not params:
-            key = (reason, code, None)
-        else:
+        if params and not isinstance(params, str):
             return params, reasons.render(code, params, reason)
+        key = (reason, code, params or None)
         if key not in self.reasons:
             decoded = json.loads(params) if isinstance(params, str) else params
             self.reasons[key] = decoded, reasons.render(code, decoded, reason)

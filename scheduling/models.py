@@ -588,6 +588,18 @@ class Successor(models.Model):
         return f"#{self.rank} of {self.listed} in list {self.generation}: task {self.task_id}"
 
 
+# The places of some tasks (an array) in the line, as the rest of a SELECT. The line and the
+# forecast are read once, in a subquery the planner keeps (OFFSET 0): read in the outer query,
+# each of its rows decompressed them again (thousands of ids), which was most of a listing's
+# query time while tasks wait.
+_IN_LINE = """
+  FROM (SELECT line, cardinality(line) AS length, forecast
+          FROM scheduling_schedulerstate WHERE id = 1 OFFSET 0) AS s,
+       unnest(s.line) WITH ORDINALITY AS u(id, position)
+ WHERE u.id = ANY(%s)
+"""
+
+
 class SchedulerState(models.Model):
     """The one row that tells operators how scheduling passes go, and books time-based ones."""
 
@@ -663,18 +675,6 @@ class SchedulerState(models.Model):
                 if start is not None:
                     starts[task_id] = json.loads(start) if isinstance(start, str) else start
             return places, starts
-
-
-# The places of some tasks (an array) in the line, as the rest of a SELECT. The line and the
-# forecast are read once, in a subquery the planner keeps (OFFSET 0): read in the outer query,
-# each of its rows decompressed them again (thousands of ids), which was most of a listing's
-# query time while tasks wait.
-_IN_LINE = """
-  FROM (SELECT line, cardinality(line) AS length, forecast
-          FROM scheduling_schedulerstate WHERE id = 1 OFFSET 0) AS s,
-       unnest(s.line) WITH ORDINALITY AS u(id, position)
- WHERE u.id = ANY(%s)
-"""
 
 
 class TenantUsage(models.Model):

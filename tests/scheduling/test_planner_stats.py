@@ -58,7 +58,6 @@ def test_a_table_that_changed_by_less_than_half_is_left_to_autovacuum(db, monkey
     assert planner_stats.keep_up() == []
 
 
-@pytest.mark.django_db(transaction=True)
 def test_an_analyse_skips_the_columns_no_query_filters(lab, workstation):
     tasks_submit(tenant=lab, specs=[TaskSpec(name=f"t-{i}", command="true") for i in range(20)])
     with connection.cursor() as cursor:
