@@ -96,6 +96,15 @@ _ACKNOWLEDGE = """
 """
 
 
+# A sole consumer's claims that an outage left (jobs it is not running), ready again now.
+_RELEASE = """
+    WITH released AS (UPDATE django_q_ormq SET lock = %(now)s
+                       WHERE key = %(key)s AND lock > %(now)s AND id <> ALL(%(running)s::bigint[])
+                      RETURNING 1)
+    SELECT count(*) FROM released
+"""
+
+
 # QueueBatch's: the rows of any number of queues, and a notification on each queue's channel.
 _INSERT_MANY = """
     WITH queued AS (INSERT INTO django_q_ormq (key, payload, lock)
@@ -183,6 +192,16 @@ class NotifyingOrm(ORM):
             return sorted(claimed)  # RETURNING keeps no order
         self.wait(due)
         return None
+
+    def release_claims(self, running: list) -> int:
+        """Make the queue's claimed rows but ``running`` (ids) ready again; how many. Only for
+        a queue this process alone takes, after an outage (``JobRunner``'s ``sole_consumer``):
+        another consumer's claim would be run twice, a delayed row early."""
+        params = {"now": timezone.now(), "key": self.list_key, "running": running}
+        released = self._one(_RELEASE, params)[0]
+        if released:
+            self._wait_first = False  # the next dequeue claims them, without waiting for a wake-up
+        return released
 
     def delete(self, task_id) -> None:  # django-q2's acknowledge and fail call this
         self._execute(_ACKNOWLEDGE.format(no_flush_wait=no_flush_wait(Conf.ORM)), [task_id])

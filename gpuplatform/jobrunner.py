@@ -18,7 +18,15 @@ own polling ORM broker):
   workers do), runs it, and saves a failure as django-q2's monitor does (``save_task``: the
   admin's failed tasks; successes are saved only as ``save_limit`` says), then acknowledges it;
 - a job that runs past ``Q_CLUSTER["timeout"]`` is reported in the log, once: a thread cannot
-  be killed as django-q2 kills a worker process, so the others keep taking the queue's jobs.
+  be killed as django-q2 kills a worker process, so the others keep taking the queue's jobs;
+- on a queue it alone takes (``sole_consumer``: a node's, whose agent is its only reader), no
+  job is lost to a database outage: a job that failed because the database went away is not
+  recorded nor acknowledged (up to ``INTERRUPTED_TRIES`` times), and the first look at the
+  queue after the outage releases the claims it left (that job's, one whose acknowledgement
+  failed, one whose claim committed as the connection broke), so they run again at once, not
+  after the broker's ``retry`` (three minutes) or the node's reconciliation. Node jobs are
+  idempotent (a launch starts a task once however often it comes), and a node's queue holds
+  no delayed jobs, which this would release early.
 
 What a process like this runs is the queue's to say: its jobs are signed with SECRET_KEY
 (django-q2's ``SignedPackage``), and ``resolve`` names the only functions it will run.
@@ -43,12 +51,15 @@ from django_q.signals import pre_execute
 from django_q.signing import BadSignature, SignedPackage
 
 from gpuplatform import broker
-from gpuplatform.outage import OutageLog
+from gpuplatform.outage import OutageLog, database_unavailable
 
 logger = logging.getLogger(__name__)
 
 SCHEDULE_EVERY_S = 30.0  # as django-q2's sentinel: its Schedule rows are per minute at best
 RETRY_AFTER_ERROR_S = 1.0
+# A sole consumer's job broken by the database this often is recorded as failed: its error
+# (a statement timeout, say, which psycopg counts with the lost connections) may be its own.
+INTERRUPTED_TRIES = 3
 STOP = object()
 
 
@@ -69,8 +80,13 @@ class JobRunner:
         timeout_s: float | None = None,
         backstop_s: float = SCHEDULE_EVERY_S,
         inline: bool = False,
+        sole_consumer: bool = False,
     ) -> None:
         self.list_key = list_key
+        self.sole_consumer = sole_consumer
+        # After an outage, a sole consumer's claims to release before its next statement.
+        self._stranded = False
+        self._interrupted: dict[object, int] = {}  # ack id: how often the database broke it
         # The platform's broker (Q_CLUSTER["broker_class"]), django-q2's own with
         # GPUPLATFORM_STOCK=broker.
         self.broker = broker.queue_broker(list_key, idle_s=backstop_s)
@@ -161,19 +177,32 @@ class JobRunner:
         """``func``, where the database being unreachable costs a pause, not the process. An
         outage is logged once as a warning (each retry after it at debug) and its end once."""
         try:
+            if self._stranded:
+                released = self.broker.release_claims(list(self.running))
+                self._stranded = False
+                if released:
+                    logger.info(
+                        "queue %s: %d job(s) an outage interrupted or stranded, run again",
+                        self.list_key,
+                        released,
+                    )
             result = func(*args, **kwargs)
         except DatabaseError as exc:
-            self._outage.failed(
-                "queue %s: database unreachable (%s); trying again every %.0f s",
-                self.list_key,
-                exc,
-                RETRY_AFTER_ERROR_S,
-            )
-            close_old_connections()
-            self.stopping.wait(RETRY_AFTER_ERROR_S)
+            self._unreachable(exc)
             return None
         self._outage.reached("queue %s: database reachable again after %.0f s", self.list_key)
         return result
+
+    def _unreachable(self, exc: BaseException) -> None:
+        self._outage.failed(
+            "queue %s: database unreachable (%s); trying again every %.0f s",
+            self.list_key,
+            exc,
+            RETRY_AFTER_ERROR_S,
+        )
+        self._stranded = self.sole_consumer and isinstance(self.broker, broker.NotifyingOrm)
+        close_old_connections()
+        self.stopping.wait(RETRY_AFTER_ERROR_S)
 
     def _work(self) -> None:
         for ack_id, payload in iter(self.jobs.get, STOP):
@@ -206,9 +235,22 @@ class JobRunner:
         try:
             result, success = func(*task.get("args", ()), **task.get("kwargs", {})), True
         except Exception as exc:  # one job's failure must not stop the others
+            tries = self._interrupted.get(ack_id, 0) + 1
+            if self.sole_consumer and database_unavailable(exc) and tries <= INTERRUPTED_TRIES:
+                # Neither recorded nor acknowledged: run again once the database answers.
+                self._interrupted[ack_id] = tries
+                logger.warning(
+                    "queue %s: job %s interrupted by the database (%s); it runs again",
+                    self.list_key,
+                    task["func"],
+                    exc,
+                )
+                self._unreachable(exc)
+                return
             logger.exception("queue %s: job %s failed", self.list_key, task["func"])
             result, success = f"{exc!r}", False
             close_old_connections()
+        self._interrupted.pop(ack_id, None)
         task.update(result=result, success=success, stopped=timezone.now())
         task["cluster"], task["ack_id"] = self.list_key, ack_id
         self._guarded(save_task, task, self.broker)  # failures, and successes save_limit keeps

@@ -195,3 +195,98 @@ def test_an_outage_is_logged_once_and_its_end_once(monkeypatch, caplog):
         ("INFO", f"queue {QUEUE}: database reachable again after 0 s"),
         ("WARNING", f"queue {QUEUE}: database unreachable"),  # the next outage is said again
     ]
+
+
+interrupted: list[int] = []
+
+
+def job_interrupted_once(value):
+    """Fails as a job does when the database goes away under it, the first time only."""
+    from django.db import OperationalError
+
+    if not interrupted:
+        interrupted.append(value)
+        raise OperationalError("server closed the connection unexpectedly")
+    ran.append(("ok", value))
+
+
+JOBS[f"{__name__}.job_interrupted_once"] = job_interrupted_once
+
+
+@pytest.mark.parametrize("sole_consumer", [True, False])
+def test_on_a_node_queue_a_job_an_outage_interrupted_runs_again(runner, monkeypatch, sole_consumer):
+    """A node's queue (its agent its sole consumer): a launch the database's fail-over broke
+    runs again once it answers, not three minutes later (the broker's retry) or never. Any
+    other queue records the failure, as django-q2 does."""
+    from gpuplatform import jobrunner
+
+    monkeypatch.setattr(jobrunner, "RETRY_AFTER_ERROR_S", 0.1)
+    interrupted.clear()
+    runner(workers=1, inline=True, schedules=False, sole_consumer=sole_consumer)
+    queue(f"{__name__}.job_interrupted_once", "launch")
+    queue(f"{__name__}.job_ok", "next")
+    until(lambda: ("ok", "next") in ran and left() == 0, "both jobs done")
+    if sole_consumer:
+        assert sorted(ran) == [("ok", "launch"), ("ok", "next")]
+        assert not Failure.objects.exists()
+    else:
+        assert ran == [("ok", "next")]
+        assert "server closed the connection" in Failure.objects.get().result
+
+
+def job_always_interrupted():
+    from django.db import OperationalError
+
+    ran.append(("interrupted", None))
+    raise OperationalError("canceling statement due to statement timeout")
+
+
+JOBS[f"{__name__}.job_always_interrupted"] = job_always_interrupted
+
+
+def test_a_job_the_database_breaks_every_time_is_recorded_as_failed_in_the_end(runner, monkeypatch):
+    """psycopg counts a statement timeout with the lost connections: a job that always meets
+    one is tried a bounded number of times, then recorded as any failure, not run for ever."""
+    from gpuplatform import jobrunner
+
+    monkeypatch.setattr(jobrunner, "RETRY_AFTER_ERROR_S", 0.05)
+    runner(workers=1, inline=True, schedules=False, sole_consumer=True)
+    queue(f"{__name__}.job_always_interrupted")
+    until(lambda: left() == 0, "the job given up")
+    assert len(ran) == jobrunner.INTERRUPTED_TRIES + 1
+    assert "statement timeout" in Failure.objects.get().result
+
+
+def test_claims_an_outage_stranded_on_a_node_queue_are_released_when_it_ends(monkeypatch):
+    """A claim committed as the connection broke (or a job whose acknowledgement failed) holds
+    its row for the broker's retry; the node's runner releases it when the outage ends."""
+    from django.db import OperationalError
+
+    from gpuplatform import jobrunner
+
+    monkeypatch.setattr(jobrunner, "RETRY_AFTER_ERROR_S", 0)
+    ran.clear()
+    queue(f"{__name__}.job_ok", "stranded")
+    claimed_until = timezone.now() + timedelta(seconds=Conf.RETRY)
+    OrmQ.objects.filter(key=QUEUE).update(lock=claimed_until)  # claimed, never acknowledged
+    node = JobRunner(QUEUE, workers=1, resolve=JOBS.get, schedules=False, inline=True,
+                     sole_consumer=True)  # fmt: skip
+
+    def down():
+        raise OperationalError("connection refused")
+
+    node._guarded(down)  # the outage
+    thread = threading.Thread(target=node.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda: ran == [("ok", "stranded")] and left() == 0, "the stranded job run")
+    finally:
+        node.stop()
+        thread.join(timeout=BOUND_S)
+    # Any other queue's runner leaves another's claim alone.
+    queue(f"{__name__}.job_ok", "claimed elsewhere")
+    OrmQ.objects.filter(key=QUEUE).update(lock=claimed_until)
+    shared = JobRunner(QUEUE, workers=1, resolve=JOBS.get, schedules=False)
+    shared._guarded(down)
+    assert shared._guarded(lambda: "reached") == "reached"
+    assert OrmQ.objects.get(key=QUEUE).lock == claimed_until

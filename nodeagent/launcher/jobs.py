@@ -46,6 +46,7 @@ class NodeJobs(threading.Thread):
             schedules=False,
             backstop_s=BACKSTOP_S,
             inline=True,  # the node's connections are counted: this thread's and its listener
+            sole_consumer=True,  # no launch or control is lost to an outage
         )
         self.broker = self.runner.broker
 

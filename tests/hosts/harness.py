@@ -95,6 +95,7 @@ class Host:
             GPUPLATFORM_SYSTEM_DIR=str(self.var_dir / "system"),
             GPUPLATFORM_CONFIG=str(self.estate.config),
             Q_SYNC="0",  # work goes through the broker, between processes and hosts
+            LAUNCH_TASKS="1",  # placed tasks are launched, as in production (not by reconciliation)
             CHANNEL_LAYER="postgres",
             PYTHONUNBUFFERED="1",
             LOG_LEVEL="INFO",

@@ -237,6 +237,9 @@ def test_submissions_survive_the_primary_failing(
         RECOVERED_WITHIN,
         "a task placed and started after the promotion",
     )
+    print(
+        f"{failure}: a task started again {time.monotonic() - promoted:.1f} s after the promotion"
+    )
     now = estate.sql("SELECT now()")[0][0]
     wait_until(
         lambda: estate.sql(
