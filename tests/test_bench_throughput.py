@@ -459,12 +459,13 @@ def test_the_census_keeps_what_a_supervisor_spent_once_it_has_left():
 def test_database_work_counts_transactions_those_that_wrote_and_their_log():
     from tenants.models import Tenant
 
-    before = accounting.database_work()  # once what the test's set-up did is published
+    # This backend's own statistics: published once it has been idle a second.
+    before = accounting.database_work(settle_s=1.5)  # once the test's set-up is published
     Tenant.objects.create(name="writes-1")  # one transaction each (autocommit)
     Tenant.objects.create(name="writes-2")
     for _ in range(4):
         Tenant.objects.count()  # a read takes no transaction id
-    work = accounting.work_per_task(before, accounting.database_work(), finished=2)
+    work = accounting.work_per_task(before, accounting.database_work(settle_s=1.5), finished=2)
     assert work["writes"] >= 1.0, work  # 2 writes over 2 tasks (more if another database wrote)
     assert 3.0 <= work["transactions"] < 5.0, work  # and the 4 reads (this test's alone)
     assert work["wal_kb"] > 0, work
