@@ -139,6 +139,7 @@ def _flush_by_deleting() -> None:
     flushes = itertools.count(1)
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        self.connection.ensure_connection()
         superuser = self.connection.connection.info.parameter_status("is_superuser") == "on"
         if (
             reset_sequences

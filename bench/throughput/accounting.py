@@ -340,8 +340,7 @@ def passes_run() -> int:
 
 # PostgreSQL's backends publish their statistics at most once a second (PGSTAT_MIN_INTERVAL),
 # and one that goes idle within that second publishes 10 s later (PGSTAT_IDLE_INTERVAL). With a
-# 1.5 s wait, a line's count took in much of the phase before it (the API's GETs) and missed its
-# own end: 2.95 transactions per task where the server's statement log held 1.32.
+# shorter wait, a phase's count took in part of the phase before it and missed its own end.
 STATS_SETTLE_S = 10.5
 
 
@@ -354,8 +353,9 @@ def database_work(settle_s: float = STATS_SETTLE_S) -> tuple[int, int, int]:
     through the work that depends on timing (how many passes ran, how many reports the agents
     wrote together, the samplers' writes once a second). A transaction that writes takes an id,
     one that only reads takes none. The log and the ids are the server's: another database's
-    writes count too. What an idle estate does during the wait counts too (27 transactions a
-    second on 4 nodes, 0.14 per task of a 2,000-task line)."""
+    writes count too, and so does what an idle estate does during the wait (a few transactions
+    a second). So do the transactions that run no statement: PostgreSQL delivers each NOTIFY to
+    every idle listening session of the database in a transaction of its own."""
     time.sleep(settle_s)
     with connection.cursor() as cursor:
         # A statement of its own: in the reading one, the backend's cached view stayed stale.
