@@ -24,7 +24,7 @@ own polling ORM broker):
   recorded nor acknowledged (up to ``INTERRUPTED_TRIES`` times), and the first look at the
   queue after the outage releases the claims it left (that job's, one whose acknowledgement
   failed, one whose claim committed as the connection broke), so they run again at once, not
-  after the broker's ``retry`` (three minutes) or the node's reconciliation. Node jobs are
+  after the broker's ``retry`` (``Q_CLUSTER``) or the node's reconciliation. Node jobs are
   idempotent (a launch starts a task once however often it comes), and a node's queue holds
   no delayed jobs, which this would release early.
 
@@ -235,10 +235,10 @@ class JobRunner:
         try:
             result, success = func(*task.get("args", ()), **task.get("kwargs", {})), True
         except Exception as exc:  # one job's failure must not stop the others
-            tries = self._interrupted.get(ack_id, 0) + 1
-            if self.sole_consumer and database_unavailable(exc) and tries <= INTERRUPTED_TRIES:
+            tries = self._interrupted.get(ack_id, 0)
+            if self.sole_consumer and database_unavailable(exc) and tries < INTERRUPTED_TRIES:
                 # Neither recorded nor acknowledged: run again once the database answers.
-                self._interrupted[ack_id] = tries
+                self._interrupted[ack_id] = tries + 1
                 logger.warning(
                     "queue %s: job %s interrupted by the database (%s); it runs again",
                     self.list_key,

@@ -124,13 +124,12 @@ TRUNCATE_EVERY = 20
 
 
 def _flush_by_deleting() -> None:
-    """A test with ``transaction=True`` ends with Django's flush: one TRUNCATE of all 39
-    tables, 0.35 s on a 2-core machine (each table and index gets new files), most of such a
-    test's time, and the suite has a few hundred. Where the test database's role may skip
-    triggers (a superuser: this machine's and the embedded server's), it deletes their rows
-    instead, foreign keys and triggers off for that transaction (``session_replication_role``):
-    0.02 s, and the same empty tables; sequences are not reset, as Django's flush does not
-    reset them either."""
+    """A test with ``transaction=True`` ends with Django's flush: one TRUNCATE of every table
+    (each table and index gets new files), most of such a test's time (docs/development.md),
+    and the suite has a few hundred. Where the test database's role may skip triggers (a
+    superuser: the local and the embedded server's), it deletes their rows instead, foreign
+    keys and triggers off for that transaction (``session_replication_role``): the same empty
+    tables; sequences are not reset, as Django's flush does not reset them either."""
     import itertools
 
     from django.db.backends.postgresql.operations import DatabaseOperations
